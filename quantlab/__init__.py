@@ -1,0 +1,3 @@
+"""quantlab: recipe-driven quantization and pre-release validation for LLMs."""
+
+__version__ = "0.1.0"

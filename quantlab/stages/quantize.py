@@ -165,7 +165,8 @@ def quantize(loaded: LoadedRecipe, output: Path, *, overwrite: bool = False,
     from quantlab.stages.compat import awq_pin_memory_without_accelerator
 
     shims = []
-    if q.method == "awq" or q.method == "raw":
+    uses_awq = q.method == "awq" or (q.method == "raw" and "AWQModifier" in raw_recipe_text(q))
+    if uses_awq:
         if awq_pin_memory_without_accelerator():
             shims.append("awq_pin_memory_without_accelerator (llm-compressor PR #2813 on CPU)")
     if q.method == "raw":
@@ -195,6 +196,13 @@ def quantize(loaded: LoadedRecipe, output: Path, *, overwrite: bool = False,
         t = lap("oneshot_and_save_s", t)
         if not (tmp / "config.json").is_file():
             raise EngineError(f"llm-compressor wrote no config.json into the checkpoint for '{recipe.name}'")
+        if "quantization_config" not in json.loads((tmp / "config.json").read_text()):
+            # e.g. a raw recipe whose modifiers llm-compressor did not recognise
+            raise EngineError(
+                f"recipe '{recipe.name}' produced an unquantized checkpoint (no quantization_config): "
+                "llm-compressor applied no quantization modifier. Check the modifier names and "
+                "structure of quantization.raw_recipe"
+            )
 
         write_text_atomic(tmp / RECIPE_COPY, yaml.safe_dump(recipe.model_dump(mode="json"), sort_keys=False))
         losses = facts["gptq_layer_losses"]

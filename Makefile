@@ -1,0 +1,29 @@
+# The two commands that do everything on a fresh machine (see README.md).
+PY := .venv/bin/python
+PYTEST_ARGS ?=
+DEMO_RECIPE ?= recipes/gptq-w4a16.yaml
+
+.PHONY: setup demo test test-fast bench clean
+
+setup:
+	bash scripts/setup.sh
+
+# Set-up, then the main job on the embedded default model.
+demo: setup
+	.venv/bin/quantlab recipes check recipes/*.yaml
+	.venv/bin/quantlab run $(DEMO_RECIPE)
+
+# Set-up, then the whole test suite. pytest's exit code 5 (nothing collected) is a failure.
+test: setup
+	$(PY) -m pytest $(PYTEST_ARGS); rc=$$?; \
+	if [ $$rc -eq 5 ]; then echo "make test: pytest collected no tests" >&2; exit 1; fi; exit $$rc
+
+# Unit tests only: seconds, no engines.
+test-fast: setup
+	$(PY) -m pytest -m "not slow" $(PYTEST_ARGS)
+
+bench: setup
+	$(PY) scripts/bench_quantize.py
+
+clean:
+	rm -rf runs out .pytest_cache

@@ -1,0 +1,180 @@
+"""The quantize stage end to end on a tiny random Llama: every method family, the
+exported quantization_config, the tensors in the safetensors, and the failure paths."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from safetensors import safe_open
+
+from conftest import tiny_variant, write_recipe
+from quantlab.errors import EngineError, RecipeError
+from quantlab.recipe import load_recipe
+from quantlab.stages.quantize import RECIPE_COPY, RESULT_FILE, quantize
+
+pytestmark = pytest.mark.slow
+
+# recipe -> (format, weight bits, weight strategy, group size, symmetric, activations, kv cache)
+EXPECTED = {
+    "rtn-w8a16": ("pack-quantized", 8, "channel", None, True, None, False),
+    "gptq-w4a16": ("pack-quantized", 4, "group", 64, True, None, False),
+    "awq-w4a16": ("pack-quantized", 4, "group", 64, False, None, False),
+    "smoothquant-gptq-w8a8": ("int-quantized", 8, "channel", None, True, ("int", "token", True), False),
+    "fp8-dynamic": ("float-quantized", 8, "channel", None, True, ("float", "token", True), False),
+    "fp8-kv-cache": ("float-quantized", 8, "channel", None, True, ("float", "token", True), True),
+}
+
+
+@pytest.fixture(scope="module")
+def quantized(tmp_path_factory, tiny_model_dir):
+    """Quantize the tiny model once per shipped recipe (shared by the checks below)."""
+    results = {}
+    root = tmp_path_factory.mktemp("quantized")
+    for name in EXPECTED:
+        recipe = write_recipe(root / "recipes", tiny_variant(name, tiny_model_dir), f"{name}.yaml")
+        results[name] = quantize(load_recipe(recipe), root / name, progress=lambda m: None)
+    return root, results
+
+
+def tensors(folder):
+    with safe_open(str(folder / "model.safetensors"), "pt") as f:
+        return {k: f.get_tensor(k) for k in f.keys()}
+
+
+@pytest.mark.parametrize("name", list(EXPECTED))
+def test_exported_quantization_config(quantized, name):
+    root, _ = quantized
+    fmt, bits, strategy, group, sym, act, kv = EXPECTED[name]
+    qc = json.loads((root / name / "config.json").read_text())["quantization_config"]
+    assert qc["quant_method"] == "compressed-tensors" and qc["format"] == fmt
+    assert qc["quantization_status"] == "compressed"
+    assert "lm_head" in qc["ignore"]
+    [group_cfg] = qc["config_groups"].values()
+    w = group_cfg["weights"]
+    assert (w["num_bits"], w["strategy"], w["group_size"], w["symmetric"]) == (bits, strategy, group, sym)
+    a = group_cfg["input_activations"]
+    assert (a is None) if act is None else ((a["type"], a["strategy"], a["dynamic"]) == act)
+    if kv:
+        assert qc["kv_cache_scheme"]["type"] == "float" and qc["kv_cache_scheme"]["num_bits"] == 8
+        assert qc["kv_cache_scheme"]["dynamic"] is False
+    else:
+        assert qc["kv_cache_scheme"] is None
+
+
+@pytest.mark.parametrize("name", list(EXPECTED))
+def test_safetensors_hold_quantized_weights_and_scales(quantized, name):
+    import torch
+
+    root, _ = quantized
+    t = tensors(root / name)
+    fmt, bits, *_rest, kv = EXPECTED[name]
+    q = "model.layers.0.self_attn.q_proj"
+    assert f"{q}.weight_scale" in t
+    if fmt == "pack-quantized":
+        packed = t[f"{q}.weight_packed"]
+        assert packed.dtype == torch.int32
+        # 128x128 weights packed 32 // bits values per int32
+        assert packed.shape == (128, 128 * bits // 32)
+        assert (f"{q}.weight_zero_point" in t) == (name == "awq-w4a16")
+    elif fmt == "int-quantized":
+        assert t[f"{q}.weight"].dtype == torch.int8
+    else:
+        assert t[f"{q}.weight"].dtype == torch.float8_e4m3fn
+    assert t["model.embed_tokens.weight"].dtype == torch.bfloat16  # not targeted, left as is
+    if kv:
+        for which in ("k_scale", "v_scale"):
+            scale = t[f"model.layers.0.self_attn.{which}"].float()
+            assert scale.numel() == 1 and torch.isfinite(scale).all() and scale.item() > 0
+    else:
+        assert not any(k.endswith("k_scale") for k in t)
+
+
+def test_result_records_calibration_timings_and_versions(quantized):
+    root, results = quantized
+    r = json.loads((root / "gptq-w4a16" / RESULT_FILE).read_text())
+    assert r == json.loads(json.dumps(results["gptq-w4a16"]))
+    cal = r["calibration"]
+    assert cal["num_samples"] == 8 and 0 < cal["num_tokens"] <= 8 * 128 and len(cal["sha256"]) == 64
+    assert r["versions"]["llmcompressor"] == "0.14.0.1"
+    assert r["peak_rss_bytes"] > 100e6 and r["timings"]["total_s"] > 0
+    assert r["layers_quantized"] == 14
+    # GPTQ reports one loss per quantized layer
+    assert len(r["gptq"]["layer_losses"]) == 14 and r["gptq"]["max_loss"] > 0
+    assert (root / "gptq-w4a16" / RECIPE_COPY).is_file()
+    assert (root / "gptq-w4a16" / "recipe.yaml").is_file()  # llm-compressor's own record
+    files = r["checkpoint"]["files"]
+    assert "model.safetensors" in files and len(files["model.safetensors"]["sha256"]) == 64
+
+
+def test_data_free_methods_record_no_calibration(quantized):
+    _, results = quantized
+    assert results["rtn-w8a16"]["calibration"] is None
+    assert results["fp8-dynamic"]["calibration"] is None
+    assert results["gptq-w4a16"]["gptq"] is not None and results["rtn-w8a16"]["gptq"] is None
+
+
+def test_awq_runs_on_cpu_through_the_documented_shim(quantized):
+    import torch
+
+    _, results = quantized
+    if torch.accelerator.is_available():
+        pytest.skip("the shim only applies without an accelerator")
+    assert results["awq-w4a16"]["shims"] == ["awq_pin_memory_without_accelerator (llm-compressor PR #2813 on CPU)"]
+
+
+def test_the_awq_shim_is_still_needed():
+    """If upstream stops pinning memory without an accelerator, this fails: drop the shim."""
+    import torch
+    from llmcompressor.pipelines.cache import IntermediatesCache
+
+    if torch.accelerator.is_available():
+        pytest.skip("CPU-only behaviour")
+    original = getattr(IntermediatesCache.pin_memory, "__wrapped__", IntermediatesCache.pin_memory)
+    cache = IntermediatesCache.from_dataloader([{"x": torch.ones(2)}], torch.device("cpu"))
+    with pytest.raises(RuntimeError, match="accelerator"):
+        original(cache, 0)
+
+
+def test_calibration_hash_is_reproducible(tmp_path, tiny_model_dir, quantized):
+    _, results = quantized
+    recipe = write_recipe(tmp_path, tiny_variant("gptq-w4a16", tiny_model_dir))
+    again = quantize(load_recipe(recipe), tmp_path / "out", progress=lambda m: None)
+    assert again["calibration"]["sha256"] == results["gptq-w4a16"]["calibration"]["sha256"]
+    # GPTQ on CPU with the same inputs gives the same weights
+    assert again["checkpoint"]["files"]["model.safetensors"]["sha256"] == \
+        results["gptq-w4a16"]["checkpoint"]["files"]["model.safetensors"]["sha256"]
+
+
+def test_preflight_failure_writes_nothing(tmp_path, tiny_model_dir):
+    data = tiny_variant("gptq-w4a16", tiny_model_dir)
+    data["quantization"]["group_size"] = 256  # attention inputs are 128 wide
+    recipe = write_recipe(tmp_path / "r", data)
+    with pytest.raises(RecipeError, match=r"group_size: 256 does not divide .* \[32, 64, 128\]"):
+        quantize(load_recipe(recipe), tmp_path / "out", progress=lambda m: None)
+    assert not (tmp_path / "out").exists()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["r"]
+
+
+def test_engine_failure_leaves_no_half_checkpoint(tmp_path, tiny_model_dir):
+    data = tiny_variant("raw-llmcompressor", tiny_model_dir)
+    data["quantization"]["raw_recipe"] = {"quant_stage": {"quant_modifiers": {"NoSuchModifier": {}}}}
+    recipe = write_recipe(tmp_path / "r", data)
+    with pytest.raises(EngineError, match="oneshot failed"):
+        quantize(load_recipe(recipe), tmp_path / "out", progress=lambda m: None)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["r"]
+
+
+def test_existing_output_is_not_overwritten_by_default(tmp_path, tiny_model_dir):
+    (tmp_path / "out").mkdir()
+    recipe = write_recipe(tmp_path / "r", tiny_variant("rtn-w8a16", tiny_model_dir))
+    with pytest.raises(RecipeError, match="already exists; pass --overwrite"):
+        quantize(load_recipe(recipe), tmp_path / "out", progress=lambda m: None)
+
+
+def test_raw_recipe_is_passed_through(tmp_path, tiny_model_dir):
+    recipe = write_recipe(tmp_path / "r", tiny_variant("raw-llmcompressor", tiny_model_dir))
+    quantize(load_recipe(recipe), tmp_path / "out", progress=lambda m: None)
+    qc = json.loads((tmp_path / "out" / "config.json").read_text())["quantization_config"]
+    strategies = {g["weights"]["strategy"] for g in qc["config_groups"].values()}
+    assert strategies == {"channel", "group"}

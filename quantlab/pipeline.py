@@ -50,7 +50,25 @@ def stage_quantize(loaded: LoadedRecipe, run: RunDir, progress: Progress):
     return summary, artifacts
 
 
-STAGES: list[tuple[str, StageFn]] = [("quantize", stage_quantize)]
+def stage_serve(loaded: LoadedRecipe, run: RunDir, progress: Progress):
+    from quantlab.models import resolve_model
+    from quantlab.stages.serve import EngineTarget, serve_and_collect
+
+    recipe = loaded.recipe
+    baseline = resolve_model(recipe.model.source, base_dir=loaded.base_dir, revision=recipe.model.revision,
+                             progress=progress)
+    targets = [
+        EngineTarget("baseline", baseline.path, "baseline"),
+        EngineTarget("candidate", run.path / CHECKPOINT_DIR, "candidate"),
+    ]
+    summary = serve_and_collect(recipe.serve, targets, dtype=recipe.model.dtype, log_dir=run.path / "serve",
+                                progress=progress)
+    artifacts = [run.artifact(f"serve/{t.role}-server.log", f"{t.role}-server-log")
+                 for t in targets if (run.path / "serve" / f"{t.role}-server.log").is_file()]
+    return summary, artifacts
+
+
+STAGES: list[tuple[str, StageFn]] = [("quantize", stage_quantize), ("serve", stage_serve)]
 
 
 def run_pipeline(loaded: LoadedRecipe, runs_root: Path, *, resume: Path | None = None,

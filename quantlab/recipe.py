@@ -190,6 +190,55 @@ class CalibrationSpec(_Strict):
     )
 
 
+class ServeSpec(_Strict):
+    """How to reach a vLLM engine. Baseline and candidate get identical engine args."""
+
+    mode: Literal["launch", "command", "endpoint"] = Field(
+        "launch",
+        description="launch: start vLLM from the serving environment; command: start it with "
+        "'command' (a container, a cluster job); endpoint: use an already running server.",
+    )
+    device: Literal["auto", "cpu", "cuda"] = Field("auto", description="Target device; auto detects a GPU.")
+    python: str | None = Field(
+        None, description="Python of the serving environment (default: .venv-vllm/bin/python, "
+        "or $QUANTLAB_VLLM_PYTHON).",
+    )
+    command: list[str] | None = Field(
+        None, description="Launch command (mode 'command'), one list item per argument, with "
+        "placeholders {model}, {port}, {host}, {served_model_name}; engine_args are appended.",
+    )
+    endpoint: str | None = Field(None, description="Base URL of a running server (mode 'endpoint').")
+    candidate_endpoint: str | None = Field(None, description="Mode 'endpoint': base URL serving the candidate.")
+    host: str = Field("127.0.0.1", description="Interface a launched server binds to.")
+    port: int | None = Field(None, ge=1, le=65535, description="Port for a launched server (default: a free one).")
+    startup_timeout_s: float = Field(900, gt=0, le=7200, description="Deadline for /health to answer 200.")
+    shutdown_timeout_s: float = Field(30, gt=0, le=600, description="Grace period after SIGTERM before SIGKILL.")
+    engine_args: dict[str, str | int | float | bool | None] = Field(
+        default_factory=dict,
+        description="vLLM server arguments without the leading dashes (max_model_len: 2048, "
+        "kv_cache_dtype: fp8, tensor_parallel_size: 2, ...). true -> a bare flag, false/null -> omitted.",
+    )
+    env: dict[str, str] = Field(default_factory=dict, description="Extra environment for the server process.")
+    cpu_kv_cache_space_gib: float = Field(
+        1, gt=0, description="CPU only: KV cache size (VLLM_CPU_KVCACHE_SPACE) in GiB.")
+    side_by_side: bool = Field(
+        False, description="Serve baseline and candidate at the same time (needs memory for both).")
+
+    @model_validator(mode="after")
+    def _mode_fields(self) -> "ServeSpec":
+        if self.mode == "command" and not self.command:
+            raise ValueError("mode 'command' needs 'command' (a list, e.g. [docker, run, ..., '{model}'])")
+        if self.mode == "endpoint" and not self.endpoint:
+            raise ValueError("mode 'endpoint' needs 'endpoint' (e.g. http://127.0.0.1:8000)")
+        if self.mode != "command" and self.command:
+            raise ValueError("'command' is only used with mode 'command'")
+        for key in self.engine_args:
+            if key.startswith("-") or key in ("model", "port", "host", "served_model_name", "served-model-name"):
+                raise ValueError(f"engine_args.{key}: quantlab sets model, port, host and the served name itself; "
+                                 "write other keys without dashes")
+        return self
+
+
 class Recipe(_Strict):
     version: Literal[1] = Field(SCHEMA_VERSION, description="Recipe schema version.")
     name: str = Field(pattern=r"^[a-z0-9][a-z0-9._-]{0,63}$", description="Short slug; names the outputs.")
@@ -197,6 +246,7 @@ class Recipe(_Strict):
     model: ModelSpec = Field(default_factory=ModelSpec)
     quantization: QuantizationSpec
     calibration: CalibrationSpec | None = None
+    serve: ServeSpec = Field(default_factory=ServeSpec)
 
     @model_validator(mode="after")
     def _calibration_present(self) -> "Recipe":

@@ -1,0 +1,99 @@
+"""Facts vLLM only tells in its log: kernels, attention backend, KV cache, fallbacks.
+
+Pure functions over log text, tested on real log lines. vLLM's log wording changes
+between versions, so nothing here raises: what is not found is reported as missing
+(and flagged where it was expected), never guessed.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+# "Selected CPUInt8ScaledMMLinearKernel for CompressedTensorsW8A8Int8"
+# "Using CPUWNA16LinearKernel for CompressedTensorsWNA16"
+# "Using MarlinLinearKernel for mixed-precision linear"
+KERNEL = re.compile(r"\b(?:Selected|Using) ([A-Za-z0-9_]*Kernel[A-Za-z0-9_]*) for ([A-Za-z0-9_ -]+?)\.?\s*$")
+# CUDA: "Using FLASH_ATTN attention backend out of potential backends: [...]" or "Using FLASH_ATTN backend."
+ATTENTION = re.compile(r"\bUsing ([A-Z][A-Z0-9_]+) (?:attention )?backend\b")
+KV_DTYPE = re.compile(r"\bUsing (\w+) data type to store kv cache")
+KV_CAPACITY = re.compile(
+    r"\b(\w[\w +]*?) KV cache size: ([\d,]+) tokens, Maximum concurrency for ([\d,]+) tokens per request: ([\d.]+)x"
+)
+MAX_MODEL_LEN = re.compile(r"\bUsing max model len (\d+)")
+VERSION = re.compile(r"Initializing a V1 LLM engine \(v([\w.+-]+)\)")
+LOG_LEVEL = re.compile(r"\b(ERROR|WARNING|CRITICAL)\b")
+
+# Warnings that change what the numbers mean; each gets a stable kind for gates.
+NOTABLE_WARNINGS = {
+    "uncalibrated_kv_scales": re.compile(r"Using KV cache scaling factor 1\.0"),
+    "fp8_weight_only_fallback": re.compile(r"does not have native support for FP8 computation"),
+    "kernel_fallback": re.compile(r"\bfall(?:ing)? ?back\b.*\bkernel\b|\bkernel\b.*\bfall(?:ing)? ?back\b", re.I),
+}
+
+
+def _num(s: str) -> int:
+    return int(s.replace(",", ""))
+
+
+def parse_engine_log(text: str) -> dict[str, Any]:
+    kernels: dict[str, list[str]] = {}
+    facts: dict[str, Any] = {
+        "vllm_version": None,
+        "linear_kernels": kernels,
+        "attention_backend": None,
+        "kv_cache_dtype": None,
+        "kv_cache_pool": None,
+        "kv_cache_tokens": None,
+        "max_concurrency": None,
+        "max_concurrency_at_tokens": None,
+        "max_model_len": None,
+        "warnings": [],
+    }
+    seen_warnings: set[tuple[str, str]] = set()
+    for line in text.splitlines():
+        if m := KERNEL.search(line):
+            kernel, target = m.group(1), m.group(2).strip()
+            if kernel not in kernels.setdefault(target, []):
+                kernels[target].append(kernel)
+        if facts["attention_backend"] is None and (m := ATTENTION.search(line)):
+            facts["attention_backend"] = m.group(1)
+        if m := KV_DTYPE.search(line):
+            facts["kv_cache_dtype"] = m.group(1)
+        if m := KV_CAPACITY.search(line):
+            facts["kv_cache_pool"] = m.group(1).strip()
+            facts["kv_cache_tokens"] = _num(m.group(2))
+            facts["max_concurrency_at_tokens"] = _num(m.group(3))
+            facts["max_concurrency"] = float(m.group(4))
+        if m := MAX_MODEL_LEN.search(line):
+            facts["max_model_len"] = int(m.group(1))
+        if m := VERSION.search(line):
+            facts["vllm_version"] = m.group(1)
+        for kind, pattern in NOTABLE_WARNINGS.items():
+            if pattern.search(line):
+                message = _strip_prefix(line)
+                if (kind, message) not in seen_warnings:
+                    seen_warnings.add((kind, message))
+                    facts["warnings"].append({"kind": kind, "message": message[:400]})
+    return facts
+
+
+def _strip_prefix(line: str) -> str:
+    """'(Worker pid=1) WARNING 11-29 16:37:47 [file.py:1] message' -> 'message'."""
+    m = re.search(r"\[[\w./-]+:\d+\]\s*(.*)$", line)
+    return (m.group(1) if m else line).strip()
+
+
+def expected_but_missing(facts: dict[str, Any], *, quantized: bool, kv_cache_quantized: bool,
+                         device: str) -> list[str]:
+    """What the log should have told us for this checkpoint and device, and did not."""
+    missing = []
+    if quantized and not facts["linear_kernels"]:
+        missing.append("linear kernel selection (no 'Selected/Using ...Kernel for ...' line)")
+    if kv_cache_quantized and not facts["kv_cache_dtype"]:
+        missing.append("KV cache dtype line ('Using fp8 data type to store kv cache')")
+    if facts["kv_cache_tokens"] is None:
+        missing.append("KV cache capacity ('... KV cache size: N tokens')")
+    if device == "cuda" and facts["attention_backend"] is None:
+        missing.append("attention backend ('Using ... attention backend')")
+    return missing

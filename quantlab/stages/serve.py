@@ -219,7 +219,8 @@ class VLLMServer:
             try:
                 self.proc = subprocess.Popen(self.plan.argv, stdout=log, stderr=subprocess.STDOUT,
                                              stdin=subprocess.DEVNULL, env=self.plan.env,
-                                             start_new_session=True)  # own process group: stop kills all
+                                             start_new_session=True,  # own process group: stop kills all
+                                             preexec_fn=_die_with_parent if os.name == "posix" else None)
             except OSError as err:
                 raise EngineError(f"cannot start the {self.role} server ({self.plan.argv[0]}): {err}") from None
 
@@ -289,6 +290,18 @@ class VLLMServer:
             return self.log_path.read_text(errors="replace")
         except OSError:
             return ""
+
+
+def _die_with_parent() -> None:
+    """preexec_fn: on Linux, SIGTERM the server if the quantlab process dies (even by
+    SIGKILL), so an engine is never orphaned; vLLM then stops its own children."""
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL("libc.so.6", use_errno=True)
+        libc.prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    except OSError:
+        pass  # not Linux: the context manager and the CLI's SIGTERM handler still stop it
 
 
 def _group_alive(pgid: int) -> bool:

@@ -155,7 +155,7 @@ def build_calibration_set(spec: CalibrationSpec, paths: list[Path], tokenizer) -
     origins: list[str] = []
     files: list[dict[str, Any]] = []
     notes: list[str] = []
-    for i, (path, want) in enumerate(zip(paths, counts)):
+    for i, (path, want) in enumerate(zip(paths, counts, strict=True)):
         rows = read_rows(path, field_path=f"calibration.datasets.{i}.path")
         if want > len(rows):
             notes.append(f"{path.name}: asked for {want} samples, file has {len(rows)}; used all")

@@ -162,9 +162,13 @@ def serve(
             out.print_json(json.dumps({"url": server.base_url, "model": role, "device": device,
                                        "engine_args": engine_args, "compat": compat[role], "facts": facts}))
             out.print(f"serving {model_dir} as '{role}' at {server.base_url}/v1 (Ctrl-C to stop)")
-            while True:
-                server.ensure_alive("while serving")
-                time.sleep(1)
+            try:
+                while True:
+                    server.ensure_alive("while serving")
+                    time.sleep(1)
+            except KeyboardInterrupt:
+                err.print("stopping the server")
+        # Ctrl-C is how a foreground server is meant to end: a clean stop exits 0.
     except (QuantlabError, KeyboardInterrupt) as e:
         raise _fail(e) from None
 

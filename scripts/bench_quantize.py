@@ -52,12 +52,15 @@ oneshot(model=model, tokenizer=tok, recipe=recipe, output_dir=spec["out"], save_
 
 
 def run_measured(cmd: list[str], env: dict) -> tuple[float, int, int]:
-    t0 = time.perf_counter()
-    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env, cwd=REPO)
-    _, status, usage = os.wait4(proc.pid, 0)
-    wall = time.perf_counter() - t0
-    proc.returncode = os.waitstatus_to_exitcode(status)
-    err = proc.stderr.read().decode(errors="replace") if proc.stderr else ""
+    # stderr goes to a file, not a pipe: a full pipe would block the child mid-run
+    with tempfile.TemporaryFile() as errfile:
+        t0 = time.perf_counter()
+        proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=errfile, env=env, cwd=REPO)
+        _, status, usage = os.wait4(proc.pid, 0)
+        wall = time.perf_counter() - t0
+        proc.returncode = os.waitstatus_to_exitcode(status)
+        errfile.seek(0)
+        err = errfile.read().decode(errors="replace")
     if proc.returncode != 0:
         raise SystemExit(f"command failed ({proc.returncode}): {' '.join(cmd)}\n{err[-3000:]}")
     return wall, usage.ru_maxrss * 1024, proc.returncode

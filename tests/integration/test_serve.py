@@ -3,19 +3,16 @@ kernel facts, clean shutdown, and each fault with its error inside its deadline.
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import signal
 import socket
-import subprocess
-import sys
 import time
 
 import psutil
 import pytest
 
-from conftest import REPO, tiny_variant, write_recipe
+from conftest import tiny_variant, write_recipe
 from quantlab.errors import EngineError, RecipeError
 from quantlab.recipe import ServeSpec, load_recipe
 from quantlab.stages.quantize import quantize
@@ -213,3 +210,38 @@ def test_endpoint_mode_attaches_without_launching(w4a16_server, w4a16_checkpoint
         facts = collect_facts(ext, quant_config=target.quant_config, device=device)
         assert facts["log"] is None and facts["vllm_version"] == "0.32.0"
     assert server.proc.poll() is None, "detaching from an endpoint must not stop it"
+
+
+def test_quantlab_serve_foreground_and_ctrl_c(w4a16_checkpoint, tmp_path):
+    """`quantlab serve CHECKPOINT`: prints the URL and facts, answers, and Ctrl-C stops
+    it cleanly (exit 0, no engine process left)."""
+    import subprocess
+    import sys
+
+    import httpx
+
+    from conftest import REPO
+
+    before = serving_env_processes()
+    proc = subprocess.Popen([sys.executable, "-m", "quantlab", "serve", str(w4a16_checkpoint),
+                             "--log-dir", str(tmp_path)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, cwd=REPO)
+    try:
+        url = None
+        deadline = time.monotonic() + 600
+        for line in proc.stdout:  # the "serving ... at URL/v1" line comes after the facts
+            if line.startswith("serving "):
+                url = line.split(" at ", 1)[1].split()[0]
+                break
+            assert time.monotonic() < deadline
+        assert url, proc.stderr.read()[-3000:]
+        r = httpx.post(f"{url}/completions", json={"model": "candidate", "prompt": "Hi", "max_tokens": 3},
+                       timeout=60)
+        assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 3
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(timeout=120) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert serving_env_processes() - before == set()
+    assert (tmp_path / "candidate-server.log").is_file()

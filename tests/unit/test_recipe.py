@@ -6,9 +6,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from conftest import RECIPES, shipped, write_recipe
+from conftest import RECIPES, shipped
 from quantlab.errors import RecipeError
-from quantlab.recipe import Recipe, json_schema, load_recipe, parse_recipe, recipe_hash
+from quantlab.recipe import json_schema, load_recipe, parse_recipe, recipe_hash
 
 SHIPPED = sorted(RECIPES.glob("*.yaml"))
 MINIMAL = {"name": "x", "quantization": {"method": "rtn", "scheme": "W8A16"}}

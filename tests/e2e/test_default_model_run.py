@@ -22,7 +22,7 @@ def test_gptq_w4a16_run_on_default_model(tmp_path, default_model_dir):
     data["serve"] = {"engine_args": {"max_model_len": 2048}}
     recipe = write_recipe(tmp_path, data)
     r = subprocess.run([sys.executable, "-m", "quantlab", "run", recipe, "--runs-dir", tmp_path / "runs"],
-                       capture_output=True, text=True, cwd=REPO, timeout=1500)
+                       capture_output=True, text=True, cwd=REPO, timeout=1100)
     assert r.returncode == 0, r.stderr[-4000:]
     record = json.loads(Path(r.stdout.strip().splitlines()[-1]).read_text())
     assert record["status"] == "ok"

@@ -223,8 +223,9 @@ def test_quantlab_serve_foreground_and_ctrl_c(w4a16_checkpoint, tmp_path):
     from conftest import REPO
 
     before = serving_env_processes()
+    errfile = open(tmp_path / "stderr.txt", "w")
     proc = subprocess.Popen([sys.executable, "-m", "quantlab", "serve", str(w4a16_checkpoint),
-                             "--log-dir", str(tmp_path)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                             "--log-dir", str(tmp_path)], stdout=subprocess.PIPE, stderr=errfile,
                             text=True, cwd=REPO)
     try:
         url = None
@@ -234,7 +235,7 @@ def test_quantlab_serve_foreground_and_ctrl_c(w4a16_checkpoint, tmp_path):
                 url = line.split(" at ", 1)[1].split()[0]
                 break
             assert time.monotonic() < deadline
-        assert url, proc.stderr.read()[-3000:]
+        assert url, (tmp_path / "stderr.txt").read_text()[-3000:]
         r = httpx.post(f"{url}/completions", json={"model": "candidate", "prompt": "Hi", "max_tokens": 3},
                        timeout=60)
         assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 3
@@ -243,6 +244,7 @@ def test_quantlab_serve_foreground_and_ctrl_c(w4a16_checkpoint, tmp_path):
     finally:
         if proc.poll() is None:
             proc.kill()
+        errfile.close()
     assert serving_env_processes() - before == set()
     assert (tmp_path / "candidate-server.log").is_file()
 

@@ -16,7 +16,7 @@ from rich.console import Console
 from rich.markup import escape
 
 from quantlab import __version__
-from quantlab.errors import QuantlabError
+from quantlab.errors import QuantlabError, RecipeError
 
 app = typer.Typer(no_args_is_help=True, add_completion=False, pretty_exceptions_enable=False,
                   help="Quantize an LLM from a recipe, serve it on vLLM, and gate its release.")
@@ -99,8 +99,6 @@ def run(
         if resume == "latest":
             resume_path = RunDir.latest(runs_dir, loaded.recipe.name)
             if resume_path is None:
-                from quantlab.errors import RecipeError
-
                 raise RecipeError(f"no earlier run of '{loaded.recipe.name}' under {runs_dir} to resume")
         elif resume:
             resume_path = Path(resume)
@@ -142,8 +140,6 @@ def serve(
                 latest = RunDir.latest(runs_dir, loaded.recipe.name)
                 model_dir = latest / CHECKPOINT_DIR if latest else None
                 if model_dir is None or not (model_dir / "config.json").is_file():
-                    from quantlab.errors import RecipeError
-
                     raise RecipeError(f"no quantized checkpoint for '{loaded.recipe.name}' under {runs_dir}: run "
                                       f"`quantlab run {target}` first, pass a checkpoint folder, or use --baseline")
         else:

@@ -28,7 +28,6 @@ LOG_LEVEL = re.compile(r"\b(ERROR|WARNING|CRITICAL)\b")
 NOTABLE_WARNINGS = {
     "uncalibrated_kv_scales": re.compile(r"Using KV cache scaling factor 1\.0"),
     "fp8_weight_only_fallback": re.compile(r"does not have native support for FP8 computation"),
-    "kernel_fallback": re.compile(r"\bfall(?:ing)? ?back\b.*\bkernel\b|\bkernel\b.*\bfall(?:ing)? ?back\b", re.I),
 }
 
 

@@ -109,9 +109,8 @@ def build_default_model(target: Path | None = None, *, progress=print) -> Resolv
         # save_pretrained refuses a GGUF-loaded model: rebuild from its config.
         config = loaded.config
         config.dtype = torch.bfloat16
-        for attr in ("quantization_config",):
-            if hasattr(config, attr):
-                delattr(config, attr)
+        if hasattr(config, "quantization_config"):  # the GGUF's, not ours
+            delattr(config, "quantization_config")
         model = AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16)
         missing, unexpected = model.load_state_dict(loaded.state_dict(), strict=False)
         # tied lm_head may legitimately be absent from the state dict

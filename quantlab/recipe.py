@@ -311,12 +311,19 @@ def _allowed_keys(model: type[BaseModel], loc: tuple) -> list[str]:
     return sorted(getattr(current, "model_fields", {}))
 
 
+def _is_branch_tag(part: object) -> bool:
+    """pydantic puts the tried union/literal branch into an error's location
+    ('str', 'literal['fp8']', 'dict[str,...]'); those are not recipe keys."""
+    s = str(part)
+    return s in ("str", "int", "float", "bool", "none") or "[" in s
+
+
 def _format_validation_error(err: ValidationError, file: str) -> RecipeError:
     lines = []
     for e in err.errors():
         loc = tuple(p for p in e["loc"] if not (isinstance(p, str) and p.startswith("function-")))
         # pydantic puts the union/literal branch in the location: keep only real keys
-        dotted = ".".join(str(p) for p in loc if not str(p).startswith(("literal[", "str", "dict[")))
+        dotted = ".".join(str(p) for p in loc if not _is_branch_tag(p))
         if e["type"] == "extra_forbidden":
             allowed = _allowed_keys(Recipe, loc)
             key = str(loc[-1])

@@ -17,7 +17,7 @@ import socket
 import subprocess
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -359,7 +359,7 @@ class EngineTarget:
     role: str  # "baseline" | "candidate"
     model_dir: Path
     served_name: str
-    quant_config: dict | None = field(default=None)
+    quant_config: dict | None = None  # read by preflight_serving
 
 
 @contextlib.contextmanager

@@ -1,13 +1,19 @@
 """The `quantlab` command line: parse, call the pipeline, map errors to exit codes.
 
-Exit codes: 0 released/ok, 1 blocked by a gate, 2 bad input, 3 engine or run failure,
-130 interrupted. Engines are imported lazily so --help and `recipes check` are instant.
+Exit codes: 0 released/ok, 1 blocked by a gate, 2 bad input, 3 engine or run failure
+(an unexpected error too: one line here, the traceback in a file), 130 interrupted
+(Ctrl-C or SIGTERM). The CLI calls quantlab.pipeline only; engines are imported lazily
+so --help and `recipes check` are instant.
 """
 
 from __future__ import annotations
 
+import contextlib
+import datetime as dt
 import json
 import sys
+import traceback
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Annotated, Optional
 
@@ -32,13 +38,37 @@ def progress(msg: str) -> None:
     err.print(f"[bold cyan]quantlab[/] {msg}", highlight=False)
 
 
-def _fail(e: BaseException) -> typer.Exit:
-    if isinstance(e, KeyboardInterrupt):
+def _crash_log(err: BaseException) -> Path:
+    from quantlab.fsutil import write_text_atomic
+    from quantlab.models import cache_dir
+
+    stamp = dt.datetime.now(dt.timezone.utc).strftime("%Y%m%d-%H%M%S")
+    path = cache_dir() / "logs" / f"crash-{stamp}.txt"
+    write_text_atomic(path, "".join(traceback.format_exception(err)))
+    return path
+
+
+@contextlib.contextmanager
+def exit_codes() -> Iterator[None]:
+    """Map every way a command can end to the README's exit codes."""
+    try:
+        yield
+    except typer.Exit:
+        raise
+    except KeyboardInterrupt:
         err.print("[yellow]interrupted[/]")
-        return typer.Exit(130)
-    assert isinstance(e, QuantlabError)
-    err.print(f"[bold red]error:[/] {escape(str(e))}", highlight=False)
-    return typer.Exit(e.exit_code)
+        raise typer.Exit(130) from None
+    except QuantlabError as e:
+        err.print(f"[bold red]error:[/] {escape(str(e))}", highlight=False, soft_wrap=True)
+        raise typer.Exit(e.exit_code) from None
+    except Exception as e:  # a bug or an unforeseen engine failure: a run failure, never "blocked"
+        try:
+            where = f"traceback in {_crash_log(e)}"
+        except OSError as log_err:
+            where = f"traceback could not be written: {log_err}"
+        line = "".join(traceback.format_exception_only(type(e), e)).strip().splitlines()[-1]
+        err.print(f"[bold red]error:[/] unexpected {escape(line)} ({escape(where)})", highlight=False, soft_wrap=True)
+        raise typer.Exit(3) from None
 
 
 def _version(value: bool) -> None:
@@ -69,15 +99,12 @@ def quantize(
     overwrite: Annotated[bool, typer.Option(help="Replace an existing output folder.")] = False,
 ) -> None:
     """Calibrate and quantize a model with llm-compressor; write a compressed-tensors checkpoint."""
+    from quantlab.pipeline import default_output_dir, quantize_only
     from quantlab.recipe import load_recipe
 
-    try:
+    with exit_codes():
         loaded = load_recipe(recipe)
-        from quantlab.stages.quantize import default_output_dir, quantize as run_quantize
-
-        result = run_quantize(loaded, output or default_output_dir(loaded), overwrite=overwrite, progress=progress)
-    except (QuantlabError, KeyboardInterrupt) as e:
-        raise _fail(e) from None
+        result = quantize_only(loaded, output or default_output_dir(loaded), overwrite=overwrite, progress=progress)
     typer.echo(result["checkpoint"]["path"])  # plain: scripts read this line
 
 
@@ -93,7 +120,7 @@ def run(
     from quantlab.recipe import load_recipe
     from quantlab.run import RunDir
 
-    try:
+    with exit_codes():
         loaded = load_recipe(recipe)
         resume_path = None
         if resume == "latest":
@@ -103,62 +130,52 @@ def run(
         elif resume:
             resume_path = Path(resume)
         result = run_pipeline(loaded, runs_dir, resume=resume_path, progress=progress)
-    except (QuantlabError, KeyboardInterrupt) as e:
-        raise _fail(e) from None
     typer.echo(str(result.path / "run.json"))
 
 
 @app.command()
 def serve(
-    target: Annotated[Path, typer.Argument(help="A checkpoint folder, or a recipe (serves its latest run's checkpoint).")],
+    target: Annotated[Path, typer.Argument(
+        help="A checkpoint folder, or a recipe (serves its latest run's checkpoint).")],
     recipe: Annotated[Optional[Path], typer.Option(help="Take the serve settings from this recipe.")] = None,
     baseline: Annotated[bool, typer.Option(help="With a recipe: serve its unquantized model instead.")] = False,
     runs_dir: Annotated[Path, typer.Option(help="Where `quantlab run` keeps runs.")] = Path("runs"),
     log_dir: Annotated[Optional[Path], typer.Option(help="Folder for the server log (default: a temp folder).")] = None,
 ) -> None:
-    """Serve a checkpoint on vLLM in the foreground, print its URL and engine facts; Ctrl-C stops it."""
+    """Serve a checkpoint on vLLM in the foreground, print its URL and engine facts; Ctrl-C stops it (exit 0)."""
     import tempfile
     import time
 
+    from quantlab.pipeline import latest_checkpoint, serve_one
     from quantlab.recipe import ServeSpec, load_recipe
 
-    try:
+    with exit_codes():
         dtype, spec, role = "bfloat16", ServeSpec(), "candidate"
         if target.suffix in (".yaml", ".yml"):
             loaded = load_recipe(target)
             spec, dtype = loaded.recipe.serve, loaded.recipe.model.dtype
             if baseline:
-                from quantlab.models import resolve_model
+                from quantlab.models import resolve_recipe_model
 
-                r = loaded.recipe
-                model_dir, role = resolve_model(r.model.source, base_dir=loaded.base_dir, revision=r.model.revision,
-                                                progress=progress).path, "baseline"
+                model_dir, role = resolve_recipe_model(loaded, progress=progress).path, "baseline"
             else:
-                from quantlab.pipeline import CHECKPOINT_DIR
-                from quantlab.run import RunDir
-
-                latest = RunDir.latest(runs_dir, loaded.recipe.name)
-                model_dir = latest / CHECKPOINT_DIR if latest else None
-                if model_dir is None or not (model_dir / "config.json").is_file():
-                    raise RecipeError(f"no quantized checkpoint for '{loaded.recipe.name}' under {runs_dir}: run "
-                                      f"`quantlab run {target}` first, pass a checkpoint folder, or use --baseline")
+                model_dir = latest_checkpoint(runs_dir, loaded)
+        elif baseline:
+            raise RecipeError("--baseline needs a recipe (its model is the baseline), not a checkpoint folder")
         else:
             model_dir = target
         if recipe is not None:
-            loaded_settings = load_recipe(recipe).recipe
-            spec, dtype = loaded_settings.serve, loaded_settings.model.dtype
-        from quantlab.stages.serve import EngineTarget, collect_facts, open_engine, preflight_serving
-
-        t = EngineTarget(role, Path(model_dir), role)
-        _, device, engine_args, compat = preflight_serving(spec, [t], dtype=dtype, progress=progress)
+            settings = load_recipe(recipe).recipe
+            spec, dtype = settings.serve, settings.model.dtype
+        if spec.mode == "endpoint":
+            raise RecipeError("`quantlab serve` starts a server; this recipe's serve.mode is 'endpoint' (a server "
+                              "that already runs). Use a recipe with mode launch or command", field="serve.mode")
         log_dir = log_dir or Path(tempfile.mkdtemp(prefix="quantlab-serve-"))
-        with open_engine(spec, t, device=device, engine_args=engine_args, log_dir=log_dir,
-                         progress=progress) as server:
-            facts = collect_facts(server, quant_config=t.quant_config, device=device)
+        with serve_one(Path(model_dir), role, spec, dtype=dtype, log_dir=log_dir, progress=progress) as (server,
+                                                                                                         facts):
             # plain stdout (no wrapping): scripts read the JSON and the URL line
-            typer.echo(json.dumps({"url": server.base_url, "model": role, "device": device,
-                                   "engine_args": engine_args, "compat": compat[role], "facts": facts}, indent=2))
-            typer.echo(f"serving {model_dir} as '{role}' at {server.base_url}/v1 (Ctrl-C to stop)")
+            typer.echo(json.dumps(facts, indent=2))
+            typer.echo(f"serving {model_dir} as '{server.served_name}' at {server.base_url}/v1 (Ctrl-C to stop)")
             try:
                 while True:
                     server.ensure_alive("while serving")
@@ -166,8 +183,6 @@ def serve(
             except KeyboardInterrupt:
                 err.print("stopping the server")
         # Ctrl-C is how a foreground server is meant to end: a clean stop exits 0.
-    except (QuantlabError, KeyboardInterrupt) as e:
-        raise _fail(e) from None
 
 
 @app.command("default-model")
@@ -175,10 +190,8 @@ def default_model() -> None:
     """Build (once) and print the folder of the embedded default model, SmolLM2-135M-Instruct."""
     from quantlab.models import build_default_model
 
-    try:
+    with exit_codes():
         resolved = build_default_model(progress=progress)
-    except QuantlabError as e:
-        raise _fail(e) from None
     typer.echo(str(resolved.path))
 
 
@@ -186,35 +199,34 @@ def default_model() -> None:
 def recipes_check(
     files: Annotated[list[Path], typer.Argument(help="Recipe files to validate.")],
     preflight: Annotated[bool, typer.Option(
-        help="Also check the recipe against the model's layer layout (reads the model config, "
-        "no weights; builds the default model once if needed).")] = False,
+        help="Also check the recipe against the model's layer layout (reads the model config, no "
+        "weights; builds the default model once if needed) and whether the serving environment can "
+        "serve the scheme it will export.")] = False,
 ) -> None:
     """Validate recipes: schema, method/scheme combination, calibration files."""
     from quantlab.calibration import read_rows
     from quantlab.recipe import load_recipe
 
     failed = 0
-    for f in files:
-        try:
-            loaded = load_recipe(f)
-            for i, p in enumerate(loaded.calibration_paths()):
-                read_rows(p, field_path=f"calibration.datasets.{i}.path")
-            if preflight:
-                from quantlab.models import resolve_model
-                from quantlab.preflight import run_preflight
-                from quantlab.stages.quantize import model_layout
+    with exit_codes():
+        for f in files:
+            try:
+                loaded = load_recipe(f)
+                for i, p in enumerate(loaded.calibration_paths()):
+                    read_rows(p, field_path=f"calibration.datasets.{i}.path")
+                notes = []
+                if preflight:
+                    from quantlab.pipeline import preflight_recipe
 
-                r = loaded.recipe
-                model = resolve_model(r.model.source, base_dir=loaded.base_dir, revision=r.model.revision,
-                                      progress=progress)
-                run_preflight(r, model_layout(model.path, trust_remote_code=r.model.trust_remote_code),
-                              file=str(f))
-            out.print(f"[green]ok[/]   {f}", highlight=False)
-        except QuantlabError as e:
-            failed += 1
-            err.print(f"[red]fail[/] {escape(str(e))}", highlight=False)
-    if failed:
-        raise typer.Exit(2)
+                    notes = preflight_recipe(loaded, progress=progress)
+                out.print(f"[green]ok[/]   {f}", highlight=False)
+                for note in notes:
+                    out.print(f"     note: {escape(note)}", highlight=False)
+            except QuantlabError as e:
+                failed += 1
+                err.print(f"[red]fail[/] {escape(str(e))}", highlight=False)
+        if failed:
+            raise typer.Exit(2)
 
 
 @recipes_app.command("schema")

@@ -196,3 +196,24 @@ def resolve_model(source: str, *, base_dir: Path | None = None, revision: str | 
             field="model.source",
         )
     return _hub_model(source, revision)
+
+
+def resolve_recipe_model(loaded, *, progress=print) -> ResolvedModel:
+    """The recipe's unquantized model (the baseline), resolved relative to the recipe file."""
+    m = loaded.recipe.model
+    return resolve_model(m.source, base_dir=loaded.base_dir, revision=m.revision, progress=progress)
+
+
+def source_fingerprint(loaded) -> dict:
+    """A cheap identity of the model source for resume decisions: for a local folder the
+    names, sizes and modification times of its files (an edited folder re-runs the
+    stages that read it); for 'default' and hub ids the source string and revision
+    (their content is pinned by the package version or the hub revision)."""
+    m = loaded.recipe.model
+    folder = Path(m.source).expanduser()
+    if m.source != "default" and not folder.is_absolute():
+        folder = loaded.base_dir / folder
+    if m.source != "default" and folder.is_dir():
+        return {"folder": str(folder.resolve()), "files": {
+            p.name: [p.stat().st_size, int(p.stat().st_mtime)] for p in sorted(folder.iterdir()) if p.is_file()}}
+    return {"source": m.source, "revision": m.revision}

@@ -1,111 +1,217 @@
-"""Runs the stages of a recipe in order, writing the run record after each one.
+"""Runs the stages of a recipe in order and writes the run record after each one; also
+the small helpers the CLI's other commands call (so the CLI never drives an engine).
 
-A stage is a function (loaded recipe, run dir, progress) -> (summary, artifacts).
-Stages already `ok` in a resumed run are skipped; a resumed run must use the same
-recipe content (hash), or its record would describe a mix of two recipes.
-Later stages (serve, quality, perf, stability, gates, manifest) append to STAGES.
+Resume: a stage is redone when it has no `ok` record, when the hash of its inputs
+changed (stages/__init__.py: `inputs`), or when a stage before it was redone. So an
+edited serve section re-serves and keeps the checkpoint, an edited quantization
+section starts again from quantize, and an edited description changes nothing.
+Before the first stage runs, every stage that will run gets its preflight.
 """
 
 from __future__ import annotations
 
+import contextlib
 import time
 import traceback
-from collections.abc import Callable
+from collections.abc import Iterator
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 
-from quantlab.errors import QuantlabError, RecipeError
-from quantlab.recipe import LoadedRecipe
-from quantlab.run import Artifact, RunDir, StageResult, now_iso
+from quantlab.context import Progress, RunContext, inputs_hash, unprobed
+from quantlab.errors import EngineError, QuantlabError, RecipeError
+from quantlab.fsutil import write_text_atomic
+from quantlab.layout import CHECKPOINT_DIR, ERROR_DIR
+from quantlab.recipe import LoadedRecipe, ServeSpec
+from quantlab.run import RunDir, StageRecord, now_iso
+from quantlab.stages import quantize as quantize_stage
+from quantlab.stages import serve as serve_stage
 
-Progress = Callable[[str], None]
-StageFn = Callable[[LoadedRecipe, RunDir, Progress], tuple[dict[str, Any], list[Artifact]]]
-
-CHECKPOINT_DIR = "checkpoint"
-
-
-def stage_quantize(loaded: LoadedRecipe, run: RunDir, progress: Progress):
-    from quantlab.stages.quantize import RESULT_FILE, quantize
-
-    result = quantize(loaded, run.path / CHECKPOINT_DIR, overwrite=True, progress=progress)
-    summary = {
-        "checkpoint": CHECKPOINT_DIR,
-        "method": result["method"],
-        "scheme": result["scheme"],
-        "layers_quantized": result["layers_quantized"],
-        "calibration": result["calibration"],
-        "quantization_config": result["checkpoint"]["quantization_config"],
-        "size_bytes": result["checkpoint"]["size_bytes"],
-        "timings": result["timings"],
-        "peak_rss_bytes": result["peak_rss_bytes"],
-        "versions": result["versions"],
-        "model": result["model"],
-        "gptq_max_loss": (result["gptq"] or {}).get("max_loss"),
-        "engine_warnings": result["engine_warnings"],
-    }
-    artifacts = [
-        run.artifact(f"{CHECKPOINT_DIR}/{RESULT_FILE}", "quantize-result"),
-        run.artifact(f"{CHECKPOINT_DIR}/model.safetensors", "checkpoint-weights"),
-    ]
-    return summary, artifacts
+STAGES: list[ModuleType] = [quantize_stage, serve_stage]
 
 
-def stage_serve(loaded: LoadedRecipe, run: RunDir, progress: Progress):
-    from quantlab.models import resolve_model
-    from quantlab.stages.serve import EngineTarget, serve_and_collect
+class UnexpectedError(EngineError):
+    """A bug or an unforeseen engine failure: a run failure (exit 3) with its traceback on file."""
 
-    recipe = loaded.recipe
-    baseline = resolve_model(recipe.model.source, base_dir=loaded.base_dir, revision=recipe.model.revision,
-                             progress=progress)
-    targets = [
-        EngineTarget("baseline", baseline.path, "baseline"),
-        EngineTarget("candidate", run.path / CHECKPOINT_DIR, "candidate"),
-    ]
-    summary = serve_and_collect(recipe.serve, targets, dtype=recipe.model.dtype, log_dir=run.path / "serve",
-                                progress=progress)
-    artifacts = [run.artifact(f"serve/{t.role}-server.log", f"{t.role}-server-log")
-                 for t in targets if (run.path / "serve" / f"{t.role}-server.log").is_file()]
-    return summary, artifacts
+    def __init__(self, message: str, traceback_file: Path | None):
+        self.traceback_file = traceback_file
+        super().__init__(message)
 
 
-STAGES: list[tuple[str, StageFn]] = [("quantize", stage_quantize), ("serve", stage_serve)]
+def stages_to_run(ctx: RunContext) -> dict[str, str]:
+    """Which stages this invocation runs, each with the reason."""
+    plan: dict[str, str] = {}
+    upstream_redone = False
+    for stage in STAGES:
+        done = ctx.run.record.stages.get(stage.NAME)
+        if upstream_redone:
+            plan[stage.NAME] = "an earlier stage is redone"
+        elif done is None:
+            plan[stage.NAME] = "not run yet"
+        elif done.status != "ok":
+            plan[stage.NAME] = f"last attempt {done.status}"
+        elif done.inputs_sha256 != inputs_hash(stage.inputs(ctx)):
+            plan[stage.NAME] = "its inputs changed"
+        else:
+            continue
+        upstream_redone = True
+    return plan
+
+
+def open_run(loaded: LoadedRecipe, runs_root: Path, resume: Path | None) -> RunDir:
+    if resume is None:
+        return RunDir.create(loaded, runs_root)
+    run = RunDir.open(resume)
+    if run.record.recipe_name != loaded.recipe.name:
+        raise RecipeError(f"cannot resume {resume}: it is a run of recipe '{run.record.recipe_name}', this recipe "
+                          f"is named '{loaded.recipe.name}'. Start a new run (drop --resume)", file=str(loaded.path))
+    run.adopt_recipe(loaded)
+    run.record.status = "running"
+    return run
 
 
 def run_pipeline(loaded: LoadedRecipe, runs_root: Path, *, resume: Path | None = None,
                  progress: Progress = print) -> RunDir:
-    if resume is not None:
-        run = RunDir.open(resume)
-        if run.record.recipe_sha256 != loaded.content_hash:
-            raise RecipeError(
-                f"cannot resume {resume}: it was made from a recipe with hash "
-                f"{run.record.recipe_sha256[:12]}, this recipe hashes to {loaded.content_hash[:12]}. "
-                "Start a new run (drop --resume) or restore the recipe it was made from",
-                file=str(loaded.path),
-            )
-        run.record.status = "running"
-    else:
-        run = RunDir.create(loaded, runs_root)
+    run = open_run(loaded, runs_root, resume)
+    ctx = RunContext(loaded, run, progress)
     progress(f"run directory: {run.path}")
-    for name, fn in STAGES:
-        done = run.record.stages.get(name)
-        if done is not None and done.status == "ok":
-            progress(f"stage {name}: already done, skipped")
+    try:
+        todo = stages_to_run(ctx)
+        ctx.will_run = set(todo)
+        for stage in STAGES:
+            if stage.NAME in todo:
+                stage.preflight(ctx)
+    except BaseException as err:
+        _finish(run, err)
+        raise _as_quantlab_error(err, run, "preflight") from None
+    for stage in STAGES:
+        if stage.NAME not in todo:
+            progress(f"stage {stage.NAME}: done earlier with the same inputs, skipped")
             continue
-        started, t0 = now_iso(), time.perf_counter()
-        try:
-            summary, artifacts = fn(loaded, run, progress)
-        except BaseException as err:
-            # Record the failure (also on Ctrl-C) before passing it on.
-            msg = str(err) if isinstance(err, QuantlabError) else "".join(
-                traceback.format_exception_only(type(err), err)).strip()
-            run.put_stage(StageResult(name=name, status="failed", started_at=started, finished_at=now_iso(),
-                                      duration_s=round(time.perf_counter() - t0, 3), error=msg))
-            run.record.status = "failed"
-            run.save()
-            raise
-        run.put_stage(StageResult(name=name, status="ok", started_at=started, finished_at=now_iso(),
-                                  duration_s=round(time.perf_counter() - t0, 3), summary=summary,
-                                  artifacts=artifacts))
+        progress(f"stage {stage.NAME}: {todo[stage.NAME]}")
+        _run_stage(ctx, stage)
     run.record.status = "ok"
     run.save()
     return run
+
+
+def _run_stage(ctx: RunContext, stage: ModuleType) -> None:
+    run = ctx.run
+    ctx.artifacts = []
+    started, t0 = now_iso(), time.perf_counter()
+    digest = inputs_hash(stage.inputs(ctx))
+
+    def record(status: str, **kw: Any) -> None:
+        run.put_stage(StageRecord(name=stage.NAME, status=status, started_at=started, finished_at=now_iso(),
+                                  duration_s=round(time.perf_counter() - t0, 3), inputs_sha256=digest,
+                                  artifacts=ctx.artifacts, **kw))
+
+    try:
+        result = stage.run(ctx)
+    except BaseException as err:
+        # Record the failure (also on Ctrl-C/SIGTERM) before passing it on.
+        wrapped = _as_quantlab_error(err, run, stage.NAME)
+        record("interrupted" if isinstance(err, KeyboardInterrupt) else "failed",
+               error=str(wrapped) if wrapped is not None else "interrupted",
+               error_log=_relative(run, getattr(wrapped, "traceback_file", None)))
+        _finish(run, err)
+        if wrapped is None:
+            raise
+        raise wrapped from None
+    record("ok", result=result)
+
+
+def _finish(run: RunDir, err: BaseException) -> None:
+    run.record.status = "interrupted" if isinstance(err, KeyboardInterrupt) else "failed"
+    run.save()
+
+
+def _relative(run: RunDir, path: Path | None) -> str | None:
+    return str(path.relative_to(run.path)) if path is not None else None
+
+
+def _as_quantlab_error(err: BaseException, run: RunDir, where: str) -> QuantlabError | None:
+    """QuantlabErrors pass as they are; Ctrl-C gives None; anything else is unexpected:
+    its traceback goes to a file in the run folder and it becomes a run failure."""
+    if isinstance(err, QuantlabError):
+        return err
+    if isinstance(err, KeyboardInterrupt):
+        return None
+    path = run.path / ERROR_DIR / f"{where}-traceback.txt"
+    write_text_atomic(path, "".join(traceback.format_exception(err)))
+    line = "".join(traceback.format_exception_only(type(err), err)).strip().splitlines()[-1]
+    return UnexpectedError(f"unexpected error in {where}: {line} (traceback in {path})", path)
+
+
+# ---------------------------------------------------------------- helpers for the CLI
+
+def quantize_only(loaded: LoadedRecipe, output: Path, *, overwrite: bool, progress: Progress) -> dict[str, Any]:
+    """`quantlab quantize`: the quantize engine into a folder of the user's choosing."""
+    from quantlab.engines.llmcompressor import quantize_checkpoint
+    from quantlab.models import resolve_recipe_model
+
+    return quantize_checkpoint(loaded, resolve_recipe_model(loaded, progress=progress), Path(output),
+                               overwrite=overwrite, progress=progress)
+
+
+def default_output_dir(loaded: LoadedRecipe) -> Path:
+    return Path("out") / f"{loaded.recipe.name}-{loaded.content_hash[:10]}"
+
+
+def preflight_recipe(loaded: LoadedRecipe, *, progress: Progress) -> list[str]:
+    """`quantlab recipes check --preflight`: the recipe against the model's layer layout
+    and, where the serving environment is installed, the scheme it will export against
+    the serving rules. Returns notes on what was not checked."""
+    from quantlab.engines.llmcompressor import check_layout
+    from quantlab.engines.vllm_probe import probe_serving_env, serving_python
+    from quantlab.models import resolve_recipe_model
+    from quantlab.serving_compat import predict_quant_config
+    from quantlab.serving_plan import plan_serving, serve_targets
+
+    baseline = resolve_recipe_model(loaded, progress=progress)
+    check_layout(loaded, baseline)
+    spec = loaded.recipe.serve
+    predicted = predict_quant_config(loaded.recipe.quantization)
+    if predicted is None:
+        return ["a raw recipe's scheme is known only after quantizing: serving compatibility not checked"]
+    if spec.mode == "launch":
+        try:
+            probe = probe_serving_env(serving_python(spec))
+        except EngineError as e:
+            return [f"serving compatibility not checked: {e}"]
+    else:
+        probe = unprobed(spec.mode)
+    targets = [t for t in serve_targets(spec, baseline_dir=baseline.path, candidate_dir=Path("."))
+               if t.role == "candidate"]
+    plan = plan_serving(spec, targets, dtype=loaded.recipe.model.dtype, probe=probe,
+                        quant_configs={"candidate": predicted})
+    return plan.compat["candidate"].warnings + plan.compat["candidate"].notes
+
+
+def latest_checkpoint(runs_root: Path, loaded: LoadedRecipe) -> Path:
+    latest = RunDir.latest(runs_root, loaded.recipe.name)
+    folder = latest / CHECKPOINT_DIR if latest else None
+    if folder is None or not (folder / "config.json").is_file():
+        raise RecipeError(f"no quantized checkpoint for '{loaded.recipe.name}' under {runs_root}: run "
+                          f"`quantlab run {loaded.path}` first, pass a checkpoint folder, or use --baseline")
+    return folder
+
+
+@contextlib.contextmanager
+def serve_one(model_dir: Path, role: str, spec: ServeSpec, *, dtype: str, log_dir: Path,
+              progress: Progress) -> Iterator[tuple[Any, dict[str, Any]]]:
+    """`quantlab serve`: one model on one engine, with the same planning and checks as
+    the serve stage. Yields (server, facts as a dict)."""
+    from quantlab.engines.vllm_facts import collect_facts
+    from quantlab.engines.vllm_probe import probe_serving_env, serving_python
+    from quantlab.engines.vllm_server import open_engine
+    from quantlab.serving_plan import EngineTarget, plan_serving
+
+    probe = probe_serving_env(serving_python(spec)) if spec.mode == "launch" else unprobed(spec.mode)
+    target = EngineTarget(role, Path(model_dir), role)
+    plan = plan_serving(spec, [target], dtype=dtype, probe=probe)
+    with open_engine(plan, role, log_dir=log_dir, progress=progress) as server:
+        facts = collect_facts(server, target, device=plan.device)
+        yield server, {"url": server.base_url, "model": server.served_name, "device": plan.device,
+                       "engine_args": plan.engine_args, "compat": plan.compat[role].as_record(),
+                       "facts": facts.model_dump(mode="json")}

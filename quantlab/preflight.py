@@ -101,7 +101,8 @@ def check_group_size(recipe: Recipe, layout: ModelLayout, targeted: list[ModuleI
         by_width[m.in_features].append(m.name)
     detail = "; ".join(f"input width {w}: {_compress_names(ns)}" for w, ns in sorted(by_width.items()))
     ok = working_group_sizes(widths)
-    fix = f"group sizes that divide every targeted layer: {ok}" if ok else "no power-of-two group size fits every layer; use group_size: null (per channel)"
+    fix = (f"group sizes that divide every targeted layer: {ok}" if ok
+           else "no power-of-two group size fits every layer; use group_size: null (per channel)")
     return [
         f"quantization.group_size: {gs} does not divide the input width of {len(bad)} targeted "
         f"layer(s) of {layout.architecture} ({detail}). Fix: {fix}, or add those layers to "

@@ -15,7 +15,14 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 from quantlab.errors import RecipeError
 
@@ -207,8 +214,17 @@ class ServeSpec(_Strict):
         None, description="Launch command (mode 'command'), one list item per argument, with "
         "placeholders {model}, {port}, {host}, {served_model_name}; engine_args are appended.",
     )
-    endpoint: str | None = Field(None, description="Base URL of a running server (mode 'endpoint').")
+    endpoint: str | None = Field(None, description="Base URL of a running server serving the baseline "
+                                 "(mode 'endpoint').")
     candidate_endpoint: str | None = Field(None, description="Mode 'endpoint': base URL serving the candidate.")
+    served_model_name: str | None = Field(
+        None, description="Model name the external baseline server serves (mode 'endpoint', or a 'command' "
+        "without {served_model_name}). Unset: the one model the server lists.")
+    candidate_served_model_name: str | None = Field(
+        None, description="Model name the external candidate server serves; unset: the one model it lists.")
+    allow_same_endpoint: bool = Field(
+        False, description="Mode 'endpoint': allow baseline and candidate to be the same server and model "
+        "(a self-comparison, e.g. to check that the gates pass on identical models).")
     host: str = Field("127.0.0.1", description="Interface a launched server binds to.")
     port: int | None = Field(None, ge=1, le=65535, description="Port for a launched server (default: a free one).")
     startup_timeout_s: float = Field(900, gt=0, le=7200, description="Deadline for /health to answer 200.")
@@ -230,6 +246,18 @@ class ServeSpec(_Strict):
             raise ValueError("mode 'command' needs 'command' (a list, e.g. [docker, run, ..., '{model}'])")
         if self.mode == "endpoint" and not self.endpoint:
             raise ValueError("mode 'endpoint' needs 'endpoint' (e.g. http://127.0.0.1:8000)")
+        if self.mode == "endpoint" and not self.allow_same_endpoint:
+            same_url = (self.candidate_endpoint or self.endpoint).rstrip("/") == self.endpoint.rstrip("/")
+            same_name = self.candidate_served_model_name == self.served_model_name
+            if same_url and same_name:
+                raise ValueError(
+                    "baseline and candidate would be the same server and model: set 'candidate_endpoint' "
+                    "(or a different 'candidate_served_model_name'), or 'allow_same_endpoint: true' if a "
+                    "self-comparison is intended")
+        if self.mode != "endpoint":
+            for key in ("endpoint", "candidate_endpoint"):
+                if getattr(self, key):
+                    raise ValueError(f"'{key}' is only used with mode 'endpoint'")
         if self.mode != "command" and self.command:
             raise ValueError("'command' is only used with mode 'command'")
         for key in self.engine_args:

@@ -19,9 +19,12 @@ from quantlab import __version__
 from quantlab.errors import RecipeError
 from quantlab.fsutil import sha256_file, write_json_atomic
 from quantlab.recipe import LoadedRecipe
+from quantlab.results import StageOutput
 
 RECORD_FILE = "run.json"
-RECORD_VERSION = 1
+RECORD_VERSION = 2
+StageStatus = Literal["ok", "failed", "interrupted"]
+RunStatus = Literal["running", "ok", "failed", "interrupted"]
 
 
 def now_iso() -> str:
@@ -35,21 +38,26 @@ class Artifact(BaseModel):
     role: str
 
 
-class StageResult(BaseModel):
+class StageRecord(BaseModel):
+    """One stage's outcome. `inputs_sha256` hashes what the stage depends on, so a
+    resumed run redoes exactly the stages whose inputs changed."""
+
     model_config = ConfigDict(extra="forbid")
     name: str
-    status: Literal["ok", "failed", "skipped"]
+    status: StageStatus
     started_at: str
     finished_at: str
     duration_s: float
-    summary: dict[str, Any] = Field(default_factory=dict)
+    inputs_sha256: str
+    result: StageOutput | None = None
     artifacts: list[Artifact] = Field(default_factory=list)
     error: str | None = None
+    error_log: str | None = Field(None, description="Traceback file of an unexpected error, relative to the run.")
 
 
 class RunRecord(BaseModel):
     model_config = ConfigDict(extra="forbid")
-    record_version: Literal[1] = RECORD_VERSION
+    record_version: Literal[2] = RECORD_VERSION
     run_id: str
     recipe_name: str
     recipe_path: str
@@ -59,8 +67,14 @@ class RunRecord(BaseModel):
     host: dict[str, Any] = Field(default_factory=dict)
     created_at: str = Field(default_factory=now_iso)
     updated_at: str = Field(default_factory=now_iso)
-    status: Literal["running", "ok", "failed"] = "running"
-    stages: dict[str, StageResult] = Field(default_factory=dict)
+    status: RunStatus = "running"
+    # sha256 of each recipe this run was resumed with after the first (edits between tries)
+    recipe_history: list[str] = Field(default_factory=list)
+    stages: dict[str, StageRecord] = Field(default_factory=dict)
+
+    def result(self, stage: str) -> StageOutput | None:
+        rec = self.stages.get(stage)
+        return rec.result if rec is not None and rec.status == "ok" else None
 
 
 class RunDir:
@@ -99,7 +113,8 @@ class RunDir:
         try:
             record = RunRecord.model_validate(json.loads(f.read_text()))
         except ValueError as err:
-            raise RecipeError(f"run record {f} is corrupt or from another version: {err}") from None
+            raise RecipeError(f"run record {f} is corrupt or from another quantlab version ({err}); "
+                              "start a new run instead of resuming this one") from None
         return cls(Path(path), record)
 
     @staticmethod
@@ -112,9 +127,17 @@ class RunDir:
         p = self.path / relative
         return Artifact(path=relative, role=role, sha256=sha256_file(p) if p.is_file() else None)
 
-    def put_stage(self, result: StageResult) -> None:
-        self.record.stages[result.name] = result
+    def put_stage(self, stage: StageRecord) -> None:
+        self.record.stages[stage.name] = stage
         self.save()
+
+    def adopt_recipe(self, loaded: LoadedRecipe) -> None:
+        """A resumed run takes the recipe it is resumed with; the old hash is kept."""
+        if self.record.recipe_sha256 != loaded.content_hash:
+            self.record.recipe_history.append(self.record.recipe_sha256)
+            self.record.recipe_sha256 = loaded.content_hash
+            self.record.recipe = loaded.recipe.model_dump(mode="json")
+            self.record.recipe_path = str(loaded.path)
 
     def save(self) -> None:
         self.record.updated_at = now_iso()

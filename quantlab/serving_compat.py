@@ -37,11 +37,12 @@ class CompatReport:
     schemes: list[str] = field(default_factory=list)
     errors: list[str] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
     expected_kernels: list[str] = field(default_factory=list)
 
     def as_record(self) -> dict[str, Any]:
         return {"schemes": self.schemes, "errors": self.errors, "warnings": self.warnings,
-                "expected_kernels": self.expected_kernels}
+                "notes": self.notes, "expected_kernels": self.expected_kernels}
 
 
 def classify_group(group: dict[str, Any]) -> str:
@@ -102,9 +103,49 @@ def check_compat(quant_config: dict[str, Any] | None, probe: dict[str, Any], *,
 
     if device == "cuda":
         _cuda_rules(report, probe)
-    else:
+    elif device == "cpu":
         _cpu_rules(report)
+    else:
+        report.notes.append(
+            f"device '{device}': the hardware behind an external server is not known to quantlab, so no "
+            "device rule was checked (set serve.device to cpu or cuda to check them)")
     return report
+
+
+def kernel_warnings(expected_kernels: list[str], log_facts: dict[str, Any] | None) -> list[str]:
+    """An expected kernel missing from the engine log: it may have fallen back to another."""
+    if log_facts is None:
+        return []
+    kernels = {k for ks in (log_facts.get("linear_kernels") or {}).values() for k in ks}
+    return [f"expected {k} but the log shows {sorted(kernels) or 'no kernel line'}: "
+            "the engine may have fallen back to another kernel" for k in expected_kernels if k not in kernels]
+
+
+def predict_quant_config(q: Any) -> dict[str, Any] | None:
+    """The `quantization_config` a recipe's quantization section will export, as far as
+    serving rules care (weight and activation types, dynamic or static, block
+    strategy, KV cache), so `quantlab run` can refuse an unservable recipe before
+    quantizing. None for a raw recipe: its modifiers decide, and only the checkpoint tells."""
+    if q.method == "raw":
+        return None
+    scheme = q.scheme
+    weights: dict[str, Any]
+    act: dict[str, Any] | None = None
+    if scheme in ("W4A16", "W8A16"):
+        weights = {"type": "int", "num_bits": 4 if scheme == "W4A16" else 8,
+                   "strategy": "group" if q.group_size else "channel", "group_size": q.group_size,
+                   "symmetric": q.symmetric}
+    elif scheme == "W8A8":
+        weights = {"type": "int", "num_bits": 8, "strategy": "channel", "symmetric": True}
+        act = {"type": "int", "num_bits": 8, "strategy": "token", "dynamic": True}
+    else:  # FP8 family
+        weights = {"type": "float", "num_bits": 8, "strategy": "block" if scheme == "FP8_BLOCK" else "channel"}
+        act = {"type": "float", "num_bits": 8, "dynamic": scheme != "FP8"}
+    config: dict[str, Any] = {"quant_method": "compressed-tensors", "predicted": True,
+                              "config_groups": {"group_0": {"weights": weights, "input_activations": act}}}
+    if q.kv_cache is not None:
+        config["kv_cache_scheme"] = {"type": "float", "num_bits": 8}
+    return config
 
 
 def _cpu_rules(report: CompatReport) -> None:

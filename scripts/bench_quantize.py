@@ -35,7 +35,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from llmcompressor import oneshot
 spec = json.load(open(sys.argv[1]))
 if spec["shim"]:
-    from quantlab.stages.compat import awq_pin_memory_without_accelerator
+    from quantlab.engines.shims import awq_pin_memory_without_accelerator
     awq_pin_memory_without_accelerator()
 from quantlab.modifier_plan import instantiate
 model = AutoModelForCausalLM.from_pretrained(spec["model"], dtype=torch.bfloat16)
@@ -71,8 +71,8 @@ def bare_spec(recipe_path: Path, out: Path) -> dict:
     from transformers import AutoTokenizer
 
     from quantlab.calibration import build_calibration_set
-    from quantlab.modifier_plan import plan_modifiers, raw_recipe_text
     from quantlab.models import resolve_model
+    from quantlab.modifier_plan import plan_modifiers, raw_recipe_text
     from quantlab.recipe import load_recipe
 
     loaded = load_recipe(recipe_path)

@@ -24,9 +24,8 @@ def main() -> int:
     sys.path.insert(0, str(REPO))
     from quantlab.errors import QuantlabError
     from quantlab.models import build_default_model
+    from quantlab.pipeline import quantize_only, serve_one
     from quantlab.recipe import ServeSpec, load_recipe
-    from quantlab.stages.quantize import quantize
-    from quantlab.stages.serve import EngineTarget, collect_facts, open_engine, preflight_serving
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--repeats", type=int, default=1)
@@ -45,7 +44,7 @@ def main() -> int:
         ckpt = (args.checkpoints / recipe.stem) if args.checkpoints else work / recipe.stem
         if not (ckpt / "config.json").is_file():
             print(f"quantizing {recipe.stem} ...", flush=True)
-            quantize(loaded, ckpt, overwrite=True, progress=quiet)
+            quantize_only(loaded, ckpt, overwrite=True, progress=quiet)
         targets.append((recipe.stem, ckpt, dict(loaded.recipe.serve.engine_args)))
 
     rows: dict[str, dict] = {}
@@ -53,13 +52,11 @@ def main() -> int:
         order = targets if rep % 2 == 0 else list(reversed(targets))
         for name, path, extra in order:
             spec = ServeSpec(engine_args={"max_model_len": args.max_model_len, **extra})
-            t = EngineTarget("candidate", path, "m")
             row = rows.setdefault(name, {"startup": [], "facts": [], "kernels": set(), "error": None})
             try:
-                _, device, eargs, compat = preflight_serving(spec, [t], dtype="bfloat16", progress=quiet)
-                with open_engine(spec, t, device=device, engine_args=eargs, log_dir=work / "logs" / name,
-                                 progress=quiet) as server:
-                    facts = collect_facts(server, quant_config=t.quant_config, device=device)
+                with serve_one(path, "candidate", spec, dtype="bfloat16", log_dir=work / "logs" / name,
+                               progress=quiet) as (_server, served):
+                    facts = served["facts"]
             except QuantlabError as err:
                 row["error"] = str(err).splitlines()[0][:160]
                 print(f"{name:<24} refused/failed: {row['error']}", flush=True)

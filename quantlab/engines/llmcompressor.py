@@ -1,0 +1,228 @@
+"""llm-compressor, in-process: the model's layer layout for the preflight, calibration,
+`oneshot`, and the compressed-tensors checkpoint written atomically with
+`quantize.json` beside it. The quantize stage and `quantlab quantize` both call this."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import platform
+import resource
+import sys
+import time
+from collections.abc import Callable, Iterator
+from importlib.metadata import PackageNotFoundError, version
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from quantlab.calibration import build_calibration_set
+from quantlab.errors import EngineError, RecipeError
+from quantlab.fsutil import (
+    atomic_directory,
+    sha256_file,
+    write_json_atomic,
+    write_text_atomic,
+)
+from quantlab.layout import QUANTIZE_RESULT_FILE, RECIPE_COPY_FILE
+from quantlab.models import ResolvedModel
+from quantlab.modifier_plan import instantiate, plan_modifiers, raw_recipe_text
+from quantlab.preflight import ModelLayout, ModuleInfo, run_preflight
+from quantlab.recipe import LoadedRecipe
+
+Progress = Callable[[str], None]
+
+
+def library_versions() -> dict[str, str | None]:
+    out: dict[str, str | None] = {"python": platform.python_version()}
+    for pkg in ("quantlab", "torch", "transformers", "llmcompressor", "compressed-tensors", "accelerate"):
+        try:
+            out[pkg] = version(pkg)
+        except PackageNotFoundError:
+            out[pkg] = None
+    return out
+
+
+def model_layout(model_dir: Path, *, trust_remote_code: bool) -> ModelLayout:
+    """The module tree of the model, built on the meta device: no weights are read."""
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    try:
+        config = AutoConfig.from_pretrained(model_dir, trust_remote_code=trust_remote_code)
+    except ValueError as err:
+        raise RecipeError(f"cannot read the model config in {model_dir}: {err}", field="model.source") from None
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(config, trust_remote_code=trust_remote_code)
+    modules = []
+    for name, module in model.named_modules():
+        classes = tuple(c.__name__ for c in type(module).__mro__
+                        if isinstance(c, type) and issubclass(c, torch.nn.Module))
+        modules.append(ModuleInfo(name, classes, getattr(module, "in_features", None),
+                                  getattr(module, "out_features", None)))
+    arch = (config.architectures or [type(model).__name__])[0]
+    try:
+        from llmcompressor.modifiers.transform.awq.mappings import AWQ_MAPPING_REGISTRY
+
+        awq_arches = sorted(AWQ_MAPPING_REGISTRY)
+    except ImportError:
+        awq_arches = None
+    return ModelLayout(arch, modules, getattr(config, "max_position_embeddings", None),
+                       {"awq_architectures": awq_arches})
+
+
+@contextlib.contextmanager
+def engine_warnings() -> Iterator[list[str]]:
+    """Warnings llm-compressor logs (through loguru) while it runs."""
+    from loguru import logger
+
+    found: list[str] = []
+    sink_id = logger.add(lambda message: found.append(message.record["message"][:500]),
+                         level="WARNING", format="{message}")
+    try:
+        yield found
+    finally:
+        logger.remove(sink_id)
+
+
+def check_layout(loaded: LoadedRecipe, model_ref: ResolvedModel) -> tuple[ModelLayout, list[ModuleInfo]]:
+    """The recipe against the model's layer layout (no weights read). Raises RecipeError."""
+    layout = model_layout(model_ref.path, trust_remote_code=loaded.recipe.model.trust_remote_code)
+    return layout, run_preflight(loaded.recipe, layout, file=str(loaded.path))
+
+
+def peak_rss_bytes() -> int:
+    # ru_maxrss is KiB on Linux, bytes on macOS
+    scale = 1 if sys.platform == "darwin" else 1024
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * scale
+
+
+def summarize_checkpoint(folder: Path) -> dict[str, Any]:
+    config = json.loads((folder / "config.json").read_text())
+    files = {
+        p.name: {"size": p.stat().st_size, "sha256": sha256_file(p)}
+        for p in sorted(folder.iterdir())
+        if p.is_file() and p.suffix in (".safetensors", ".json", ".jinja", ".yaml")
+    }
+    return {"quantization_config": config.get("quantization_config"), "files": files,
+            "size_bytes": sum(f["size"] for f in files.values())}
+
+
+def default_output_dir(loaded: LoadedRecipe) -> Path:
+    return Path("out") / f"{loaded.recipe.name}-{loaded.content_hash[:10]}"
+
+
+def quantize_checkpoint(loaded: LoadedRecipe, model_ref: ResolvedModel, output: Path, *, overwrite: bool = False,
+                        progress: Progress = print) -> dict[str, Any]:
+    """Preflight, calibrate, quantize and export. Returns the dict also written as quantize.json."""
+    recipe = loaded.recipe
+    q = recipe.quantization
+    output = Path(output)
+    if output.exists() and not overwrite:
+        raise RecipeError(
+            f"output folder {output} already exists; pass --overwrite to replace it or choose another --output"
+        )
+    timings: dict[str, float] = {}
+    t0 = time.perf_counter()
+
+    def lap(name: str, since: float) -> float:
+        now = time.perf_counter()
+        timings[name] = round(now - since, 3)
+        return now
+
+    progress(f"preflight: {recipe.name} on {model_ref.path.name}")
+    layout, targeted = check_layout(loaded, model_ref)
+    t = lap("preflight_s", t0)
+
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(model_ref.path, trust_remote_code=recipe.model.trust_remote_code)
+    calib = None
+    if recipe.calibration is not None and q.needs_calibration:
+        calib = build_calibration_set(recipe.calibration, loaded.calibration_paths(), tokenizer)
+        progress(f"calibration: {calib.num_samples} samples, {calib.num_tokens} tokens, sha256 {calib.sha256[:12]}")
+    t = lap("calibration_data_s", t)
+
+    model = AutoModelForCausalLM.from_pretrained(
+        model_ref.path, dtype=getattr(torch, recipe.model.dtype),
+        trust_remote_code=recipe.model.trust_remote_code, use_safetensors=True,
+    )
+    t = lap("load_model_s", t)
+
+    from llmcompressor import oneshot
+
+    from quantlab.engines.shims import (
+        awq_pin_memory_without_accelerator,
+        gptq_layer_losses,
+    )
+
+    shims = []
+    uses_awq = q.method == "awq" or (q.method == "raw" and "AWQModifier" in raw_recipe_text(q))
+    if uses_awq:
+        if awq_pin_memory_without_accelerator():
+            shims.append("awq_pin_memory_without_accelerator (llm-compressor PR #2813 on CPU)")
+    if q.method == "raw":
+        modifiers: Any = raw_recipe_text(q)
+        plan: Any = {"raw_recipe": modifiers}
+    else:
+        plan = plan_modifiers(q)
+        modifiers = instantiate(plan)
+
+    with atomic_directory(output, replace=overwrite) as tmp:
+        where = "accelerator" if torch.accelerator.is_available() else "CPU"
+        progress(f"oneshot: {q.method} {q.scheme or ''} on {where}")
+        kwargs: dict[str, Any] = {}
+        if calib is not None:
+            kwargs.update(
+                dataset=calib.to_dataset(),
+                num_calibration_samples=calib.num_samples,
+                max_seq_length=recipe.calibration.max_seq_length,
+                shuffle_calibration_samples=False,  # our sample order is part of the hash
+            )
+        try:
+            with engine_warnings() as warnings, gptq_layer_losses(model) as losses:
+                oneshot(model=model, tokenizer=tokenizer, recipe=modifiers, output_dir=str(tmp),
+                        save_compressed=True, **kwargs)
+        except (ValueError, RuntimeError, TypeError, KeyError) as err:
+            raise EngineError(f"llm-compressor oneshot failed for recipe '{recipe.name}': "
+                              f"{type(err).__name__}: {err}") from err
+        t = lap("oneshot_and_save_s", t)
+        if not (tmp / "config.json").is_file():
+            raise EngineError(f"llm-compressor wrote no config.json into the checkpoint for '{recipe.name}'")
+        if "quantization_config" not in json.loads((tmp / "config.json").read_text()):
+            # e.g. a raw recipe whose modifiers llm-compressor did not recognise
+            raise EngineError(
+                f"recipe '{recipe.name}' produced an unquantized checkpoint (no quantization_config): "
+                "llm-compressor applied no quantization modifier. Check the modifier names and "
+                "structure of quantization.raw_recipe"
+            )
+
+        write_text_atomic(tmp / RECIPE_COPY_FILE, yaml.safe_dump(recipe.model_dump(mode="json"), sort_keys=False))
+        result = {
+            "stage": "quantize",
+            "recipe": {"name": recipe.name, "path": str(loaded.path), "sha256": loaded.content_hash},
+            "model": model_ref.as_record() | {"architecture": layout.architecture},
+            "method": q.method,
+            "scheme": q.scheme,
+            "modifiers": plan,
+            "layers_quantized": len(targeted),
+            "calibration": calib.summary(recipe.calibration) if calib is not None else None,
+            "checkpoint": summarize_checkpoint(tmp) | {"path": str(output.resolve())},
+            "gptq": {
+                "layer_losses": losses,
+                "max_loss": max(losses.values()) if losses else None,
+                "worst_layers": sorted(losses, key=losses.get, reverse=True)[:5],
+            } if losses else None,  # None also where the loss hook is not available
+            "engine_warnings": warnings,
+            "shims": shims,
+            "timings": timings | {"total_s": round(time.perf_counter() - t0, 3)},
+            "peak_rss_bytes": peak_rss_bytes(),
+            "versions": library_versions(),
+            "device": "cuda" if torch.cuda.is_available() else "cpu",
+        }
+        write_json_atomic(tmp / QUANTIZE_RESULT_FILE, result)
+    progress(f"checkpoint written: {output} ({result['checkpoint']['size_bytes'] / 1e6:.1f} MB, "
+             f"{result['timings']['total_s']:.1f} s)")
+    return result

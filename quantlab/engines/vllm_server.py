@@ -1,0 +1,233 @@
+"""One vLLM engine process (or an external endpoint) and its HTTP handle.
+
+`VLLMServer` is a context manager: a free port, a deadline for /health, fail-fast if
+the process exits, and on exit the whole process group is stopped (SIGTERM, then
+SIGKILL) so no engine process is left behind, also on Ctrl-C. quantlab talks to vLLM
+only as a subprocess and over HTTP: vLLM lives in its own environment (.venv-vllm)
+because it pins another compressed-tensors.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import socket
+import subprocess
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from quantlab.engines.vllm_probe import serving_python
+from quantlab.errors import EngineError, RecipeError
+from quantlab.recipe import ServeSpec
+from quantlab.serving_plan import ServingPlan, engine_arg_list
+
+Progress = Callable[[str], None]
+LOG_TAIL_LINES = 40
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
+@dataclass
+class LaunchPlan:
+    argv: list[str]
+    env: dict[str, str]
+    base_url: str
+    served_name: str
+    port: int
+
+
+def plan_launch(spec: ServeSpec, model: Path, served_name: str, device: str, engine_args: dict[str, Any],
+                *, port: int | None = None, python: Path | None = None) -> LaunchPlan:
+    host = spec.host
+    port = port or free_port(host)
+    env = dict(os.environ)
+    if device == "cpu":
+        env.setdefault("VLLM_CPU_KVCACHE_SPACE", f"{spec.cpu_kv_cache_space_gib:g}")
+    env.update(spec.env)
+    extra = engine_arg_list(engine_args)
+    if spec.mode == "command":
+        values = {"model": str(model), "port": str(port), "host": host, "served_model_name": served_name}
+        try:
+            argv = [a.format(**values) for a in spec.command or []]
+        except (KeyError, IndexError) as err:
+            raise RecipeError(f"unknown placeholder {err} in serve.command; use {{model}}, {{port}}, {{host}}, "
+                              "{served_model_name}", field="serve.command") from None
+        argv += extra
+    else:
+        argv = [str(python or serving_python(spec)), "-m", "vllm.entrypoints.openai.api_server",
+                "--model", str(model), "--served-model-name", served_name,
+                "--host", host, "--port", str(port), *extra]
+    return LaunchPlan(argv, env, f"http://{host}:{port}", served_name, port)
+
+
+def _tail(path: Path, lines: int = LOG_TAIL_LINES) -> str:
+    try:
+        text = path.read_text(errors="replace").splitlines()
+    except OSError:
+        return "(no server log)"
+    return "\n".join(text[-lines:])
+
+
+class VLLMServer:
+    """One engine process (or an existing endpoint) with a deadline on every wait."""
+
+    def __init__(self, plan: LaunchPlan | None, *, log_path: Path, startup_timeout_s: float,
+                 shutdown_timeout_s: float = 30, endpoint: str | None = None, served_name: str | None = None,
+                 role: str = "candidate"):
+        self.plan = plan
+        self.log_path = Path(log_path)
+        self.startup_timeout_s = startup_timeout_s
+        self.shutdown_timeout_s = shutdown_timeout_s
+        self.base_url = (endpoint or (plan.base_url if plan else "")).rstrip("/")
+        self.served_name = served_name or (plan.served_name if plan else None)
+        self.role = role
+        self.proc: subprocess.Popen | None = None
+        self.started_at: float | None = None
+        self.ready_after_s: float | None = None
+
+    # -- lifecycle -------------------------------------------------------------------
+    def __enter__(self) -> "VLLMServer":
+        try:
+            self.start()
+            self.wait_ready()
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+    def start(self) -> None:
+        self.started_at = time.monotonic()
+        if self.plan is None:
+            return
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        with open(self.log_path, "wb") as log:
+            try:
+                self.proc = subprocess.Popen(self.plan.argv, stdout=log, stderr=subprocess.STDOUT,
+                                             stdin=subprocess.DEVNULL, env=self.plan.env,
+                                             start_new_session=True,  # own process group: stop kills all
+                                             preexec_fn=_die_with_parent if os.name == "posix" else None)
+            except OSError as err:
+                raise EngineError(f"cannot start the {self.role} server ({self.plan.argv[0]}): {err}") from None
+
+    def wait_ready(self) -> None:
+        deadline = self.started_at + self.startup_timeout_s
+        with httpx.Client(timeout=5) as client:
+            while True:
+                self.ensure_alive("while starting")
+                try:
+                    if client.get(f"{self.base_url}/health").status_code == 200:
+                        self.ready_after_s = round(time.monotonic() - self.started_at, 3)
+                        return
+                except httpx.HTTPError:
+                    pass
+                if time.monotonic() > deadline:
+                    raise EngineError(
+                        f"the {self.role} server at {self.base_url} was not healthy within "
+                        f"{self.startup_timeout_s:.0f} s (serve.startup_timeout_s). Last log lines "
+                        f"({self.log_path}):\n{_tail(self.log_path)}")
+                time.sleep(0.5)
+
+    def ensure_alive(self, when: str = "") -> None:
+        if self.proc is not None and self.proc.poll() is not None:
+            tail = _tail(self.log_path)
+            hint = ""
+            if "Address already in use" in tail or "address already in use" in tail:
+                hint = f" Port {self.plan.port} is already in use: free it or leave serve.port unset."
+            raise EngineError(f"the {self.role} server exited with code {self.proc.returncode} {when}.{hint} "
+                              f"Last log lines ({self.log_path}):\n{tail}")
+
+    def stop(self) -> None:
+        proc, self.proc = self.proc, None
+        if proc is None or proc.poll() is not None and not _group_alive(proc.pid):
+            return
+        for sig, wait_s in ((signal.SIGTERM, self.shutdown_timeout_s), (signal.SIGKILL, 10)):
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(proc.pid, sig)
+            deadline = time.monotonic() + wait_s
+            while time.monotonic() < deadline:
+                if proc.poll() is not None and not _group_alive(proc.pid):
+                    return
+                time.sleep(0.2)
+        proc.poll()
+
+    # -- facts -----------------------------------------------------------------------
+    def get_json(self, path: str, timeout: float = 30) -> Any:
+        try:
+            r = httpx.get(f"{self.base_url}{path}", timeout=timeout)
+            r.raise_for_status()
+            return r.json()
+        except httpx.HTTPError as err:
+            self.ensure_alive(f"during GET {path}")
+            raise EngineError(f"GET {self.base_url}{path} failed: {err}") from None
+
+    def complete(self, prompt: str, *, max_tokens: int = 8, timeout: float = 120, **extra) -> dict[str, Any]:
+        body = {"model": self.served_name, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0, **extra}
+        try:
+            r = httpx.post(f"{self.base_url}/v1/completions", json=body, timeout=timeout)
+            r.raise_for_status()
+            return r.json()
+        except httpx.HTTPError as err:
+            self.ensure_alive("during a completion")
+            raise EngineError(f"completion on {self.base_url} failed: {err}") from None
+
+    def log_text(self) -> str:
+        try:
+            return self.log_path.read_text(errors="replace")
+        except OSError:
+            return ""
+
+
+def _die_with_parent() -> None:
+    """preexec_fn: on Linux, SIGTERM the server if the quantlab process dies (even by
+    SIGKILL), so an engine is never orphaned; vLLM then stops its own children."""
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL("libc.so.6", use_errno=True)
+        libc.prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    except OSError:
+        pass  # not Linux: the context manager and the CLI's SIGTERM handler still stop it
+
+
+def _group_alive(pgid: int) -> bool:
+    try:
+        os.killpg(pgid, 0)
+        return True
+    except (ProcessLookupError, PermissionError):
+        return False
+
+
+
+
+@contextlib.contextmanager
+def open_engine(plan: ServingPlan, role: str, *, log_dir: Path, progress: Progress) -> Iterator[VLLMServer]:
+    """Start (or attach to) the engine for one role of a serving plan; stop it on exit."""
+    spec, target = plan.spec, plan.target(role)
+    log_path = Path(log_dir) / f"{role}-server.log"
+    if spec.mode == "endpoint":
+        server = VLLMServer(None, log_path=log_path, startup_timeout_s=spec.startup_timeout_s,
+                            endpoint=plan.endpoint_for(role), served_name=target.served_name, role=role)
+        progress(f"using the external {role} server at {server.base_url}")
+    else:
+        assert target.model_dir is not None and plan.engine_args is not None
+        launch = plan_launch(spec, target.model_dir, target.served_name, plan.device, plan.engine_args,
+                             port=spec.port)
+        server = VLLMServer(launch, log_path=log_path, startup_timeout_s=spec.startup_timeout_s,
+                            shutdown_timeout_s=spec.shutdown_timeout_s, role=role)
+        progress(f"starting the {role} server: {target.model_dir.name} on {launch.base_url} (log {log_path})")
+    with server:
+        progress(f"{role} server ready after {server.ready_after_s:.1f} s")
+        yield server

@@ -1,0 +1,92 @@
+"""Typed results of the stages, as the run record stores them.
+
+Pure pydantic models, no engine imports: gates, reports and the manifest read these.
+Each result carries a `stage` literal so the record can hold any of them in one field
+(a discriminated union); a new stage adds its model here and to `StageOutput`.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal, Union
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class _Result(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class FileFact(_Result):
+    size: int
+    sha256: str
+
+
+class QuantizeResult(_Result):
+    """What the quantize stage produced (the full detail is in the checkpoint's quantize.json)."""
+
+    stage: Literal["quantize"] = "quantize"
+    checkpoint: str = Field(description="Checkpoint folder, relative to the run directory.")
+    method: str
+    scheme: str | None
+    layers_quantized: int
+    calibration: dict[str, Any] | None
+    quantization_config: dict[str, Any]
+    size_bytes: int
+    files: dict[str, FileFact]
+    timings: dict[str, float]
+    peak_rss_bytes: int
+    versions: dict[str, str | None]
+    model: dict[str, Any]
+    gptq_max_loss: float | None = None
+    engine_warnings: list[str] = Field(default_factory=list)
+    shims: list[str] = Field(default_factory=list)
+
+    @property
+    def weights_sha256(self) -> dict[str, str]:
+        return {name: f.sha256 for name, f in self.files.items() if name.endswith(".safetensors")}
+
+
+class CompatRecord(_Result):
+    schemes: list[str] = Field(default_factory=list)
+    errors: list[str] = Field(default_factory=list)
+    warnings: list[str] = Field(default_factory=list)
+    notes: list[str] = Field(default_factory=list)
+    expected_kernels: list[str] = Field(default_factory=list)
+
+
+class SmokeCompletion(_Result):
+    prompt: str
+    text: str
+    finish_reason: str | None
+
+
+class EngineFacts(_Result):
+    """What one served engine reported about itself."""
+
+    base_url: str
+    served_model_name: str
+    model_dir: str | None = Field(None, description="The folder quantlab served (None for an external endpoint).")
+    vllm_version: str | None
+    max_model_len: int | None
+    smoke_completion: SmokeCompletion
+    log: dict[str, Any] | None = Field(None, description="Facts from the server log (None: no log, external server).")
+    log_missing: list[str] = Field(default_factory=list)
+    startup_s: float | None
+    facts_s: float
+
+
+class ServeResult(_Result):
+    stage: Literal["serve"] = "serve"
+    mode: Literal["launch", "command", "endpoint"]
+    device: str = Field(description="cpu | cuda | unknown (an external endpoint with serve.device auto).")
+    engine_args: dict[str, Any] | None = Field(
+        None, description="The engine arguments quantlab passed; None when it launched nothing.")
+    identical_engine_args: bool | None = Field(
+        None, description="True when quantlab launched both with the same arguments; None when it cannot know.")
+    side_by_side: bool
+    probe: dict[str, Any]
+    compat: dict[str, CompatRecord]
+    engines: dict[str, EngineFacts]
+
+
+StageOutput = Annotated[Union[QuantizeResult, ServeResult], Field(discriminator="stage")]

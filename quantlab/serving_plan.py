@@ -1,0 +1,139 @@
+"""What will be served, where, and with which engine arguments: decided before any
+server starts, from the recipe's serve section, the checkpoints' configs and the
+serving environment's probe. Pure apart from reading each checkpoint's config.json.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from quantlab.errors import RecipeError
+from quantlab.recipe import ServeSpec
+from quantlab.serving_compat import CompatReport, check_compat
+
+ROLES = ("baseline", "candidate")
+
+
+@dataclass
+class EngineTarget:
+    role: str  # "baseline" | "candidate"
+    model_dir: Path | None  # None: an external endpoint serves it, quantlab has no folder
+    served_name: str  # the model name requests carry
+    name_is_explicit: bool = True  # False: a default quantlab picked; an external server may use its own
+    quant_config: dict | None = None
+
+
+@dataclass
+class ServingPlan:
+    spec: ServeSpec
+    device: str  # cpu | cuda | unknown
+    engine_args: dict[str, Any] | None  # None when quantlab launches nothing
+    probe: dict[str, Any]
+    targets: list[EngineTarget]
+    compat: dict[str, CompatReport] = field(default_factory=dict)
+
+    def target(self, role: str) -> EngineTarget:
+        return next(t for t in self.targets if t.role == role)
+
+    def endpoint_for(self, role: str) -> str | None:
+        if self.spec.mode != "endpoint":
+            return None
+        if role == "candidate" and self.spec.candidate_endpoint:
+            return self.spec.candidate_endpoint
+        return self.spec.endpoint
+
+
+def read_quant_config(model_dir: Path) -> dict[str, Any] | None:
+    cfg = Path(model_dir) / "config.json"
+    if not cfg.is_file():
+        raise RecipeError(f"no config.json in {model_dir}: not a model folder (was the quantize stage run?)")
+    try:
+        data = json.loads(cfg.read_text())
+    except ValueError as err:
+        raise RecipeError(f"{cfg} is not valid JSON ({err}): the checkpoint is corrupt; re-run quantize") from None
+    if not list(Path(model_dir).glob("*.safetensors")):
+        raise RecipeError(f"no *.safetensors in {model_dir}: the checkpoint is incomplete; re-run quantize")
+    return data.get("quantization_config")
+
+
+def resolve_device(spec: ServeSpec, probe: dict[str, Any]) -> str:
+    if spec.mode != "launch":
+        # quantlab cannot see the hardware of a server it did not start itself; only the recipe can say.
+        return spec.device if spec.device != "auto" else "unknown"
+    if spec.device == "auto":
+        return probe["device"]
+    if spec.device == "cuda" and not probe.get("gpus"):
+        raise RecipeError("serve.device is 'cuda' but the serving environment sees no GPU; use 'auto' or 'cpu'",
+                          field="serve.device")
+    return spec.device
+
+
+def engine_arg_list(args: dict[str, Any]) -> list[str]:
+    out: list[str] = []
+    for key, value in args.items():
+        flag = "--" + key.replace("_", "-")
+        if value is True:
+            out.append(flag)
+        elif value is False or value is None:
+            continue
+        else:
+            out += [flag, str(value)]
+    return out
+
+
+def effective_engine_args(spec: ServeSpec, device: str, dtype: str) -> dict[str, Any]:
+    """The recipe's engine args plus the defaults quantlab needs on this device."""
+    args: dict[str, Any] = {"dtype": dtype}
+    if device == "cpu":
+        # The default 0.92 reserves 92% of RAM and refuses to start on a shared machine.
+        args["gpu_memory_utilization"] = 0.1
+    args.update(spec.engine_args)
+    return args
+
+
+def serve_targets(spec: ServeSpec, *, baseline_dir: Path | None, candidate_dir: Path | None) -> list[EngineTarget]:
+    """The baseline and/or candidate, with the model names requests will carry.
+
+    A server quantlab launches serves under the role name. An external endpoint (or a
+    command template without {served_model_name}) serves its own name: the recipe's
+    serve.served_model_name / candidate_served_model_name, or, if unset, whatever
+    single model the server lists."""
+    launched_by_us = spec.mode == "launch" or (
+        spec.mode == "command" and any("{served_model_name}" in a for a in spec.command or []))
+    out = []
+    for role, folder in (("baseline", baseline_dir), ("candidate", candidate_dir)):
+        if folder is None and spec.mode != "endpoint":
+            continue
+        configured = spec.candidate_served_model_name if role == "candidate" else spec.served_model_name
+        if launched_by_us:
+            name, explicit = role, True
+        else:
+            name, explicit = (configured, True) if configured else (role, False)
+        out.append(EngineTarget(role, Path(folder) if folder is not None else None, name, explicit))
+    return out
+
+
+def plan_serving(spec: ServeSpec, targets: list[EngineTarget], *, dtype: str, probe: dict[str, Any],
+                 quant_configs: dict[str, dict | None] | None = None) -> ServingPlan:
+    """Check every target against the engine and device rules; raise before anything starts.
+
+    `quant_configs` overrides what is read from the folders (the run's early check passes
+    the scheme predicted from the recipe, before the checkpoint exists)."""
+    device = resolve_device(spec, probe)
+    engine_args = effective_engine_args(spec, device, dtype) if spec.mode != "endpoint" else None
+    plan = ServingPlan(spec, device, engine_args, probe, targets)
+    for t in targets:
+        if quant_configs is not None and t.role in quant_configs:
+            t.quant_config = quant_configs[t.role]
+        elif t.model_dir is not None:
+            t.quant_config = read_quant_config(t.model_dir)
+        report = check_compat(t.quant_config, {**probe, "device": device},
+                              kv_cache_dtype=(engine_args or {}).get("kv_cache_dtype"))
+        if report.errors:
+            raise RecipeError(f"{t.role} checkpoint {t.model_dir or plan.endpoint_for(t.role)} cannot be served "
+                              "here:\n  - " + "\n  - ".join(report.errors), field="serve")
+        plan.compat[t.role] = report
+    return plan

@@ -1,0 +1,117 @@
+"""Which stages a resumed run redoes: by the hash of each stage's inputs (pure: no
+engine runs; the records are written as the stages would write them)."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+from conftest import shipped, write_recipe
+
+from quantlab.context import RunContext, inputs_hash
+from quantlab.errors import RecipeError
+from quantlab.pipeline import open_run, stages_to_run
+from quantlab.recipe import load_recipe
+from quantlab.results import FileFact, QuantizeResult
+from quantlab.run import RunDir, StageRecord, now_iso
+from quantlab.stages import quantize as quantize_stage
+from quantlab.stages import serve as serve_stage
+
+
+def quiet(msg):
+    pass
+
+
+def fake_quantize_result(weights_sha: str = "a" * 64) -> QuantizeResult:
+    return QuantizeResult(checkpoint="checkpoint", method="gptq", scheme="W4A16", layers_quantized=14,
+                          calibration=None, quantization_config={}, size_bytes=1,
+                          files={"model.safetensors": FileFact(size=1, sha256=weights_sha)}, timings={},
+                          peak_rss_bytes=1, versions={}, model={})
+
+
+def finish(ctx: RunContext, stage, result=None, status="ok"):
+    ctx.run.put_stage(StageRecord(name=stage.NAME, status=status, started_at=now_iso(), finished_at=now_iso(),
+                                  duration_s=1.0, inputs_sha256=inputs_hash(stage.inputs(ctx)), result=result))
+
+
+@pytest.fixture
+def done_run(tmp_path):
+    """A run whose quantize and serve stages both finished with the recipe as written."""
+    data = shipped("gptq-w4a16")
+    recipe = write_recipe(tmp_path, copy.deepcopy(data))
+    loaded = load_recipe(recipe)
+    run = RunDir.create(loaded, tmp_path / "runs")
+    ctx = RunContext(loaded, run, quiet)
+    finish(ctx, quantize_stage, fake_quantize_result())
+    finish(ctx, serve_stage)
+    return tmp_path, data, run
+
+
+def resumed(tmp_path, data, run, name="edited.yaml"):
+    loaded = load_recipe(write_recipe(tmp_path, data, name))
+    reopened = open_run(loaded, tmp_path / "runs", run.path)
+    return stages_to_run(RunContext(loaded, reopened, quiet)), reopened
+
+
+def test_nothing_to_redo_with_the_same_recipe(done_run):
+    tmp_path, data, run = done_run
+    assert resumed(tmp_path, data, run)[0] == {}
+
+
+def test_a_description_edit_changes_nothing(done_run):
+    tmp_path, data, run = done_run
+    data["description"] = "reworded"
+    todo, reopened = resumed(tmp_path, data, run)
+    assert todo == {}
+    assert len(reopened.record.recipe_history) == 1  # the edit is on record all the same
+
+
+def test_an_edited_serve_section_reserves_and_keeps_the_checkpoint(done_run):
+    tmp_path, data, run = done_run
+    data["serve"] = {"engine_args": {"max_model_len": 1024}}
+    assert resumed(tmp_path, data, run)[0] == {"serve": "its inputs changed"}
+
+
+def test_an_edited_quantization_section_starts_from_quantize(done_run):
+    tmp_path, data, run = done_run
+    data["quantization"]["group_size"] = 32
+    assert resumed(tmp_path, data, run)[0] == {"quantize": "its inputs changed",
+                                               "serve": "an earlier stage is redone"}
+
+
+def test_an_edited_calibration_file_requantizes(done_run):
+    tmp_path, data, run = done_run
+    local = tmp_path / "calib.jsonl"
+    local.write_text('{"text": "one"}\n')
+    data["calibration"]["datasets"] = [{"path": str(local)}]
+    loaded = load_recipe(write_recipe(tmp_path, data, "local.yaml"))
+    ctx = RunContext(loaded, open_run(loaded, tmp_path / "runs", run.path), quiet)
+    finish(ctx, quantize_stage, fake_quantize_result())
+    finish(ctx, serve_stage)
+    assert stages_to_run(ctx) == {}
+    local.write_text('{"text": "two"}\n')
+    assert "quantize" in stages_to_run(ctx)
+
+
+def test_a_failed_stage_is_redone(done_run):
+    tmp_path, data, run = done_run
+    loaded = load_recipe(write_recipe(tmp_path, data, "same.yaml"))
+    ctx = RunContext(loaded, open_run(loaded, tmp_path / "runs", run.path), quiet)
+    finish(ctx, serve_stage, status="failed")
+    assert stages_to_run(ctx) == {"serve": "last attempt failed"}
+
+
+def test_new_weights_reserve(done_run):
+    tmp_path, data, run = done_run
+    loaded = load_recipe(write_recipe(tmp_path, data, "same.yaml"))
+    ctx = RunContext(loaded, open_run(loaded, tmp_path / "runs", run.path), quiet)
+    record = ctx.run.record.stages["quantize"]
+    record.result = fake_quantize_result("b" * 64)  # e.g. a checkpoint quantized again elsewhere
+    assert stages_to_run(ctx) == {"serve": "its inputs changed"}
+
+
+def test_resuming_another_recipes_run_is_refused(done_run):
+    tmp_path, data, run = done_run
+    data["name"] = "another-name"
+    with pytest.raises(RecipeError, match="run of recipe 'gptq-w4a16'"):
+        resumed(tmp_path, data, run)

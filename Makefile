@@ -16,7 +16,9 @@ demo: setup
 		echo "make demo: QUANTLAB_SKIP_VLLM=1, so quantize only (serving needs .venv-vllm)"; \
 		.venv/bin/quantlab quantize $(DEMO_RECIPE) --overwrite; \
 	else \
-		.venv/bin/quantlab run $(DEMO_RECIPE); \
+		.venv/bin/quantlab run $(DEMO_RECIPE); rc=$$?; \
+		if [ $$rc -eq 1 ]; then echo "make demo: the release was blocked by a gate (see above); the demo itself worked"; \
+		elif [ $$rc -ne 0 ]; then exit $$rc; fi; \
 	fi
 
 # Set-up, then the whole test suite. pytest's exit code 5 (nothing collected) is a failure.

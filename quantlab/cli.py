@@ -35,7 +35,7 @@ SHIPPED_RECIPES = Path(__file__).resolve().parent.parent / "recipes"
 
 
 def progress(msg: str) -> None:
-    err.print(f"[bold cyan]quantlab[/] {msg}", highlight=False)
+    err.print(f"[bold cyan]quantlab[/] {msg}", highlight=False, soft_wrap=True)  # CI logs: one line each
 
 
 def _crash_log(err: BaseException) -> Path:

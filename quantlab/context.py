@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from quantlab.layout import CHECKPOINT_DIR
+from quantlab.layout import CHECKPOINT_DIR, SERVE_LOG_DIR
 from quantlab.models import ResolvedModel, resolve_recipe_model
 from quantlab.recipe import LoadedRecipe, Recipe
 from quantlab.run import Artifact, RunDir
@@ -33,6 +33,8 @@ class RunContext:
     artifacts: list[Artifact] = field(default_factory=list)  # the running stage's, collected by the pipeline
     _baseline: ResolvedModel | None = None
     _probe: dict[str, Any] | None = None
+    _plan: Any = None  # ServingPlan, built once
+    _pool: Any = None  # engines.pool.EnginePool, started on first use
 
     @property
     def recipe(self) -> Recipe:
@@ -59,6 +61,43 @@ class RunContext:
             else:
                 self._probe = unprobed(spec.mode)
         return self._probe
+
+    def serving_plan(self, *, predicted: bool = False):
+        """Targets, device, engine args and compatibility, checked before any server starts.
+        predicted=True judges the scheme the recipe will export (the checkpoint may not exist yet)."""
+        from quantlab.serving_compat import predict_quant_config
+        from quantlab.serving_plan import plan_serving, serve_targets
+
+        if not predicted and self._plan is not None:
+            return self._plan
+        spec = self.recipe.serve
+        targets = serve_targets(spec, baseline_dir=self.baseline_model().path, candidate_dir=self.checkpoint_dir)
+        overrides = None
+        if predicted:
+            overrides = {"candidate": predict_quant_config(self.recipe.quantization)}
+            if overrides["candidate"] is None:  # a raw recipe: only the checkpoint will tell
+                targets, overrides = [t for t in targets if t.role != "candidate"], {}
+        plan = plan_serving(spec, targets, dtype=self.recipe.model.dtype, probe=self.serving_probe(),
+                            quant_configs=overrides)
+        if not predicted:
+            self._plan = plan
+        return plan
+
+    def engine(self, role: str):
+        """The running server for a role (started on first use, kept for later stages)."""
+        if self._pool is None:
+            from quantlab.engines.pool import EnginePool
+
+            self._pool = EnginePool(self.serving_plan(), log_dir=self.run.path / SERVE_LOG_DIR,
+                                    progress=self.progress)
+        return self._pool.get(role)
+
+    def running_engines(self) -> list[str]:
+        return self._pool.running() if self._pool is not None else []
+
+    def close_engines(self) -> None:
+        if self._pool is not None:
+            self._pool.close()
 
     def add_artifact(self, relative: str, role: str) -> None:
         self.artifacts.append(self.run.artifact(relative, role))

@@ -19,15 +19,23 @@ from types import ModuleType
 from typing import Any
 
 from quantlab.context import Progress, RunContext, inputs_hash, unprobed
-from quantlab.errors import EngineError, QuantlabError, RecipeError
+from quantlab.errors import EngineError, GateFailure, QuantlabError, RecipeError
 from quantlab.fsutil import write_text_atomic
+from quantlab.gates import all_verdicts, failed
 from quantlab.layout import CHECKPOINT_DIR, ERROR_DIR
 from quantlab.recipe import LoadedRecipe, ServeSpec
 from quantlab.run import RunDir, StageRecord, now_iso
+from quantlab.stages import perf as perf_stage
 from quantlab.stages import quantize as quantize_stage
 from quantlab.stages import serve as serve_stage
 
-STAGES: list[ModuleType] = [quantize_stage, serve_stage]
+STAGES: list[ModuleType] = [quantize_stage, serve_stage, perf_stage]
+
+
+def enabled(stage: ModuleType, ctx: RunContext) -> bool:
+    """Check stages run only when the recipe has their section."""
+    check = getattr(stage, "enabled", None)
+    return check is None or check(ctx)
 
 
 class UnexpectedError(EngineError):
@@ -43,6 +51,8 @@ def stages_to_run(ctx: RunContext) -> dict[str, str]:
     plan: dict[str, str] = {}
     upstream_redone = False
     for stage in STAGES:
+        if not enabled(stage, ctx):
+            continue
         done = ctx.run.record.stages.get(stage.NAME)
         if upstream_redone:
             plan[stage.NAME] = "an earlier stage is redone"
@@ -84,14 +94,23 @@ def run_pipeline(loaded: LoadedRecipe, runs_root: Path, *, resume: Path | None =
     except BaseException as err:
         _finish(run, err)
         raise _as_quantlab_error(err, run, "preflight") from None
-    for stage in STAGES:
-        if stage.NAME not in todo:
-            progress(f"stage {stage.NAME}: done earlier with the same inputs, skipped")
-            continue
-        progress(f"stage {stage.NAME}: {todo[stage.NAME]}")
-        _run_stage(ctx, stage)
-    run.record.status = "ok"
+    try:
+        for stage in STAGES:
+            if not enabled(stage, ctx):
+                continue
+            if stage.NAME not in todo:
+                progress(f"stage {stage.NAME}: done earlier with the same inputs, skipped")
+                continue
+            progress(f"stage {stage.NAME}: {todo[stage.NAME]}")
+            _run_stage(ctx, stage)
+    finally:
+        ctx.close_engines()  # servers live across the check stages, never past the run
+    blocked = failed(all_verdicts({name: run.record.result(name) for name in run.record.stages}))
+    run.record.status = "blocked" if blocked else "ok"
     run.save()
+    if blocked:
+        raise GateFailure(f"{len(blocked)} gate(s) failed; run record {run.path / 'run.json'}:\n  - "
+                          + "\n  - ".join(f"{v.stage} {v.gate} at {v.scope}: {v.detail}" for v in blocked))
     return run
 
 

@@ -25,6 +25,7 @@ from pydantic import (
 )
 
 from quantlab.errors import RecipeError
+from quantlab.perf_spec import PerformanceSpec
 
 SCHEMA_VERSION = 1
 
@@ -275,6 +276,8 @@ class Recipe(_Strict):
     quantization: QuantizationSpec
     calibration: CalibrationSpec | None = None
     serve: ServeSpec = Field(default_factory=ServeSpec)
+    performance: PerformanceSpec | None = Field(
+        None, description="Performance checks: load workloads on baseline and candidate, SLOs, gates.")
 
     @model_validator(mode="after")
     def _calibration_present(self) -> "Recipe":
@@ -404,6 +407,11 @@ def load_recipe(path: str | Path) -> LoadedRecipe:
                 file=str(p),
                 field=f"calibration.datasets.{i}.path",
             )
+    for i, w in enumerate(recipe.performance.workloads if recipe.performance else []):
+        if w.dataset is not None and not loaded.resolve(w.dataset).is_file():
+            raise RecipeError(f"prompt dataset not found: '{w.dataset}' (resolved to {loaded.resolve(w.dataset)}); "
+                              "paths are relative to the recipe file", file=str(p),
+                              field=f"performance.workloads.{i}.dataset")
     return loaded
 
 

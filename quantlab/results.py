@@ -89,4 +89,46 @@ class ServeResult(_Result):
     engines: dict[str, EngineFacts]
 
 
-StageOutput = Annotated[Union[QuantizeResult, ServeResult], Field(discriminator="stage")]
+class GateVerdict(_Result):
+    """One gate at one scope (e.g. a workload point), with the numbers behind it."""
+
+    stage: str
+    gate: str
+    scope: str
+    verdict: Literal["pass", "fail", "inconclusive"]
+    value: float | None
+    limit: float
+    detail: str
+
+
+class PerfPoint(_Result):
+    workload: str
+    point: str  # "c8" (8 in flight) or "r2" (2 requests/s, Poisson)
+    concurrency: int | None = None
+    rate: float | None = None
+    baseline: dict[str, Any] = Field(description="Median over repeats of every metric.")
+    candidate: dict[str, Any]
+    baseline_repeats: list[dict[str, Any]]
+    candidate_repeats: list[dict[str, Any]]
+    comparison: dict[str, dict[str, Any]] = Field(description="candidate / baseline per metric, with spread.")
+    monitor: dict[str, list[dict[str, Any]]] = Field(description="Engine and process samples, per role per repeat.")
+    near_client_ceiling: bool = False
+    raw_files: list[str] = Field(default_factory=list)
+
+
+class PerfResult(_Result):
+    stage: Literal["performance"] = "performance"
+    interleaved: bool = Field(description="Baseline and candidate measured alternately (both servers up).")
+    order: list[str] = Field(description="The order the blocks were measured in, e.g. baseline#1, candidate#1.")
+    points: list[PerfPoint]
+    client: dict[str, Any] | None = Field(None, description="The load generator's own ceiling on this machine.")
+    client_cpu_share: float = Field(description="CPU seconds the load generator used per wall second, overall.")
+    memory: dict[str, dict[str, Any]]
+    cost: dict[str, dict[str, Any]] = Field(default_factory=dict)
+    gates: list[GateVerdict] = Field(default_factory=list)
+    plots: list[str] = Field(default_factory=list)
+    notes: list[str] = Field(default_factory=list)
+    workload_context: dict[str, Any] = Field(default_factory=dict, description="Model, engine, hardware, settings.")
+
+
+StageOutput = Annotated[Union[QuantizeResult, ServeResult, PerfResult], Field(discriminator="stage")]

@@ -24,7 +24,7 @@ from quantlab.results import StageOutput
 RECORD_FILE = "run.json"
 RECORD_VERSION = 2
 StageStatus = Literal["ok", "failed", "interrupted"]
-RunStatus = Literal["running", "ok", "failed", "interrupted"]
+RunStatus = Literal["running", "ok", "blocked", "failed", "interrupted"]
 
 
 def now_iso() -> str:

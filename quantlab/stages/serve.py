@@ -1,17 +1,16 @@
 """Serve stage: the baseline and the candidate on vLLM with identical engine arguments
-(one after the other, or side by side), and what each engine really used."""
+(one after the other, or side by side), and what each engine really used. The servers
+stay up for the checks that follow (RunContext.engine); the pipeline stops them."""
 
 from __future__ import annotations
 
-import contextlib
 from typing import Any
 
 from quantlab.context import RunContext
 from quantlab.layout import SERVE_LOG_DIR
 from quantlab.models import source_fingerprint
 from quantlab.results import CompatRecord, QuantizeResult, ServeResult
-from quantlab.serving_compat import kernel_warnings, predict_quant_config
-from quantlab.serving_plan import ServingPlan, plan_serving, serve_targets
+from quantlab.serving_compat import kernel_warnings
 
 NAME = "serve"
 
@@ -25,46 +24,20 @@ def inputs(ctx: RunContext) -> dict[str, Any]:
     }
 
 
-def _plan(ctx: RunContext, *, predicted: bool) -> ServingPlan:
-    spec = ctx.recipe.serve
-    targets = serve_targets(spec, baseline_dir=ctx.baseline_model().path, candidate_dir=ctx.checkpoint_dir)
-    overrides = None
-    if predicted:
-        # The checkpoint does not exist yet: judge the scheme the recipe will export.
-        overrides = {"candidate": predict_quant_config(ctx.recipe.quantization)}
-        if overrides["candidate"] is None:  # a raw recipe: only the checkpoint will tell
-            targets = [t for t in targets if t.role != "candidate"]
-            overrides = {}
-    return plan_serving(spec, targets, dtype=ctx.recipe.model.dtype, probe=ctx.serving_probe(),
-                        quant_configs=overrides)
-
-
 def preflight(ctx: RunContext) -> None:
     """Refuse a recipe the target cannot serve before quantizing, not after."""
-    _plan(ctx, predicted="quantize" in ctx.will_run or not (ctx.checkpoint_dir / "config.json").is_file())
+    ctx.serving_plan(predicted="quantize" in ctx.will_run or not (ctx.checkpoint_dir / "config.json").is_file())
 
 
 def run(ctx: RunContext) -> ServeResult:
+    """Start each server (kept up for the checks after this stage) and record its facts."""
     from quantlab.engines.vllm_facts import collect_facts
-    from quantlab.engines.vllm_server import open_engine
 
-    plan = _plan(ctx, predicted=False)
-    log_dir = ctx.run.path / SERVE_LOG_DIR
+    plan = ctx.serving_plan()
     if plan.spec.mode != "endpoint":
         ctx.progress(f"serving environment: vLLM {plan.probe['versions'].get('vllm')}, device {plan.device}")
-    facts = {}
-    with contextlib.ExitStack() as stack:
-        servers = {}
-        for t in plan.targets:
-            if plan.spec.side_by_side:
-                servers[t.role] = stack.enter_context(open_engine(plan, t.role, log_dir=log_dir,
-                                                                  progress=ctx.progress))
-            else:
-                with open_engine(plan, t.role, log_dir=log_dir, progress=ctx.progress) as server:
-                    facts[t.role] = collect_facts(server, t, device=plan.device)
-        for role, server in servers.items():
-            facts[role] = collect_facts(server, plan.target(role), device=plan.device)
-
+    facts = {t.role: collect_facts(ctx.engine(t.role), t, device=plan.device) for t in plan.targets}
+    log_dir = ctx.run.path / SERVE_LOG_DIR
     compat = {}
     for role, report in plan.compat.items():
         record = CompatRecord(**report.as_record())

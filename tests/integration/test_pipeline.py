@@ -20,12 +20,25 @@ def ql(*args, cwd=REPO, timeout=900):
                           cwd=cwd, timeout=timeout)
 
 
+TINY_PERF = {
+    "workloads": [{"name": "short", "prompt_tokens": 32, "output_tokens": 8, "concurrency": [1, 2],
+                   "num_requests": 4, "warmup_requests": 1}],
+    "repeats": 2,
+    "client_check": False,
+    # ratios between two servers of a random tiny model are noise: only errors are gated here
+    "gates": {"min_throughput_ratio": None, "max_p99_ttft_ratio": None, "max_p99_tpot_ratio": None,
+              "max_error_rate": 0.0},
+}
+
+
 def test_failed_serve_then_resume_with_an_edited_serve_section(tmp_path, tiny_model_dir):
     """The serve stage fails (a start-up deadline far too short); the user edits the
-    serve section and resumes: the checkpoint is kept, serve runs again, and a further
-    resume has nothing left to do."""
+    serve section and resumes: the checkpoint is kept, serve and performance run (on the
+    same servers), an edited gate re-runs only the performance stage and blocks the
+    release with exit 1, and a further resume has nothing left to do."""
     data = tiny_variant("gptq-w4a16", tiny_model_dir)
     data["serve"] = {"engine_args": {"max_model_len": 512}, "startup_timeout_s": 2}
+    data["performance"] = TINY_PERF
     recipe = write_recipe(tmp_path, data)
     first = ql("run", recipe, "--runs-dir", tmp_path / "runs")
     assert first.returncode == 3, first.stderr[-3000:]
@@ -59,9 +72,36 @@ def test_failed_serve_then_resume_with_an_edited_serve_section(tmp_path, tiny_mo
     logs = [a for a in record["stages"]["serve"]["artifacts"] if a["role"].endswith("server-log")]
     assert len(logs) == 2 and all((run_dir / a["path"]).is_file() for a in logs)
 
-    third = ql("run", recipe, "--runs-dir", tmp_path / "runs", "--resume", run_dir)
-    assert third.returncode == 0, third.stderr[-3000:]
-    assert third.stderr.count("done earlier with the same inputs, skipped") == 2
+    perf = record["stages"]["performance"]["result"]
+    assert perf["interleaved"] is True and perf["order"] == ["baseline#1", "candidate#1", "candidate#2", "baseline#2"]
+    [c1, c2] = perf["points"]
+    for point in (c1, c2):
+        for role in ("baseline", "candidate"):
+            assert point[role]["requests"] == 4 and point[role]["error_rate"] == 0
+            assert point[role]["output_tokens"] == 4 * 8 and point[role]["prompt_tokens"] == 4 * 32
+            assert len(point[f"{role}_repeats"]) == 2
+        assert point["comparison"]["output_tokens_per_s"]["ratio"] > 0
+        assert all((run_dir / f).is_file() for f in point["raw_files"])
+    assert {g["gate"] for g in perf["gates"]} == {"max_error_rate"}
+    assert all(g["verdict"] == "pass" for g in perf["gates"])
+    assert all((run_dir / p).is_file() for p in perf["plots"])
+    assert "starting" not in second.stderr.split("stage performance")[1]  # the serve stage's servers were reused
+
+    data["performance"] = {**TINY_PERF, "gates": {**TINY_PERF["gates"], "max_p99_ttft_ms": 0.001}}
+    write_recipe(tmp_path, data)
+    blocked = ql("run", recipe, "--runs-dir", tmp_path / "runs", "--resume", run_dir)
+    assert blocked.returncode == 1, blocked.stderr[-3000:]
+    assert blocked.stderr.count("done earlier with the same inputs, skipped") == 2
+    assert "stage performance: its inputs changed" in blocked.stderr
+    assert "max_p99_ttft_ms at short/c1" in blocked.stderr
+    record = json.loads((run_dir / "run.json").read_text())
+    assert record["status"] == "blocked"
+    failed = [g for g in record["stages"]["performance"]["result"]["gates"] if g["verdict"] == "fail"]
+    assert {g["scope"] for g in failed} == {"short/c1", "short/c2"}
+    assert all(g["value"] > 0.001 for g in failed)  # real measured TTFTs
+
+    again = ql("run", recipe, "--runs-dir", tmp_path / "runs", "--resume", run_dir)
+    assert again.returncode == 1 and again.stderr.count("done earlier with the same inputs, skipped") == 3
 
 
 def test_unservable_recipe_fails_before_quantizing(tmp_path, tiny_model_dir):

@@ -92,14 +92,13 @@ def test_unexpected_error_exits_3_with_one_line_and_the_traceback_on_file(tmp_pa
 def test_unexpected_error_in_a_stage_is_recorded_with_its_traceback(tmp_path, monkeypatch):
     from typer.testing import CliRunner
 
-    from quantlab import cli
+    from quantlab import cli, pipeline
     from quantlab.stages import quantize as quantize_stage
-    from quantlab.stages import serve as serve_stage
 
     def broken(ctx):
         raise KeyError("missing_key")
 
-    for stage in (quantize_stage, serve_stage):  # no model build, no serving probe
+    for stage in pipeline.STAGES:  # no model build, no serving probe
         monkeypatch.setattr(stage, "preflight", lambda ctx: None)
     monkeypatch.setattr(quantize_stage, "run", broken)
     r = CliRunner().invoke(cli.app, ["run", str(RECIPES / "gptq-w4a16.yaml"), "--runs-dir", str(tmp_path / "runs")])

@@ -14,6 +14,7 @@ from quantlab.pipeline import open_run, stages_to_run
 from quantlab.recipe import load_recipe
 from quantlab.results import FileFact, QuantizeResult
 from quantlab.run import RunDir, StageRecord, now_iso
+from quantlab.stages import perf as perf_stage
 from quantlab.stages import quantize as quantize_stage
 from quantlab.stages import serve as serve_stage
 
@@ -36,7 +37,7 @@ def finish(ctx: RunContext, stage, result=None, status="ok"):
 
 @pytest.fixture
 def done_run(tmp_path):
-    """A run whose quantize and serve stages both finished with the recipe as written."""
+    """A run whose quantize, serve and performance stages finished with the recipe as written."""
     data = shipped("gptq-w4a16")
     recipe = write_recipe(tmp_path, copy.deepcopy(data))
     loaded = load_recipe(recipe)
@@ -44,6 +45,7 @@ def done_run(tmp_path):
     ctx = RunContext(loaded, run, quiet)
     finish(ctx, quantize_stage, fake_quantize_result())
     finish(ctx, serve_stage)
+    finish(ctx, perf_stage)
     return tmp_path, data, run
 
 
@@ -69,14 +71,28 @@ def test_a_description_edit_changes_nothing(done_run):
 def test_an_edited_serve_section_reserves_and_keeps_the_checkpoint(done_run):
     tmp_path, data, run = done_run
     data["serve"] = {"engine_args": {"max_model_len": 1024}}
-    assert resumed(tmp_path, data, run)[0] == {"serve": "its inputs changed"}
+    assert resumed(tmp_path, data, run)[0] == {"serve": "its inputs changed",
+                                               "performance": "an earlier stage is redone"}
+
+
+def test_an_edited_gate_reruns_only_the_performance_stage(done_run):
+    tmp_path, data, run = done_run
+    data["performance"]["gates"]["min_throughput_ratio"] = 0.95
+    assert resumed(tmp_path, data, run)[0] == {"performance": "its inputs changed"}
+
+
+def test_a_stage_without_its_recipe_section_does_not_run(done_run):
+    tmp_path, data, run = done_run
+    del data["performance"]
+    assert resumed(tmp_path, data, run)[0] == {}
 
 
 def test_an_edited_quantization_section_starts_from_quantize(done_run):
     tmp_path, data, run = done_run
     data["quantization"]["group_size"] = 32
     assert resumed(tmp_path, data, run)[0] == {"quantize": "its inputs changed",
-                                               "serve": "an earlier stage is redone"}
+                                               "serve": "an earlier stage is redone",
+                                               "performance": "an earlier stage is redone"}
 
 
 def test_an_edited_calibration_file_requantizes(done_run):
@@ -88,6 +104,7 @@ def test_an_edited_calibration_file_requantizes(done_run):
     ctx = RunContext(loaded, open_run(loaded, tmp_path / "runs", run.path), quiet)
     finish(ctx, quantize_stage, fake_quantize_result())
     finish(ctx, serve_stage)
+    finish(ctx, perf_stage)
     assert stages_to_run(ctx) == {}
     local.write_text('{"text": "two"}\n')
     assert "quantize" in stages_to_run(ctx)
@@ -98,7 +115,7 @@ def test_a_failed_stage_is_redone(done_run):
     loaded = load_recipe(write_recipe(tmp_path, data, "same.yaml"))
     ctx = RunContext(loaded, open_run(loaded, tmp_path / "runs", run.path), quiet)
     finish(ctx, serve_stage, status="failed")
-    assert stages_to_run(ctx) == {"serve": "last attempt failed"}
+    assert stages_to_run(ctx) == {"serve": "last attempt failed", "performance": "an earlier stage is redone"}
 
 
 def test_new_weights_reserve(done_run):
@@ -107,7 +124,7 @@ def test_new_weights_reserve(done_run):
     ctx = RunContext(loaded, open_run(loaded, tmp_path / "runs", run.path), quiet)
     record = ctx.run.record.stages["quantize"]
     record.result = fake_quantize_result("b" * 64)  # e.g. a checkpoint quantized again elsewhere
-    assert stages_to_run(ctx) == {"serve": "its inputs changed"}
+    assert stages_to_run(ctx) == {"serve": "its inputs changed", "performance": "an earlier stage is redone"}
 
 
 def test_resuming_another_recipes_run_is_refused(done_run):

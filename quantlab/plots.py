@@ -1,0 +1,80 @@
+"""PNG plots for reports (matplotlib, headless). Baseline and candidate always share
+the axes; every figure's title carries its workload."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+COLORS = {"baseline": "#4c72b0", "candidate": "#dd8452"}
+
+
+def _pyplot():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def _rows(run_dir: Path, files: list[str], role: str) -> list[dict[str, Any]]:
+    rows = []
+    for f in files:
+        if f"/{role}-" in f:
+            rows += [json.loads(line) for line in (run_dir / f).read_text().splitlines() if line.strip()]
+    return rows
+
+
+def latency_cdfs(run_dir: Path, points: list[Any], out: Path, context: str) -> Path:
+    """TTFT and TPOT CDFs per workload point, all repeats pooled per role."""
+    plt = _pyplot()
+    fig, axes = plt.subplots(len(points), 2, figsize=(10, 2.8 * len(points)), squeeze=False)
+    for row, p in zip(axes, points, strict=True):
+        for ax, key, label in ((row[0], "ttft", "TTFT (ms)"), (row[1], "tpot", "TPOT (ms)")):
+            for role in ("baseline", "candidate"):
+                vals = sorted(r[key] * 1000 for r in _rows(run_dir, p.raw_files, role)
+                              if r["outcome"] == "ok" and r.get(key) is not None)
+                if vals:
+                    ax.step(vals, [(i + 1) / len(vals) for i in range(len(vals))], where="post",
+                            color=COLORS[role], label=role)
+            ax.set_xlabel(label)
+            ax.set_ylabel("fraction of requests")
+            ax.set_title(f"{p.workload} {p.point}", fontsize=9)
+            ax.grid(alpha=0.3)
+            ax.legend(fontsize=8)
+    fig.suptitle(f"Latency CDFs - {context}", fontsize=10)
+    fig.tight_layout()
+    fig.savefig(out, dpi=90)
+    plt.close(fig)
+    return out
+
+
+def versus_concurrency(points: list[Any], out: Path, context: str) -> Path | None:
+    """Output tokens/s and P99 TTFT against concurrency, per workload."""
+    closed = [p for p in points if p.concurrency is not None]
+    if not closed:
+        return None
+    plt = _pyplot()
+    fig, (ax_tp, ax_ttft) = plt.subplots(1, 2, figsize=(10, 3.6))
+    for workload in sorted({p.workload for p in closed}):
+        pts = sorted((p for p in closed if p.workload == workload), key=lambda p: p.concurrency)
+        xs = [p.concurrency for p in pts]
+        for role in ("baseline", "candidate"):
+            ax_tp.plot(xs, [getattr(p, role)["output_tokens_per_s"] for p in pts], marker="o", color=COLORS[role],
+                       label=f"{role} {workload}")
+            ax_ttft.plot(xs, [getattr(p, role)["ttft_ms"]["p99"] for p in pts], marker="o", color=COLORS[role],
+                         label=f"{role} {workload}")
+    ax_tp.set_title("output tokens/s", fontsize=9)
+    ax_ttft.set_title("P99 TTFT (ms)", fontsize=9)
+    for ax in (ax_tp, ax_ttft):
+        ax.set_xlabel("concurrency")
+        ax.set_xscale("log", base=2)
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
+    fig.suptitle(f"Throughput and tail latency - {context}", fontsize=10)
+    fig.tight_layout()
+    fig.savefig(out, dpi=90)
+    plt.close(fig)
+    return out

@@ -129,8 +129,43 @@ def run(
                 raise RecipeError(f"no earlier run of '{loaded.recipe.name}' under {runs_dir} to resume")
         elif resume:
             resume_path = Path(resume)
-        result = run_pipeline(loaded, runs_dir, resume=resume_path, progress=progress)
+        try:
+            result = run_pipeline(loaded, runs_dir, resume=resume_path, progress=progress)
+        except BaseException as e:
+            _summary(getattr(e, "run_dir", None))
+            raise
+        _summary(result.path)
     typer.echo(str(result.path / "run.json"))
+
+
+def _summary(run_dir: Path | None) -> None:
+    """The run's last lines on the terminal: stages, decision, where the report is."""
+    from quantlab.report import summary_lines
+    from quantlab.run import RunDir
+
+    if run_dir is None:
+        return
+    try:
+        run = RunDir.open(run_dir)
+    except QuantlabError:
+        return
+    err.print("[bold]summary[/]", highlight=False)
+    for line in summary_lines(run.record, run.path):
+        err.print(f"  {escape(line)}", highlight=False, soft_wrap=True)
+
+
+@app.command()
+def report(
+    run_dir: Annotated[Path, typer.Argument(help="A run folder (it holds run.json).")],
+) -> None:
+    """Re-render a run's reports (report.md, report.html, junit.xml) from its record; runs nothing."""
+    from quantlab.report import write_reports
+    from quantlab.run import RunDir
+
+    with exit_codes():
+        run = RunDir.open(run_dir)
+        for path in write_reports(run.path, run.record).values():
+            typer.echo(str(path))
 
 
 @app.command()
@@ -183,6 +218,63 @@ def serve(
             except KeyboardInterrupt:
                 err.print("stopping the server")
         # Ctrl-C is how a foreground server is meant to end: a clean stop exits 0.
+
+
+@app.command()
+def verify(
+    folder: Annotated[Path, typer.Argument(help="A released checkpoint folder (it holds quantlab-manifest.json).")],
+    public_key: Annotated[Optional[Path], typer.Option(help="PEM public key (key signing).")] = None,
+    certificate_chain: Annotated[Optional[list[Path]], typer.Option(
+        help="Certificates up to the root (certificate signing); repeat for each.")] = None,
+    sigstore_identity: Annotated[Optional[str], typer.Option(help="Expected signer identity (Sigstore).")] = None,
+    sigstore_issuer: Annotated[Optional[str], typer.Option(help="Expected OIDC issuer (Sigstore).")] = None,
+) -> None:
+    """Check a released folder: the signature, every file hash, no file added or missing, and
+    that the decision follows from the gate verdicts. Exit 0 verified, 1 not verified, 2 bad input."""
+    from quantlab.manifest import read_manifest, verify_folder
+
+    with exit_codes():
+        if not folder.is_dir():
+            raise RecipeError(f"{folder} is not a folder; pass the released checkpoint folder")
+        for p in [public_key, *(certificate_chain or [])]:
+            if p is not None and not p.is_file():
+                raise RecipeError(f"key or certificate file not found: {p}")
+        problems = verify_folder(folder, public_key=public_key, certificate_chain=certificate_chain,
+                                 sigstore_identity=sigstore_identity, sigstore_issuer=sigstore_issuer)
+        if problems:
+            err.print(f"[bold red]NOT VERIFIED[/] {escape(str(folder))}: {len(problems)} problem(s)", highlight=False,
+                      soft_wrap=True)
+            for p in problems:
+                err.print(f"  - {escape(p)}", highlight=False, soft_wrap=True)
+            raise typer.Exit(1)
+        m = read_manifest(folder)
+        typer.echo(f"verified {folder}: {len(m.checkpoint_files)} files and the manifest match the signature; "
+                   f"decision '{m.decision.decision}' ({m.decision.why})")
+
+
+@app.command()
+def keygen(
+    private_key: Annotated[Path, typer.Argument(help="Where to write the PEM private key (mode 0600).")],
+    public_key: Annotated[Optional[Path], typer.Option(help="Where to write the public key "
+                                                       "(default: PRIVATE with .pub.pem).")] = None,
+    overwrite: Annotated[bool, typer.Option(help="Replace existing files.")] = False,
+) -> None:
+    """Create an EC P-256 key pair for signing release manifests (signing.private_key)."""
+    from quantlab.manifest import generate_keypair, public_key_fingerprint
+
+    with exit_codes():
+        pub = public_key or private_key.with_suffix(".pub.pem")
+        generate_keypair(private_key, pub, overwrite=overwrite)
+        typer.echo(f"private key: {private_key} (keep it secret)\npublic key:  {pub}\n"
+                   f"fingerprint: {public_key_fingerprint(pub.read_bytes())}")
+
+
+@app.command("manifest-schema")
+def manifest_schema() -> None:
+    """Print the JSON Schema of the release manifest."""
+    from quantlab.manifest import json_schema
+
+    sys.stdout.write(json.dumps(json_schema(), indent=2) + "\n")
 
 
 @app.command("default-model")

@@ -24,12 +24,19 @@ def inputs_hash(inputs: dict[str, Any]) -> str:
     return hashlib.sha256(canonical.encode()).hexdigest()
 
 
+def stage_digest(record: Any) -> str:
+    """What a later stage depends on in an earlier one: its inputs and its result."""
+    result = record.result.model_dump(mode="json") if record.result is not None else None
+    return inputs_hash({"status": record.status, "inputs": record.inputs_sha256, "result": result})
+
+
 @dataclass
 class RunContext:
     loaded: LoadedRecipe
     run: RunDir
     progress: Progress = print
     will_run: set[str] = field(default_factory=set)  # stages this invocation runs (set by the pipeline)
+    enabled_stages: set[str] = field(default_factory=set)  # stages the recipe asks for (set by the pipeline)
     artifacts: list[Artifact] = field(default_factory=list)  # the running stage's, collected by the pipeline
     _baseline: ResolvedModel | None = None
     _probe: dict[str, Any] | None = None

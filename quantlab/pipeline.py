@@ -27,9 +27,10 @@ from quantlab.recipe import LoadedRecipe, ServeSpec
 from quantlab.run import RunDir, StageRecord, now_iso
 from quantlab.stages import perf as perf_stage
 from quantlab.stages import quantize as quantize_stage
+from quantlab.stages import release as release_stage
 from quantlab.stages import serve as serve_stage
 
-STAGES: list[ModuleType] = [quantize_stage, serve_stage, perf_stage]
+STAGES: list[ModuleType] = [quantize_stage, serve_stage, perf_stage, release_stage]
 
 
 def enabled(stage: ModuleType, ctx: RunContext) -> bool:
@@ -50,8 +51,9 @@ def stages_to_run(ctx: RunContext) -> dict[str, str]:
     """Which stages this invocation runs, each with the reason."""
     plan: dict[str, str] = {}
     upstream_redone = False
+    ctx.enabled_stages = {stage.NAME for stage in STAGES if enabled(stage, ctx)}
     for stage in STAGES:
-        if not enabled(stage, ctx):
+        if stage.NAME not in ctx.enabled_stages:
             continue
         done = ctx.run.record.stages.get(stage.NAME)
         if upstream_redone:
@@ -82,18 +84,34 @@ def open_run(loaded: LoadedRecipe, runs_root: Path, resume: Path | None) -> RunD
 
 def run_pipeline(loaded: LoadedRecipe, runs_root: Path, *, resume: Path | None = None,
                  progress: Progress = print) -> RunDir:
+    """Run (or resume) the pipeline. Any error raised after the run folder exists carries
+    it as `.run_dir`, so the caller can summarise the run whatever its outcome."""
     run = open_run(loaded, runs_root, resume)
+    try:
+        return _run_stages(loaded, run, progress)
+    except BaseException as err:
+        err.run_dir = run.path  # type: ignore[attr-defined]
+        raise
+
+
+def _run_stages(loaded: LoadedRecipe, run: RunDir, progress: Progress) -> RunDir:
     ctx = RunContext(loaded, run, progress)
     progress(f"run directory: {run.path}")
     try:
         todo = stages_to_run(ctx)
         ctx.will_run = set(todo)
+        for name in [n for n in run.record.stages if n not in ctx.enabled_stages]:
+            progress(f"stage {name}: no longer in the recipe, its earlier result is dropped")
+            del run.record.stages[name]
         for stage in STAGES:
             if stage.NAME in todo:
                 stage.preflight(ctx)
     except BaseException as err:
         _finish(run, err)
-        raise _as_quantlab_error(err, run, "preflight") from None
+        wrapped = _as_quantlab_error(err, run, "preflight")
+        if wrapped is None:
+            raise
+        raise wrapped from None
     try:
         for stage in STAGES:
             if not enabled(stage, ctx):
@@ -103,15 +121,34 @@ def run_pipeline(loaded: LoadedRecipe, runs_root: Path, *, resume: Path | None =
                 continue
             progress(f"stage {stage.NAME}: {todo[stage.NAME]}")
             _run_stage(ctx, stage)
-    finally:
-        ctx.close_engines()  # servers live across the check stages, never past the run
+    except BaseException:
+        ctx.close_engines()
+        write_run_reports(run, progress)  # a failed run gets its report too
+        raise
+    ctx.close_engines()  # servers live across the check stages, never past the run
     blocked = failed(all_verdicts({name: run.record.result(name) for name in run.record.stages}))
     run.record.status = "blocked" if blocked else "ok"
     run.save()
+    write_run_reports(run, progress)
     if blocked:
-        raise GateFailure(f"{len(blocked)} gate(s) failed; run record {run.path / 'run.json'}:\n  - "
+        release = run.record.result("release")
+        fallback = f"; fallback: {release.fallback}" if release is not None and release.fallback else ""
+        raise GateFailure(f"release blocked: {len(blocked)} gate(s) failed{fallback}; run record "
+                          f"{run.path / 'run.json'}:\n  - "
                           + "\n  - ".join(f"{v.stage} {v.gate} at {v.scope}: {v.detail}" for v in blocked))
     return run
+
+
+def write_run_reports(run: RunDir, progress: Progress) -> dict[str, Path]:
+    """Markdown, HTML and JUnit next to run.json. A report that cannot be written is
+    said, never allowed to hide the run's own outcome."""
+    from quantlab.report import write_reports
+
+    try:
+        return write_reports(run.path, run.record)
+    except Exception as err:  # noqa: BLE001 - the run's result matters more than its report
+        progress(f"the report could not be written: {type(err).__name__}: {err}")
+        return {}
 
 
 def _run_stage(ctx: RunContext, stage: ModuleType) -> None:

@@ -268,6 +268,31 @@ class ServeSpec(_Strict):
         return self
 
 
+class SigningSpec(_Strict):
+    """How the release manifest (with the weights) is signed, by OpenSSF model-signing."""
+
+    method: Literal["key", "certificate", "sigstore", "none"] = Field(
+        "key", description="key: EC P-256 private key (offline); certificate: key + X.509 certificate chain; "
+        "sigstore: keyless through Sigstore (needs its services); none: an unsigned manifest.")
+    private_key: str | None = Field(
+        None, description="PEM private key (key and certificate methods), relative to the recipe. Unset with "
+        "method 'key': a local development key in quantlab's cache, created once (`quantlab keygen` makes one "
+        "to keep).")
+    password_env: str | None = Field(None, description="Name of the environment variable holding the key's "
+                                     "password (never the password itself).")
+    signing_certificate: str | None = Field(None, description="Certificate of the signing key (method certificate).")
+    certificate_chain: list[str] = Field(default_factory=list, description="Certificates up to the root.")
+    sigstore_staging: bool = Field(False, description="Sigstore's staging instance (for trying it out).")
+    identity_token_env: str | None = Field(None, description="Environment variable with an OIDC token for "
+                                           "Sigstore (CI workload identity); unset: Sigstore's own flow.")
+
+    @model_validator(mode="after")
+    def _fields_for_method(self) -> "SigningSpec":
+        if self.method == "certificate" and not (self.private_key and self.signing_certificate):
+            raise ValueError("method 'certificate' needs 'private_key' and 'signing_certificate'")
+        return self
+
+
 class Recipe(_Strict):
     version: Literal[1] = Field(SCHEMA_VERSION, description="Recipe schema version.")
     name: str = Field(pattern=r"^[a-z0-9][a-z0-9._-]{0,63}$", description="Short slug; names the outputs.")
@@ -278,6 +303,7 @@ class Recipe(_Strict):
     serve: ServeSpec = Field(default_factory=ServeSpec)
     performance: PerformanceSpec | None = Field(
         None, description="Performance checks: load workloads on baseline and candidate, SLOs, gates.")
+    signing: SigningSpec = Field(default_factory=SigningSpec, description="How the release manifest is signed.")
 
     @model_validator(mode="after")
     def _calibration_present(self) -> "Recipe":
@@ -412,6 +438,12 @@ def load_recipe(path: str | Path) -> LoadedRecipe:
             raise RecipeError(f"prompt dataset not found: '{w.dataset}' (resolved to {loaded.resolve(w.dataset)}); "
                               "paths are relative to the recipe file", file=str(p),
                               field=f"performance.workloads.{i}.dataset")
+    s = recipe.signing
+    for key in ("private_key", "signing_certificate"):
+        value = getattr(s, key)
+        if value is not None and not loaded.resolve(value).is_file():
+            raise RecipeError(f"file not found: '{value}' (resolved to {loaded.resolve(value)}); paths are relative "
+                              "to the recipe file", file=str(p), field=f"signing.{key}")
     return loaded
 
 

@@ -131,4 +131,18 @@ class PerfResult(_Result):
     workload_context: dict[str, Any] = Field(default_factory=dict, description="Model, engine, hardware, settings.")
 
 
-StageOutput = Annotated[Union[QuantizeResult, ServeResult, PerfResult], Field(discriminator="stage")]
+class ReleaseResult(_Result):
+    stage: Literal["release"] = "release"
+    decision: Literal["release", "blocked"]
+    why: str
+    fallback: str | None = None
+    failed_gates: list[str] = Field(default_factory=list)
+    manifest: str = Field(description="The manifest, relative to the run directory (inside the checkpoint).")
+    signed: bool
+    signing_method: str
+    public_key_fingerprint: str | None = None
+    local_development_key: bool = False
+    gates: list[GateVerdict] = Field(default_factory=list)  # the release stage adds no gate of its own
+
+
+StageOutput = Annotated[Union[QuantizeResult, ServeResult, PerfResult, ReleaseResult], Field(discriminator="stage")]

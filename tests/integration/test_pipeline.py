@@ -4,6 +4,7 @@ edited serve section, failure records, SIGTERM, and the early serving check."""
 from __future__ import annotations
 
 import json
+import shutil
 import signal
 import subprocess
 import sys
@@ -39,6 +40,9 @@ def test_failed_serve_then_resume_with_an_edited_serve_section(tmp_path, tiny_mo
     data = tiny_variant("gptq-w4a16", tiny_model_dir)
     data["serve"] = {"engine_args": {"max_model_len": 512}, "startup_timeout_s": 2}
     data["performance"] = TINY_PERF
+    keys = tmp_path / "keys"
+    assert ql("keygen", keys / "release.pem").returncode == 0
+    data["signing"] = {"private_key": str(keys / "release.pem")}
     recipe = write_recipe(tmp_path, data)
     first = ql("run", recipe, "--runs-dir", tmp_path / "runs")
     assert first.returncode == 3, first.stderr[-3000:]
@@ -87,6 +91,30 @@ def test_failed_serve_then_resume_with_an_edited_serve_section(tmp_path, tiny_mo
     assert all((run_dir / p).is_file() for p in perf["plots"])
     assert "starting" not in second.stderr.split("stage performance")[1]  # the serve stage's servers were reused
 
+    # the release: a signed manifest inside the checkpoint, verified with the public key
+    release = record["stages"]["release"]["result"]
+    assert release["decision"] == "release" and release["signed"] and not release["local_development_key"]
+    ckpt = run_dir / "checkpoint"
+    manifest = json.loads((ckpt / "quantlab-manifest.json").read_text())
+    assert manifest["decision"]["decision"] == "release"
+    assert manifest["checkpoint_files"]["model.safetensors"]["sha256"] == \
+        record["stages"]["quantize"]["result"]["files"]["model.safetensors"]["sha256"]
+    assert manifest["runtime"]["engines"]["candidate"]["linear_kernels"]["CompressedTensorsWNA16"] == \
+        ["CPUWNA16LinearKernel"]
+    assert manifest["calibration"]["sha256"] == record["stages"]["quantize"]["result"]["calibration"]["sha256"]
+    assert {f["role"] for f in manifest["raw_files"]} >= {"perf-requests", "baseline-server-log"}
+    ok = ql("verify", ckpt, "--public-key", keys / "release.pub.pem")
+    assert ok.returncode == 0 and "verified" in ok.stdout, ok.stderr
+    tampered = tmp_path / "tampered"
+    shutil.copytree(ckpt, tampered)
+    with open(tampered / "model.safetensors", "r+b") as f:
+        f.seek(2000)
+        byte = f.read(1)
+        f.seek(2000)
+        f.write(bytes([byte[0] ^ 0xFF]))
+    bad = ql("verify", tampered, "--public-key", keys / "release.pub.pem")
+    assert bad.returncode == 1 and "changed file: model.safetensors" in bad.stderr
+
     data["performance"] = {**TINY_PERF, "gates": {**TINY_PERF["gates"], "max_p99_ttft_ms": 0.001}}
     write_recipe(tmp_path, data)
     blocked = ql("run", recipe, "--runs-dir", tmp_path / "runs", "--resume", run_dir)
@@ -101,7 +129,11 @@ def test_failed_serve_then_resume_with_an_edited_serve_section(tmp_path, tiny_mo
     assert all(g["value"] > 0.001 for g in failed)  # real measured TTFTs
 
     again = ql("run", recipe, "--runs-dir", tmp_path / "runs", "--resume", run_dir)
-    assert again.returncode == 1 and again.stderr.count("done earlier with the same inputs, skipped") == 3
+    assert again.returncode == 1 and again.stderr.count("done earlier with the same inputs, skipped") == 4
+    blocked_manifest = json.loads((ckpt / "quantlab-manifest.json").read_text())
+    assert blocked_manifest["decision"]["decision"] == "blocked"
+    assert "baseline" in blocked_manifest["decision"]["fallback"]
+    assert ql("verify", ckpt, "--public-key", keys / "release.pub.pem").returncode == 0  # a signed "blocked"
 
 
 def test_unservable_recipe_fails_before_quantizing(tmp_path, tiny_model_dir):

@@ -16,6 +16,7 @@ from quantlab.results import FileFact, QuantizeResult
 from quantlab.run import RunDir, StageRecord, now_iso
 from quantlab.stages import perf as perf_stage
 from quantlab.stages import quantize as quantize_stage
+from quantlab.stages import release as release_stage
 from quantlab.stages import serve as serve_stage
 
 
@@ -31,6 +32,9 @@ def fake_quantize_result(weights_sha: str = "a" * 64) -> QuantizeResult:
 
 
 def finish(ctx: RunContext, stage, result=None, status="ok"):
+    from quantlab.pipeline import STAGES, enabled
+
+    ctx.enabled_stages = {s.NAME for s in STAGES if enabled(s, ctx)}
     ctx.run.put_stage(StageRecord(name=stage.NAME, status=status, started_at=now_iso(), finished_at=now_iso(),
                                   duration_s=1.0, inputs_sha256=inputs_hash(stage.inputs(ctx)), result=result))
 
@@ -46,6 +50,7 @@ def done_run(tmp_path):
     finish(ctx, quantize_stage, fake_quantize_result())
     finish(ctx, serve_stage)
     finish(ctx, perf_stage)
+    finish(ctx, release_stage)
     return tmp_path, data, run
 
 
@@ -72,19 +77,28 @@ def test_an_edited_serve_section_reserves_and_keeps_the_checkpoint(done_run):
     tmp_path, data, run = done_run
     data["serve"] = {"engine_args": {"max_model_len": 1024}}
     assert resumed(tmp_path, data, run)[0] == {"serve": "its inputs changed",
-                                               "performance": "an earlier stage is redone"}
+                                               "performance": "an earlier stage is redone",
+                                               "release": "an earlier stage is redone"}
 
 
 def test_an_edited_gate_reruns_only_the_performance_stage(done_run):
     tmp_path, data, run = done_run
     data["performance"]["gates"]["min_throughput_ratio"] = 0.95
-    assert resumed(tmp_path, data, run)[0] == {"performance": "its inputs changed"}
+    assert resumed(tmp_path, data, run)[0] == {"performance": "its inputs changed",
+                                               "release": "an earlier stage is redone"}
 
 
 def test_a_stage_without_its_recipe_section_does_not_run(done_run):
     tmp_path, data, run = done_run
     del data["performance"]
-    assert resumed(tmp_path, data, run)[0] == {}
+    # the release stage summarises the stages: one fewer is a different release
+    assert resumed(tmp_path, data, run)[0] == {"release": "its inputs changed"}
+
+
+def test_a_changed_signing_section_re_signs_only(done_run):
+    tmp_path, data, run = done_run
+    data["signing"] = {"method": "none"}
+    assert resumed(tmp_path, data, run)[0] == {"release": "its inputs changed"}
 
 
 def test_an_edited_quantization_section_starts_from_quantize(done_run):
@@ -92,7 +106,8 @@ def test_an_edited_quantization_section_starts_from_quantize(done_run):
     data["quantization"]["group_size"] = 32
     assert resumed(tmp_path, data, run)[0] == {"quantize": "its inputs changed",
                                                "serve": "an earlier stage is redone",
-                                               "performance": "an earlier stage is redone"}
+                                               "performance": "an earlier stage is redone",
+                                               "release": "an earlier stage is redone"}
 
 
 def test_an_edited_calibration_file_requantizes(done_run):
@@ -105,6 +120,7 @@ def test_an_edited_calibration_file_requantizes(done_run):
     finish(ctx, quantize_stage, fake_quantize_result())
     finish(ctx, serve_stage)
     finish(ctx, perf_stage)
+    finish(ctx, release_stage)
     assert stages_to_run(ctx) == {}
     local.write_text('{"text": "two"}\n')
     assert "quantize" in stages_to_run(ctx)
@@ -115,7 +131,8 @@ def test_a_failed_stage_is_redone(done_run):
     loaded = load_recipe(write_recipe(tmp_path, data, "same.yaml"))
     ctx = RunContext(loaded, open_run(loaded, tmp_path / "runs", run.path), quiet)
     finish(ctx, serve_stage, status="failed")
-    assert stages_to_run(ctx) == {"serve": "last attempt failed", "performance": "an earlier stage is redone"}
+    assert stages_to_run(ctx) == {"serve": "last attempt failed", "performance": "an earlier stage is redone",
+                                  "release": "an earlier stage is redone"}
 
 
 def test_new_weights_reserve(done_run):
@@ -124,7 +141,8 @@ def test_new_weights_reserve(done_run):
     ctx = RunContext(loaded, open_run(loaded, tmp_path / "runs", run.path), quiet)
     record = ctx.run.record.stages["quantize"]
     record.result = fake_quantize_result("b" * 64)  # e.g. a checkpoint quantized again elsewhere
-    assert stages_to_run(ctx) == {"serve": "its inputs changed", "performance": "an earlier stage is redone"}
+    assert stages_to_run(ctx) == {"serve": "its inputs changed", "performance": "an earlier stage is redone",
+                                  "release": "an earlier stage is redone"}
 
 
 def test_resuming_another_recipes_run_is_refused(done_run):

@@ -1,0 +1,227 @@
+"""Reports from a run record: Markdown (fits a pull-request comment), a self-contained
+HTML page (plots embedded), and JUnit XML with one test case per gate.
+
+Pure functions of the record (plus the plot files it names), so `quantlab report
+RUN_DIR` re-renders any run without running anything.
+"""
+
+from __future__ import annotations
+
+import base64
+import html
+from pathlib import Path
+from typing import Any
+from xml.etree import ElementTree as ET
+
+from quantlab.gates import all_verdicts
+from quantlab.results import GateVerdict, PerfResult, QuantizeResult, ReleaseResult, ServeResult
+from quantlab.run import RunRecord
+
+MARKDOWN_FILE = "report.md"
+HTML_FILE = "report.html"
+JUNIT_FILE = "junit.xml"
+
+
+def _results(record: RunRecord) -> dict[str, Any]:
+    return {name: record.result(name) for name in record.stages}
+
+
+def decision_line(record: RunRecord) -> str:
+    release = record.result("release")
+    if isinstance(release, ReleaseResult):
+        word = "RELEASE" if release.decision == "release" else "BLOCKED"
+        fallback = f" Fallback: {release.fallback}." if release.fallback else ""
+        return f"{word}: {release.why}.{fallback}"
+    return f"no decision: the run is {record.status}" + (
+        f" ({next((s.error for s in record.stages.values() if s.error), '')})" if record.status == "failed" else "")
+
+
+def _fmt(v: Any, digits: int = 3) -> str:
+    if v is None:
+        return "-"
+    if isinstance(v, float):
+        return f"{v:.{digits}g}" if abs(v) < 1000 else f"{v:,.0f}"
+    return str(v)
+
+
+def _ratio(c: dict[str, Any]) -> str:
+    if not c or c.get("ratio") is None:
+        return "-"
+    mark = "" if c.get("beyond_noise") is None else ("" if c["beyond_noise"] else " ~")
+    return f"{c['ratio']:.2f} [{c['ratio_min']:.2f}-{c['ratio_max']:.2f}]{mark}"
+
+
+def sections(record: RunRecord) -> list[tuple[str, list[str], list[list[str]], list[str]]]:
+    """(title, table header, table rows, notes) per section: one structure, two renderings."""
+    r = _results(record)
+    out = []
+    out.append(("Stages", ["stage", "status", "seconds", "error"],
+                [[s.name, s.status, f"{s.duration_s:.1f}", (s.error or "").splitlines()[0][:160] if s.error else ""]
+                 for s in record.stages.values()], []))
+    verdicts = all_verdicts(r)
+    out.append(("Gates", ["verdict", "stage", "gate", "scope", "value", "limit", "detail"],
+                [[v.verdict.upper(), v.stage, v.gate, v.scope, _fmt(v.value, 4), _fmt(v.limit, 4), v.detail]
+                 for v in sorted(verdicts, key=lambda v: ({"fail": 0, "inconclusive": 1}.get(v.verdict, 2), v.scope))],
+                [] if verdicts else ["no gate configured"]))
+    q = r.get("quantize")
+    if isinstance(q, QuantizeResult):
+        cal = q.calibration or {}
+        out.append(("Quantization", ["method", "scheme", "layers", "checkpoint MB", "calibration", "GPTQ max loss"],
+                    [[q.method, q.scheme or "raw", str(q.layers_quantized), f"{q.size_bytes / 1e6:.1f}",
+                      f"{cal.get('num_samples', '-')} samples, {cal.get('num_tokens', '-')} tokens, sha256 "
+                      f"{str(cal.get('sha256', '-'))[:12]}" if cal else "none (data-free)", _fmt(q.gptq_max_loss)]],
+                    [f"llm-compressor {q.versions.get('llmcompressor')}, torch {q.versions.get('torch')}"]))
+    s = r.get("serve")
+    if isinstance(s, ServeResult):
+        rows = []
+        for role, f in s.engines.items():
+            log = f.log or {}
+            kernels = sorted({k for ks in (log.get("linear_kernels") or {}).values() for k in ks})
+            rows.append([role, f.vllm_version or "-", ", ".join(kernels) or "(unquantized)",
+                         f"{log.get('kv_cache_dtype') or 'model dtype'}, {_fmt(log.get('kv_cache_tokens'))} tokens",
+                         _fmt(f.startup_s), f.smoke_completion.text.strip()[:60]])
+        notes = [f"device {s.device}; engine args {s.engine_args}"]
+        for role, c in s.compat.items():
+            notes += [f"{role}: {w}" for w in c.warnings + c.notes]
+        out.append(("Serving", ["model", "vLLM", "linear kernels", "KV cache", "start-up s", "smoke completion"],
+                    rows, notes))
+    p = r.get("performance")
+    if isinstance(p, PerfResult):
+        rows = []
+        for pt in p.points:
+            b, c, cmp = pt.baseline, pt.candidate, pt.comparison
+            rows.append([f"{pt.workload}/{pt.point}", _fmt(b["output_tokens_per_s"]), _fmt(c["output_tokens_per_s"]),
+                         _ratio(cmp.get("output_tokens_per_s")), _fmt(b["ttft_ms"]["p99"]), _fmt(c["ttft_ms"]["p99"]),
+                         _ratio(cmp.get("ttft_ms.p99")), _fmt(b["tpot_ms"]["p99"]), _fmt(c["tpot_ms"]["p99"]),
+                         f"{_fmt(b['error_rate'])} / {_fmt(c['error_rate'])}"])
+        notes = [f"{p.workload_context.get('label')}; measured {' '.join(p.order)}"
+                 + ("" if p.interleaved else " (not interleaved)"),
+                 "ratios are candidate / baseline, median [range] over paired repeats; ~ = within run-to-run noise"]
+        for role, m in p.memory.items():
+            notes.append(f"{role} memory: checkpoint {_fmt((m.get('checkpoint_bytes_on_disk') or 0) / 1e6)} MB, "
+                         f"peak {_fmt((m.get('peak_bytes') or 0) / 1e9)} GB ({m.get('peak_is')}), KV capacity "
+                         f"{_fmt(m.get('kv_cache_tokens'))} tokens")
+        for role, cost in p.cost.items():
+            if cost.get("price_per_hour"):
+                notes.append(f"{role} cost per successful answer: {_fmt(cost.get('cost_per_successful_request'), 4)} "
+                             f"at {cost.get('at')} (price {cost['price_per_hour']}/h)")
+        if p.client:
+            notes.append(f"load generator ceiling here: {p.client['requests_per_s']:.0f} requests/s; its CPU use "
+                         f"during the run {p.client_cpu_share:.2f} s per second")
+        notes += p.notes
+        out.append(("Performance", ["point", "out tok/s base", "out tok/s cand", "ratio", "P99 TTFT ms base",
+                                    "P99 TTFT ms cand", "ratio", "P99 TPOT ms base", "P99 TPOT ms cand",
+                                    "error rate base / cand"], rows, notes))
+    rel = r.get("release")
+    if isinstance(rel, ReleaseResult):
+        key = "local development key" if rel.local_development_key else (rel.public_key_fingerprint or "")
+        out.append(("Manifest", ["manifest", "signed", "method", "key"],
+                    [[rel.manifest, "yes" if rel.signed else "NO", rel.signing_method, key]],
+                    [f"verify: quantlab verify {Path(rel.manifest).parent} --public-key <public key>"]))
+    return out
+
+
+def plots(record: RunRecord) -> list[str]:
+    p = record.result("performance")
+    return list(p.plots) if isinstance(p, PerfResult) else []
+
+
+def render_markdown(record: RunRecord) -> str:
+    lines = [f"## quantlab: {record.recipe_name}", "", f"**{decision_line(record)}**", "",
+             f"run `{record.run_id}`, recipe sha256 `{record.recipe_sha256[:12]}`, quantlab {record.quantlab_version}",
+             ""]
+    for title, header, rows, notes in sections(record):
+        lines += [f"### {title}", ""]
+        if rows:
+            lines.append("| " + " | ".join(header) + " |")
+            lines.append("|" + "---|" * len(header))
+            for row in rows:
+                lines.append("| " + " | ".join(cell.replace("|", "\\|").replace("\n", " ") for cell in row) + " |")
+            lines.append("")
+        lines += [f"- {n}" for n in notes]
+        if notes:
+            lines.append("")
+    for p in plots(record):
+        lines += [f"![{Path(p).stem}]({p})", ""]
+    return "\n".join(lines).rstrip() + "\n"
+
+
+CSS = """body{font-family:system-ui,sans-serif;max-width:1100px;margin:2em auto;color:#222}
+table{border-collapse:collapse;margin:.5em 0 1em;font-size:14px}th,td{border:1px solid #ccc;padding:4px 8px;
+text-align:left}th{background:#f3f3f3}.release{color:#176f2c}.blocked{color:#b00020}.FAIL{color:#b00020;
+font-weight:bold}.PASS{color:#176f2c}.INCONCLUSIVE{color:#8a6d00}ul{font-size:14px;color:#444}img{max-width:100%}"""
+
+
+def render_html(record: RunRecord, run_dir: Path) -> str:
+    release = record.result("release")
+    cls = release.decision if isinstance(release, ReleaseResult) else "blocked"
+    e = html.escape
+    parts = ["<!doctype html><html><head><meta charset='utf-8'>",
+             f"<title>quantlab: {e(record.recipe_name)}</title><style>{CSS}</style></head><body>",
+             f"<h1>quantlab: {e(record.recipe_name)}</h1>",
+             f"<h2 class='{cls}'>{e(decision_line(record))}</h2>",
+             f"<p>run <code>{e(record.run_id)}</code>, recipe sha256 <code>{e(record.recipe_sha256[:12])}</code>, "
+             f"quantlab {e(record.quantlab_version)}</p>"]
+    for title, header, rows, notes in sections(record):
+        parts.append(f"<h3>{e(title)}</h3>")
+        if rows:
+            parts.append("<table><tr>" + "".join(f"<th>{e(h)}</th>" for h in header) + "</tr>")
+            for row in rows:
+                first = f" class='{e(row[0])}'" if title == "Gates" else ""
+                parts.append("<tr>" + "".join(f"<td{first if i == 0 else ''}>{e(c)}</td>"
+                                              for i, c in enumerate(row)) + "</tr>")
+            parts.append("</table>")
+        if notes:
+            parts.append("<ul>" + "".join(f"<li>{e(n)}</li>" for n in notes) + "</ul>")
+    for p in plots(record):
+        f = run_dir / p
+        if f.is_file():  # embedded: the page is one self-contained file
+            data = base64.b64encode(f.read_bytes()).decode()
+            parts.append(f"<p><img alt='{e(Path(p).stem)}' src='data:image/png;base64,{data}'></p>")
+    parts.append("</body></html>")
+    return "\n".join(parts) + "\n"
+
+
+def render_junit(record: RunRecord) -> str:
+    """One test case per gate (failure = failed gate, skipped = inconclusive), and one
+    error case per failed stage, so CI systems show them natively."""
+    verdicts: list[GateVerdict] = all_verdicts(_results(record))
+    failed_stages = [s for s in record.stages.values() if s.status != "ok"]
+    suite = ET.Element("testsuite", name=f"quantlab.{record.recipe_name}",
+                       tests=str(len(verdicts) + len(failed_stages)),
+                       failures=str(sum(v.verdict == "fail" for v in verdicts)), errors=str(len(failed_stages)),
+                       skipped=str(sum(v.verdict == "inconclusive" for v in verdicts)))
+    for v in verdicts:
+        case = ET.SubElement(suite, "testcase", classname=f"{record.recipe_name}.{v.stage}",
+                             name=f"{v.gate}@{v.scope}")
+        if v.verdict == "fail":
+            ET.SubElement(case, "failure", message=v.detail, type="GateFailed").text = v.detail
+        elif v.verdict == "inconclusive":
+            ET.SubElement(case, "skipped", message=v.detail)
+    for s in failed_stages:
+        case = ET.SubElement(suite, "testcase", classname=f"{record.recipe_name}.stages", name=s.name)
+        ET.SubElement(case, "error", message=(s.error or s.status).splitlines()[0], type=s.status).text = s.error
+    ET.indent(suite)
+    return ET.tostring(suite, encoding="unicode", xml_declaration=True) + "\n"
+
+
+def summary_lines(record: RunRecord, run_dir: Path) -> list[str]:
+    """The few lines a run ends with on the terminal (failed gates and errors follow in
+    the error message itself)."""
+    lines = [f"{s.name:<12} {s.status:<11} {s.duration_s:8.1f} s" for s in record.stages.values()]
+    lines.append(f"decision: {decision_line(record)}")
+    if (run_dir / MARKDOWN_FILE).is_file():
+        lines.append(f"report: {run_dir / MARKDOWN_FILE} (also {HTML_FILE}, {JUNIT_FILE})")
+    return lines
+
+
+def write_reports(run_dir: Path, record: RunRecord) -> dict[str, Path]:
+    from quantlab.fsutil import write_text_atomic
+
+    out = {MARKDOWN_FILE: render_markdown(record), HTML_FILE: render_html(record, run_dir),
+           JUNIT_FILE: render_junit(record)}
+    paths = {}
+    for name, text in out.items():
+        write_text_atomic(run_dir / name, text)
+        paths[name] = run_dir / name
+    return paths

@@ -115,7 +115,9 @@ def run(
     resume: Annotated[Optional[str], typer.Option(
         help="Resume a run: its directory, or 'latest' for this recipe's newest run.")] = None,
 ) -> None:
-    """Run the whole pipeline for a recipe, writing runs/<name>/<id>/run.json after each stage."""
+    """Quantize, serve baseline and candidate, run the checks, sign the release (runs/<name>/<id>/).
+
+    Exit 0 released, 1 blocked by a gate, 2 bad input, 3 run failure, 130 interrupted."""
     from quantlab.pipeline import run_pipeline
     from quantlab.recipe import load_recipe
     from quantlab.run import RunDir

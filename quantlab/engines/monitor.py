@@ -42,6 +42,7 @@ class Monitor:
         self._thread: threading.Thread | None = None
         self._first: dict[str, float] | None = None
         self._last: dict[str, float] | None = None
+        self._procs: dict[int, Any] = {}  # psutil measures CPU between two calls on the same object
 
     def _scrape(self) -> dict[str, float] | None:
         try:
@@ -56,8 +57,8 @@ class Monitor:
         import psutil
 
         try:
-            root = psutil.Process(self.pid)
-            procs = [root, *root.children(recursive=True)]
+            root = self._procs.setdefault(self.pid, psutil.Process(self.pid))
+            procs = [root] + [self._procs.setdefault(c.pid, c) for c in root.children(recursive=True)]
             cpu, rss = 0.0, 0
             for p in procs:
                 try:

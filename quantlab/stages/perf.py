@@ -165,7 +165,9 @@ def run(ctx: RunContext) -> PerfResult:
         for w in spec.workloads:
             reqs = [_for_server(r, server.served_name) for r in requests[w.name]]
             if w.warmup_requests:
-                run_point(server.base_url, reqs[:w.warmup_requests], concurrency=max(w.concurrency or [1]),
+                # at least one full batch at the highest concurrency: a new batch size costs a CPU engine extra
+                top = max(w.concurrency or [1])
+                run_point(server.base_url, (reqs * top)[:max(w.warmup_requests, top)], concurrency=top,
                           timeout_s=w.request_timeout_s)
             for point, conc, rate in _points(w):
                 ctx.progress(f"performance [{block}/{total_blocks}] {role} repeat {rep + 1}: {w.name} {point}, "

@@ -97,6 +97,8 @@ def quantize(
     recipe: Annotated[Path, typer.Argument(help="Recipe YAML file.")],
     output: Annotated[Optional[Path], typer.Option("--output", "-o", help="Checkpoint folder to write.")] = None,
     overwrite: Annotated[bool, typer.Option(help="Replace an existing output folder.")] = False,
+    verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Show llm-compressor's own output here "
+                                          "instead of in <output>.llmcompressor.log.")] = False,
 ) -> None:
     """Calibrate and quantize a model with llm-compressor; write a compressed-tensors checkpoint."""
     from quantlab.pipeline import default_output_dir, quantize_only
@@ -104,7 +106,8 @@ def quantize(
 
     with exit_codes():
         loaded = load_recipe(recipe)
-        result = quantize_only(loaded, output or default_output_dir(loaded), overwrite=overwrite, progress=progress)
+        result = quantize_only(loaded, output or default_output_dir(loaded), overwrite=overwrite, progress=progress,
+                               verbose=verbose)
     typer.echo(result["checkpoint"]["path"])  # plain: scripts read this line
 
 
@@ -114,6 +117,8 @@ def run(
     runs_dir: Annotated[Path, typer.Option(help="Root folder for run directories.")] = Path("runs"),
     resume: Annotated[Optional[str], typer.Option(
         help="Resume a run: its directory, or 'latest' for this recipe's newest run.")] = None,
+    verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Show the engines' own output here instead "
+                                          "of in the run folder's logs/.")] = False,
 ) -> None:
     """Quantize, serve baseline and candidate, run the checks, sign the release (runs/<name>/<id>/).
 
@@ -132,7 +137,7 @@ def run(
         elif resume:
             resume_path = Path(resume)
         try:
-            result = run_pipeline(loaded, runs_dir, resume=resume_path, progress=progress)
+            result = run_pipeline(loaded, runs_dir, resume=resume_path, progress=progress, verbose=verbose)
         except BaseException as e:
             _summary(getattr(e, "run_dir", None))
             raise

@@ -37,6 +37,7 @@ class RunContext:
     progress: Progress = print
     will_run: set[str] = field(default_factory=set)  # stages this invocation runs (set by the pipeline)
     enabled_stages: set[str] = field(default_factory=set)  # stages the recipe asks for (set by the pipeline)
+    verbose: bool = False  # engines print to the terminal instead of log files in the run folder
     artifacts: list[Artifact] = field(default_factory=list)  # the running stage's, collected by the pipeline
     _baseline: ResolvedModel | None = None
     _probe: dict[str, Any] | None = None

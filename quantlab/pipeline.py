@@ -83,19 +83,19 @@ def open_run(loaded: LoadedRecipe, runs_root: Path, resume: Path | None) -> RunD
 
 
 def run_pipeline(loaded: LoadedRecipe, runs_root: Path, *, resume: Path | None = None,
-                 progress: Progress = print) -> RunDir:
+                 progress: Progress = print, verbose: bool = False) -> RunDir:
     """Run (or resume) the pipeline. Any error raised after the run folder exists carries
     it as `.run_dir`, so the caller can summarise the run whatever its outcome."""
     run = open_run(loaded, runs_root, resume)
     try:
-        return _run_stages(loaded, run, progress)
+        return _run_stages(loaded, run, progress, verbose)
     except BaseException as err:
         err.run_dir = run.path  # type: ignore[attr-defined]
         raise
 
 
-def _run_stages(loaded: LoadedRecipe, run: RunDir, progress: Progress) -> RunDir:
-    ctx = RunContext(loaded, run, progress)
+def _run_stages(loaded: LoadedRecipe, run: RunDir, progress: Progress, verbose: bool) -> RunDir:
+    ctx = RunContext(loaded, run, progress, verbose=verbose)
     progress(f"run directory: {run.path}")
     try:
         todo = stages_to_run(ctx)
@@ -201,13 +201,17 @@ def _as_quantlab_error(err: BaseException, run: RunDir, where: str) -> QuantlabE
 
 # ---------------------------------------------------------------- helpers for the CLI
 
-def quantize_only(loaded: LoadedRecipe, output: Path, *, overwrite: bool, progress: Progress) -> dict[str, Any]:
-    """`quantlab quantize`: the quantize engine into a folder of the user's choosing."""
+def quantize_only(loaded: LoadedRecipe, output: Path, *, overwrite: bool, progress: Progress,
+                  verbose: bool = False) -> dict[str, Any]:
+    """`quantlab quantize`: the quantize engine into a folder of the user's choosing; the
+    engine's own output goes to <output>.llmcompressor.log beside it unless verbose."""
     from quantlab.engines.llmcompressor import quantize_checkpoint
     from quantlab.models import resolve_recipe_model
 
-    return quantize_checkpoint(loaded, resolve_recipe_model(loaded, progress=progress), Path(output),
-                               overwrite=overwrite, progress=progress)
+    output = Path(output)
+    log_file = None if verbose else output.parent / f"{output.name}.llmcompressor.log"
+    return quantize_checkpoint(loaded, resolve_recipe_model(loaded, progress=progress), output,
+                               overwrite=overwrite, progress=progress, log_file=log_file)
 
 
 def default_output_dir(loaded: LoadedRecipe) -> Path:

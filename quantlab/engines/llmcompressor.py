@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import platform
 import resource
 import sys
@@ -79,11 +80,60 @@ def engine_warnings() -> Iterator[list[str]]:
 
     found: list[str] = []
     sink_id = logger.add(lambda message: found.append(message.record["message"][:500]),
-                         level="WARNING", format="{message}")
+                         level="WARNING", format="{message}",
+                         filter=lambda r: r["level"].name in ("WARNING", "ERROR", "CRITICAL"))  # not METRIC
     try:
         yield found
     finally:
         logger.remove(sink_id)
+
+
+@contextlib.contextmanager
+def output_to_file(log_file: Path | None) -> Iterator[None]:
+    """Send what the engine prints (llm-compressor's per-module INFO lines on stdout,
+    progress bars and library warnings on stderr) to `log_file` instead of the terminal.
+    File descriptors are redirected, so output from C extensions goes there too.
+    None: leave the terminal alone (--verbose)."""
+    if log_file is None:
+        yield
+        return
+    log_file.parent.mkdir(parents=True, exist_ok=True)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    saved = [os.dup(1), os.dup(2)]
+    fd = os.open(log_file, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    try:
+        os.dup2(fd, 1)
+        os.dup2(fd, 2)
+        yield
+    finally:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os.dup2(saved[0], 1)
+        os.dup2(saved[1], 2)
+        for f in (*saved, fd):
+            os.close(f)
+
+
+@contextlib.contextmanager
+def llmcompressor_log(log_file: Path | None) -> Iterator[None]:
+    """llm-compressor's loguru lines (one per module, on stdout) into `log_file` for the
+    whole quantize step; its default console logging is restored afterwards."""
+    if log_file is None:
+        yield
+        return
+    from loguru import logger
+
+    with output_to_file(log_file):  # importing llm-compressor already logs (device warnings)
+        from llmcompressor.logger import LoggerConfig, configure_logger
+    configure_logger(LoggerConfig(console_log_level=None))  # removes the stdout sink
+    sink = logger.add(str(log_file), level="INFO", format="{time:YYYY-MM-DDTHH:mm:ss.SSS} | {function} | {level} - "
+                      "{message}")
+    try:
+        yield
+    finally:
+        logger.remove(sink)
+        configure_logger(LoggerConfig())
 
 
 def check_layout(loaded: LoadedRecipe, model_ref: ResolvedModel) -> tuple[ModelLayout, list[ModuleInfo]]:
@@ -114,8 +164,16 @@ def default_output_dir(loaded: LoadedRecipe) -> Path:
 
 
 def quantize_checkpoint(loaded: LoadedRecipe, model_ref: ResolvedModel, output: Path, *, overwrite: bool = False,
-                        progress: Progress = print) -> dict[str, Any]:
-    """Preflight, calibrate, quantize and export. Returns the dict also written as quantize.json."""
+                        progress: Progress = print, log_file: Path | None = None) -> dict[str, Any]:
+    """Preflight, calibrate, quantize and export. Returns the dict also written as quantize.json.
+    With `log_file`, what llm-compressor and transformers print goes there, not to the terminal."""
+    with llmcompressor_log(log_file):
+        return _quantize_checkpoint(loaded, model_ref, Path(output), overwrite=overwrite, progress=progress,
+                                    log_file=log_file)
+
+
+def _quantize_checkpoint(loaded: LoadedRecipe, model_ref: ResolvedModel, output: Path, *, overwrite: bool,
+                         progress: Progress, log_file: Path | None) -> dict[str, Any]:
     recipe = loaded.recipe
     q = recipe.quantization
     output = Path(output)
@@ -145,10 +203,11 @@ def quantize_checkpoint(loaded: LoadedRecipe, model_ref: ResolvedModel, output: 
         progress(f"calibration: {calib.num_samples} samples, {calib.num_tokens} tokens, sha256 {calib.sha256[:12]}")
     t = lap("calibration_data_s", t)
 
-    model = AutoModelForCausalLM.from_pretrained(
-        model_ref.path, dtype=getattr(torch, recipe.model.dtype),
-        trust_remote_code=recipe.model.trust_remote_code, use_safetensors=True,
-    )
+    with output_to_file(log_file):  # transformers' loading bar
+        model = AutoModelForCausalLM.from_pretrained(
+            model_ref.path, dtype=getattr(torch, recipe.model.dtype),
+            trust_remote_code=recipe.model.trust_remote_code, use_safetensors=True,
+        )
     t = lap("load_model_s", t)
 
     from llmcompressor import oneshot
@@ -172,7 +231,8 @@ def quantize_checkpoint(loaded: LoadedRecipe, model_ref: ResolvedModel, output: 
 
     with atomic_directory(output, replace=overwrite) as tmp:
         where = "accelerator" if torch.accelerator.is_available() else "CPU"
-        progress(f"oneshot: {q.method} {q.scheme or ''} on {where}")
+        progress(f"oneshot: {q.method} {q.scheme or ''} on {where}"
+                 + (f" (llm-compressor's log: {log_file})" if log_file else ""))
         kwargs: dict[str, Any] = {}
         if calib is not None:
             kwargs.update(
@@ -182,12 +242,13 @@ def quantize_checkpoint(loaded: LoadedRecipe, model_ref: ResolvedModel, output: 
                 shuffle_calibration_samples=False,  # our sample order is part of the hash
             )
         try:
-            with engine_warnings() as warnings, gptq_layer_losses(model) as losses:
+            with output_to_file(log_file), engine_warnings() as warnings, gptq_layer_losses(model) as losses:
                 oneshot(model=model, tokenizer=tokenizer, recipe=modifiers, output_dir=str(tmp),
                         save_compressed=True, **kwargs)
         except (ValueError, RuntimeError, TypeError, KeyError) as err:
+            where_log = f" (its output: {log_file})" if log_file else ""
             raise EngineError(f"llm-compressor oneshot failed for recipe '{recipe.name}': "
-                              f"{type(err).__name__}: {err}") from err
+                              f"{type(err).__name__}: {err}{where_log}") from err
         t = lap("oneshot_and_save_s", t)
         if not (tmp / "config.json").is_file():
             raise EngineError(f"llm-compressor wrote no config.json into the checkpoint for '{recipe.name}'")

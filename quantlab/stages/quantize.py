@@ -7,7 +7,7 @@ from typing import Any
 
 from quantlab.context import RunContext
 from quantlab.fsutil import sha256_file
-from quantlab.layout import CHECKPOINT_DIR, QUANTIZE_RESULT_FILE
+from quantlab.layout import CHECKPOINT_DIR, LOG_DIR, QUANTIZE_RESULT_FILE
 from quantlab.models import source_fingerprint
 from quantlab.results import FileFact, QuantizeResult
 
@@ -26,17 +26,22 @@ def inputs(ctx: RunContext) -> dict[str, Any]:
     }
 
 
-def preflight(ctx: RunContext) -> None:
-    from quantlab.engines.llmcompressor import check_layout
+def _log_file(ctx: RunContext):
+    return None if ctx.verbose else ctx.run.path / LOG_DIR / "llmcompressor.log"
 
-    check_layout(ctx.loaded, ctx.baseline_model())
+
+def preflight(ctx: RunContext) -> None:
+    from quantlab.engines.llmcompressor import check_layout, llmcompressor_log
+
+    with llmcompressor_log(_log_file(ctx)):
+        check_layout(ctx.loaded, ctx.baseline_model())
 
 
 def run(ctx: RunContext) -> QuantizeResult:
     from quantlab.engines.llmcompressor import quantize_checkpoint
 
     out = quantize_checkpoint(ctx.loaded, ctx.baseline_model(), ctx.checkpoint_dir, overwrite=True,
-                              progress=ctx.progress)
+                              progress=ctx.progress, log_file=_log_file(ctx))
     ckpt = out["checkpoint"]
     ctx.add_artifact(f"{CHECKPOINT_DIR}/{QUANTIZE_RESULT_FILE}", "quantize-result")
     for name in ckpt["files"]:

@@ -162,9 +162,10 @@ def test_engine_failure_leaves_no_half_checkpoint(tmp_path, tiny_model_dir):
     data = tiny_variant("raw-llmcompressor", tiny_model_dir)
     data["quantization"]["raw_recipe"] = {"quant_stage": {"quant_modifiers": {"NoSuchModifier": {}}}}
     recipe = write_recipe(tmp_path / "r", data)
-    with pytest.raises(EngineError, match="oneshot failed"):
+    with pytest.raises(EngineError, match=r"oneshot failed.*its output: .*out.llmcompressor.log"):
         quantize(load_recipe(recipe), tmp_path / "out", progress=lambda m: None)
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["r"]
+    # no checkpoint, half or whole; the engine's own output is kept to diagnose the failure
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out.llmcompressor.log", "r"]
 
 
 def test_existing_output_is_not_overwritten_by_default(tmp_path, tiny_model_dir):
@@ -193,3 +194,23 @@ def test_predicted_scheme_matches_the_export(quantized, name):
     predicted = predict_quant_config(load_recipe(root / "recipes" / f"{name}.yaml").recipe.quantization)
     probe = {"device": "cpu", "versions": {}}
     assert check_compat(predicted, probe).schemes == check_compat(actual, probe).schemes
+
+
+def test_the_terminal_shows_quantlab_and_the_log_file_the_engine(tmp_path, tiny_model_dir):
+    """llm-compressor prints a line per module and progress bars: they go to a log file;
+    the terminal keeps quantlab's few lines, and stdout only the checkpoint path."""
+    import subprocess
+    import sys
+
+    from conftest import REPO
+
+    recipe = write_recipe(tmp_path / "r", tiny_variant("gptq-w4a16", tiny_model_dir))
+    out = tmp_path / "ckpt"
+    r = subprocess.run([sys.executable, "-m", "quantlab", "quantize", recipe, "--output", out], capture_output=True,
+                       text=True, cwd=REPO, timeout=600)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert r.stdout.strip() == str(out.resolve())
+    log = (tmp_path / "ckpt.llmcompressor.log").read_text()
+    assert "GPTQ" in log or "gptq" in log  # the engine's per-module lines landed in the file
+    assert "Calibrating" not in r.stderr and "| INFO -" not in r.stderr and "| INFO -" not in r.stdout
+    assert all(line.startswith("quantlab ") for line in r.stderr.splitlines() if line.strip()), r.stderr[-2000:]

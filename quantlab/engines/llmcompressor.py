@@ -124,6 +124,7 @@ def llmcompressor_log(log_file: Path | None) -> Iterator[None]:
         return
     from loguru import logger
 
+    existed = log_file.exists()
     with output_to_file(log_file):  # importing llm-compressor already logs (device warnings)
         from llmcompressor.logger import LoggerConfig, configure_logger
     configure_logger(LoggerConfig(console_log_level=None))  # removes the stdout sink
@@ -131,8 +132,15 @@ def llmcompressor_log(log_file: Path | None) -> Iterator[None]:
                       "{message}")
     try:
         yield
+    except RecipeError:
+        if not existed:  # bad input, caught before the engine ran: leave nothing behind
+            logger.remove(sink)
+            sink = None
+            log_file.unlink(missing_ok=True)
+        raise
     finally:
-        logger.remove(sink)
+        if sink is not None:
+            logger.remove(sink)
         configure_logger(LoggerConfig())
 
 

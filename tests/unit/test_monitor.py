@@ -28,7 +28,7 @@ def test_process_tree_cpu_and_rss_are_measured():
         stop.set()
         worker.join()
     assert summary["server_cpu_pct_mean"] > 10 and summary["server_rss_peak_bytes"] > 10e6
-    assert summary["samples"] >= 3
+    assert summary["samples"] >= 1
     assert summary["metrics_available"] is False  # nothing listens on port 9: said, not guessed
 
 

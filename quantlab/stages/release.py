@@ -180,6 +180,3 @@ def _sha(path):
 
 def _without_files(provenance: dict | None) -> dict:
     return {k: v for k, v in (provenance or {}).items() if k != "files"}
-
-
-__all__ = ["NAME", "inputs", "preflight", "run", "folder_files"]

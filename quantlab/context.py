@@ -61,13 +61,9 @@ class RunContext:
         """The serving environment's versions and hardware (probed once per run; an
         endpoint's hardware cannot be probed)."""
         if self._probe is None:
-            spec = self.recipe.serve
-            if spec.mode == "launch":
-                from quantlab.engines.vllm_probe import probe_serving_env, serving_python
+            from quantlab.engines.vllm_probe import probe_for
 
-                self._probe = probe_serving_env(serving_python(spec))
-            else:
-                self._probe = unprobed(spec.mode)
+            self._probe = probe_for(self.recipe.serve)
         return self._probe
 
     def serving_plan(self, *, predicted: bool = False):
@@ -109,8 +105,3 @@ class RunContext:
 
     def add_artifact(self, relative: str, role: str) -> None:
         self.artifacts.append(self.run.artifact(relative, role))
-
-
-def unprobed(mode: str) -> dict[str, Any]:
-    why = "external endpoint" if mode == "endpoint" else "started by serve.command, possibly elsewhere"
-    return {"device": "unknown", "versions": {}, "gpus": [], "note": f"{why}: its environment is not probed"}

@@ -18,7 +18,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-from quantlab.context import Progress, RunContext, inputs_hash, unprobed
+from quantlab.context import Progress, RunContext, inputs_hash
 from quantlab.errors import EngineError, GateFailure, QuantlabError, RecipeError
 from quantlab.fsutil import write_text_atomic
 from quantlab.gates import all_verdicts, failed
@@ -223,7 +223,7 @@ def preflight_recipe(loaded: LoadedRecipe, *, progress: Progress) -> list[str]:
     and, where the serving environment is installed, the scheme it will export against
     the serving rules. Returns notes on what was not checked."""
     from quantlab.engines.llmcompressor import check_layout
-    from quantlab.engines.vllm_probe import probe_serving_env, serving_python
+    from quantlab.engines.vllm_probe import probe_for
     from quantlab.models import resolve_recipe_model
     from quantlab.serving_compat import predict_quant_config
     from quantlab.serving_plan import plan_serving, serve_targets
@@ -234,13 +234,10 @@ def preflight_recipe(loaded: LoadedRecipe, *, progress: Progress) -> list[str]:
     predicted = predict_quant_config(loaded.recipe.quantization)
     if predicted is None:
         return ["a raw recipe's scheme is known only after quantizing: serving compatibility not checked"]
-    if spec.mode == "launch":
-        try:
-            probe = probe_serving_env(serving_python(spec))
-        except EngineError as e:
-            return [f"serving compatibility not checked: {e}"]
-    else:
-        probe = unprobed(spec.mode)
+    try:
+        probe = probe_for(spec)
+    except EngineError as e:  # e.g. no serving environment on a quantize-only machine
+        return [f"serving compatibility not checked: {e}"]
     targets = [t for t in serve_targets(spec, baseline_dir=baseline.path, candidate_dir=Path("."))
                if t.role == "candidate"]
     plan = plan_serving(spec, targets, dtype=loaded.recipe.model.dtype, probe=probe,
@@ -263,11 +260,11 @@ def serve_one(model_dir: Path, role: str, spec: ServeSpec, *, dtype: str, log_di
     """`quantlab serve`: one model on one engine, with the same planning and checks as
     the serve stage. Yields (server, facts as a dict)."""
     from quantlab.engines.vllm_facts import collect_facts
-    from quantlab.engines.vllm_probe import probe_serving_env, serving_python
+    from quantlab.engines.vllm_probe import probe_for
     from quantlab.engines.vllm_server import open_engine
     from quantlab.serving_plan import EngineTarget, plan_serving
 
-    probe = probe_serving_env(serving_python(spec)) if spec.mode == "launch" else unprobed(spec.mode)
+    probe = probe_for(spec)
     target = EngineTarget(role, Path(model_dir), role)
     plan = plan_serving(spec, [target], dtype=dtype, probe=probe)
     with open_engine(plan, role, log_dir=log_dir, progress=progress) as server:

@@ -84,3 +84,12 @@ def probe_serving_env(python: Path, *, timeout: float = 180) -> dict[str, Any]:
     return probe
 
 
+def unprobed(mode: str) -> dict[str, Any]:
+    why = "external endpoint" if mode == "endpoint" else "started by serve.command, possibly elsewhere"
+    return {"device": "unknown", "versions": {}, "gpus": [], "note": f"{why}: its environment is not probed"}
+
+
+def probe_for(spec: ServeSpec) -> dict[str, Any]:
+    """The probe of the environment that will serve: quantlab's serving env when it
+    launches vLLM itself; nothing it can see for an endpoint or a user's command."""
+    return probe_serving_env(serving_python(spec)) if spec.mode == "launch" else unprobed(spec.mode)

@@ -11,7 +11,7 @@ from typing import Any
 
 from quantlab.context import RunContext
 from quantlab.errors import EngineError, RecipeError
-from quantlab.fsutil import write_text_atomic
+from quantlab.fsutil import sha256_file, write_text_atomic
 from quantlab.gates import perf_gates
 from quantlab.perf_metrics import compare, median_metrics, summarize
 from quantlab.perf_spec import PerformanceSpec, Workload, max_length
@@ -32,16 +32,10 @@ def inputs(ctx: RunContext) -> dict[str, Any]:
     spec = ctx.recipe.performance
     return {
         "performance": spec.model_dump(mode="json") if spec else None,
-        "datasets": [_file_digest(ctx.loaded.resolve(w.dataset)) for w in spec.workloads if w.dataset]
+        "datasets": [sha256_file(ctx.loaded.resolve(w.dataset)) for w in spec.workloads if w.dataset]
         if spec else [],
         "serving": serve_stage.inputs(ctx),
     }
-
-
-def _file_digest(path: Path) -> str:
-    from quantlab.fsutil import sha256_file
-
-    return sha256_file(path)
 
 
 def _max_model_len(ctx: RunContext) -> int | None:

@@ -9,7 +9,7 @@ from typing import Any
 
 from quantlab.context import RunContext, stage_digest
 from quantlab.errors import RecipeError
-from quantlab.fsutil import write_json_atomic
+from quantlab.fsutil import sha256_file, write_json_atomic
 from quantlab.gates import all_verdicts
 from quantlab.manifest import (
     MANIFEST_FILE,
@@ -113,7 +113,7 @@ def build_manifest(ctx: RunContext, results: dict[str, Any], verdicts, decision)
     model_files = {p.name: {"size": p.stat().st_size} for p in sorted(baseline.path.iterdir()) if p.is_file()}
     prov_files = (baseline.provenance or {}).get("files") or {}
     for name, meta in model_files.items():  # the default model records its hashes; others are hashed here
-        meta["sha256"] = (prov_files.get(name) or {}).get("sha256") or _sha(baseline.path / name)
+        meta["sha256"] = (prov_files.get(name) or {}).get("sha256") or sha256_file(baseline.path / name)
     runtime: dict[str, Any] = {}
     hardware: dict[str, Any] = {}
     if isinstance(serve, ServeResult):
@@ -145,10 +145,13 @@ def build_manifest(ctx: RunContext, results: dict[str, Any], verdicts, decision)
                 for p in perf.points],
             "memory": perf.memory, "cost": perf.cost, "workload": perf.workload_context}
     # servers are stopped first, so their logs are complete when hashed
-    raw = [RawFile(path=a.path, sha256=_sha(ctx.run.path / a.path) if (ctx.run.path / a.path).is_file() else None,
-                   role=a.role)
-           for name, rec in record.stages.items() if name != NAME for a in rec.artifacts
-           if not a.path.startswith(f"{ctx.checkpoint_dir.name}/")]  # checkpoint files are listed with sha256 below
+    raw = []
+    for name, rec in record.stages.items():
+        for a in rec.artifacts:
+            f = ctx.run.path / a.path
+            # checkpoint files are listed with their sha256 in checkpoint_files
+            if name != NAME and not a.path.startswith(f"{ctx.checkpoint_dir.name}/"):
+                raw.append(RawFile(path=a.path, sha256=sha256_file(f) if f.is_file() else None, role=a.role))
     return Manifest(
         quantlab=quantlab_identity(),
         created_at=now_iso(),
@@ -170,12 +173,6 @@ def build_manifest(ctx: RunContext, results: dict[str, Any], verdicts, decision)
         gates=verdicts,
         decision=decision,
     )
-
-
-def _sha(path):
-    from quantlab.fsutil import sha256_file
-
-    return sha256_file(path)
 
 
 def _without_files(provenance: dict | None) -> dict:

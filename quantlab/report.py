@@ -32,8 +32,11 @@ def decision_line(record: RunRecord) -> str:
         word = "RELEASE" if release.decision == "release" else "BLOCKED"
         fallback = f" Fallback: {release.fallback}." if release.fallback else ""
         return f"{word}: {release.why}.{fallback}"
-    return f"no decision: the run is {record.status}" + (
-        f" ({next((s.error for s in record.stages.values() if s.error), '')})" if record.status == "failed" else "")
+    stopped = next((s.name for s in record.stages.values() if s.status != "ok"), None)
+    if record.status in ("failed", "interrupted"):
+        where = f"in stage {stopped}" if stopped else "before its first stage (a preflight check)"
+        return f"no decision: the run {record.status} {where}"
+    return f"no decision: the run is {record.status}"
 
 
 def _fmt(v: Any, digits: int = 3) -> str:

@@ -133,7 +133,8 @@ def plan_serving(spec: ServeSpec, targets: list[EngineTarget], *, dtype: str, pr
         report = check_compat(t.quant_config, {**probe, "device": device},
                               kv_cache_dtype=(engine_args or {}).get("kv_cache_dtype"))
         if report.errors:
-            raise RecipeError(f"{t.role} checkpoint {t.model_dir or plan.endpoint_for(t.role)} cannot be served "
-                              "here:\n  - " + "\n  - ".join(report.errors), field="serve")
+            what = (f"the {t.role} scheme this recipe will export" if quant_configs and t.role in quant_configs
+                    else f"{t.role} checkpoint {t.model_dir or plan.endpoint_for(t.role)}")
+            raise RecipeError(f"{what} cannot be served here:\n  - " + "\n  - ".join(report.errors), field="serve")
         plan.compat[t.role] = report
     return plan

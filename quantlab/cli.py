@@ -145,6 +145,32 @@ def run(
     typer.echo(str(result.path / "run.json"))
 
 
+@app.command()
+def validate(
+    recipe: Annotated[Path, typer.Argument(help="Recipe YAML file (its quantization section is not used).")],
+    checkpoint: Annotated[Path, typer.Option(help="The checkpoint folder to validate: compressed-tensors, GPTQ, "
+                                             "AWQ or FP8 safetensors, as vLLM serves them.")],
+    runs_dir: Annotated[Path, typer.Option(help="Root folder for run directories.")] = Path("runs"),
+    verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Show the engines' own output here.")] = False,
+) -> None:
+    """Validate an existing checkpoint: serve it beside the recipe's baseline, run the checks, sign.
+
+    The checkpoint is copied into the run folder first (the original is not modified).
+    Exit 0 released, 1 blocked by a gate, 2 bad input, 3 run failure, 130 interrupted."""
+    from quantlab.pipeline import run_pipeline
+    from quantlab.recipe import load_recipe
+
+    with exit_codes():
+        loaded = load_recipe(recipe)
+        try:
+            result = run_pipeline(loaded, runs_dir, progress=progress, verbose=verbose, checkpoint=checkpoint)
+        except BaseException as e:
+            _summary(getattr(e, "run_dir", None))
+            raise
+        _summary(result.path)
+    typer.echo(str(result.path / "run.json"))
+
+
 def _summary(run_dir: Path | None) -> None:
     """The run's last lines on the terminal: stages, decision, where the report is."""
     from quantlab.report import summary_lines

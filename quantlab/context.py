@@ -38,6 +38,9 @@ class RunContext:
     will_run: set[str] = field(default_factory=set)  # stages this invocation runs (set by the pipeline)
     enabled_stages: set[str] = field(default_factory=set)  # stages the recipe asks for (set by the pipeline)
     verbose: bool = False  # engines print to the terminal instead of log files in the run folder
+    baseline_needed: bool = True  # False: no check needs a baseline server (set by the pipeline)
+    import_from: Path | None = None  # quantlab validate: the existing checkpoint to validate
+    stages: list[Any] = field(default_factory=list)  # this pipeline's stage modules (set by the pipeline)
     artifacts: list[Artifact] = field(default_factory=list)  # the running stage's, collected by the pipeline
     _baseline: ResolvedModel | None = None
     _probe: dict[str, Any] | None = None
@@ -94,7 +97,13 @@ class RunContext:
 
             self._pool = EnginePool(self.serving_plan(), log_dir=self.run.path / SERVE_LOG_DIR,
                                     progress=self.progress)
-        return self._pool.get(role)
+        server = self._pool.get(role)
+        # an endpoint's served name is discovered by the serve stage; a server got again
+        # later (one-at-a-time serving restarts it) carries the default until told
+        facts = getattr(self.run.record.result("serve"), "engines", {}).get(role)
+        if facts is not None:
+            server.served_name = facts.served_model_name
+        return server
 
     def running_engines(self) -> list[str]:
         return self._pool.running() if self._pool is not None else []

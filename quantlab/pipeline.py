@@ -25,12 +25,16 @@ from quantlab.gates import all_verdicts, failed
 from quantlab.layout import CHECKPOINT_DIR, ERROR_DIR
 from quantlab.recipe import LoadedRecipe, ServeSpec
 from quantlab.run import RunDir, StageRecord, now_iso
+from quantlab.stages import checkpoint as checkpoint_stage
 from quantlab.stages import perf as perf_stage
+from quantlab.stages import quality as quality_stage
 from quantlab.stages import quantize as quantize_stage
 from quantlab.stages import release as release_stage
 from quantlab.stages import serve as serve_stage
 
-STAGES: list[ModuleType] = [quantize_stage, serve_stage, perf_stage, release_stage]
+STAGES: list[ModuleType] = [quantize_stage, serve_stage, quality_stage, perf_stage, release_stage]
+# quantlab validate: an existing checkpoint instead of quantizing
+VALIDATE_STAGES: list[ModuleType] = [checkpoint_stage, serve_stage, quality_stage, perf_stage, release_stage]
 
 
 def enabled(stage: ModuleType, ctx: RunContext) -> bool:
@@ -47,12 +51,20 @@ class UnexpectedError(EngineError):
         super().__init__(message)
 
 
+def baseline_needed(ctx: RunContext) -> bool:
+    """Whether the serve stage starts the baseline server: yes unless every enabled check
+    says it can do without (the quality stage with cached baseline results)."""
+    checks = [s for s in ctx.stages if s.NAME in ctx.enabled_stages and hasattr(s, "needs_baseline")]
+    return not checks or any(s.needs_baseline(ctx) for s in checks)
+
+
 def stages_to_run(ctx: RunContext) -> dict[str, str]:
     """Which stages this invocation runs, each with the reason."""
     plan: dict[str, str] = {}
     upstream_redone = False
-    ctx.enabled_stages = {stage.NAME for stage in STAGES if enabled(stage, ctx)}
-    for stage in STAGES:
+    ctx.stages = ctx.stages or STAGES
+    ctx.enabled_stages = {stage.NAME for stage in ctx.stages if enabled(stage, ctx)}
+    for stage in ctx.stages:
         if stage.NAME not in ctx.enabled_stages:
             continue
         done = ctx.run.record.stages.get(stage.NAME)
@@ -83,19 +95,22 @@ def open_run(loaded: LoadedRecipe, runs_root: Path, resume: Path | None) -> RunD
 
 
 def run_pipeline(loaded: LoadedRecipe, runs_root: Path, *, resume: Path | None = None,
-                 progress: Progress = print, verbose: bool = False) -> RunDir:
-    """Run (or resume) the pipeline. Any error raised after the run folder exists carries
-    it as `.run_dir`, so the caller can summarise the run whatever its outcome."""
+                 progress: Progress = print, verbose: bool = False, checkpoint: Path | None = None) -> RunDir:
+    """Run (or resume) the pipeline; with `checkpoint`, validate that existing checkpoint
+    instead of quantizing. Any error raised after the run folder exists carries it as
+    `.run_dir`, so the caller can summarise the run whatever its outcome."""
     run = open_run(loaded, runs_root, resume)
     try:
-        return _run_stages(loaded, run, progress, verbose)
+        return _run_stages(loaded, run, progress, verbose, checkpoint)
     except BaseException as err:
         err.run_dir = run.path  # type: ignore[attr-defined]
         raise
 
 
-def _run_stages(loaded: LoadedRecipe, run: RunDir, progress: Progress, verbose: bool) -> RunDir:
-    ctx = RunContext(loaded, run, progress, verbose=verbose)
+def _run_stages(loaded: LoadedRecipe, run: RunDir, progress: Progress, verbose: bool,
+                checkpoint: Path | None) -> RunDir:
+    ctx = RunContext(loaded, run, progress, verbose=verbose, import_from=checkpoint,
+                     stages=VALIDATE_STAGES if checkpoint is not None else STAGES)
     progress(f"run directory: {run.path}")
     try:
         todo = stages_to_run(ctx)
@@ -103,9 +118,10 @@ def _run_stages(loaded: LoadedRecipe, run: RunDir, progress: Progress, verbose: 
         for name in [n for n in run.record.stages if n not in ctx.enabled_stages]:
             progress(f"stage {name}: no longer in the recipe, its earlier result is dropped")
             del run.record.stages[name]
-        for stage in STAGES:
+        for stage in ctx.stages:
             if stage.NAME in todo:
                 stage.preflight(ctx)
+        ctx.baseline_needed = baseline_needed(ctx)
     except BaseException as err:
         _finish(run, err)
         wrapped = _as_quantlab_error(err, run, "preflight")
@@ -113,7 +129,7 @@ def _run_stages(loaded: LoadedRecipe, run: RunDir, progress: Progress, verbose: 
             raise
         raise wrapped from None
     try:
-        for stage in STAGES:
+        for stage in ctx.stages:
             if not enabled(stage, ctx):
                 continue
             if stage.NAME not in todo:

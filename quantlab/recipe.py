@@ -26,6 +26,7 @@ from pydantic import (
 
 from quantlab.errors import RecipeError
 from quantlab.perf_spec import PerformanceSpec
+from quantlab.quality_spec import QualitySpec
 
 SCHEMA_VERSION = 1
 
@@ -301,6 +302,8 @@ class Recipe(_Strict):
     quantization: QuantizationSpec
     calibration: CalibrationSpec | None = None
     serve: ServeSpec = Field(default_factory=ServeSpec)
+    quality: QualitySpec | None = Field(
+        None, description="Quality checks: eval suites on baseline and candidate, compared sample by sample, gates.")
     performance: PerformanceSpec | None = Field(
         None, description="Performance checks: load workloads on baseline and candidate, SLOs, gates.")
     signing: SigningSpec = Field(default_factory=SigningSpec, description="How the release manifest is signed.")

@@ -46,6 +46,22 @@ class QuantizeResult(_Result):
         return {name: f.sha256 for name, f in self.files.items() if name.endswith(".safetensors")}
 
 
+class CheckpointResult(_Result):
+    """An existing checkpoint brought into a run by `quantlab validate` (copied, hashed)."""
+
+    stage: Literal["checkpoint"] = "checkpoint"
+    checkpoint: str = Field(description="Checkpoint folder, relative to the run directory.")
+    source: str = Field(description="The folder it was copied from.")
+    format: str = Field(description="compressed-tensors, gptq, awq, fp8, ... or unquantized.")
+    quantization_config: dict[str, Any] | None
+    size_bytes: int
+    files: dict[str, FileFact]
+
+    @property
+    def weights_sha256(self) -> dict[str, str]:
+        return {name: f.sha256 for name, f in self.files.items() if name.endswith(".safetensors")}
+
+
 class CompatRecord(_Result):
     schemes: list[str] = Field(default_factory=list)
     errors: list[str] = Field(default_factory=list)
@@ -99,6 +115,9 @@ class GateVerdict(_Result):
     value: float | None
     limit: float
     detail: str
+    samples: int | None = Field(None, description="Paired samples behind a quality verdict.")
+    samples_to_verdict: int | None = Field(None, description="Quality: the prefix from which a pass/fail held, "
+                                           "or (inconclusive) about how many samples would tell.")
 
 
 class PerfPoint(_Result):
@@ -131,6 +150,47 @@ class PerfResult(_Result):
     workload_context: dict[str, Any] = Field(default_factory=dict, description="Model, engine, hardware, settings.")
 
 
+class TaskComparison(_Result):
+    """One eval task (or a slice's pooled tasks), candidate against baseline, paired."""
+
+    task: str
+    slice: str
+    metric: str
+    filter: str | None
+    higher_is_better: bool
+    n: int
+    baseline: float
+    candidate: float
+    diff: float = Field(description="candidate - baseline, in the metric's units.")
+    ci_low: float
+    ci_high: float
+    confidence: float
+    recovery: float | None
+    binary: bool = Field(description="Pass/fail per sample (McNemar applies).")
+    worse: int | None = Field(None, description="Samples right for the baseline and wrong for the candidate.")
+    better: int | None = None
+    mcnemar_p: float | None = None
+    answers_changed: int | None = Field(None, description="Samples whose (filtered) answer differs at all.")
+    tasks: list[str] = Field(default_factory=list, description="For a slice: the tasks pooled.")
+
+
+class QualityResult(_Result):
+    stage: Literal["quality"] = "quality"
+    tasks: list[TaskComparison]
+    slices: list[TaskComparison] = Field(default_factory=list)
+    kl: dict[str, Any] | None = Field(None, description="Next-token KL(baseline || candidate) summary.")
+    baseline_cached: bool = Field(description="The baseline's results came from the baseline cache.")
+    baseline_cache_key: str | None = None
+    skipped: list[str] = Field(default_factory=list, description="Tasks not run, with why.")
+    seconds: dict[str, float] = Field(default_factory=dict, description="Wall time per role's evaluation.")
+    lm_eval_version: str | None = None
+    suites: list[dict[str, Any]] = Field(default_factory=list, description="Name, folder, sha256 of each suite.")
+    raw_files: list[str] = Field(default_factory=list)
+    flips_file: str | None = None
+    gates: list[GateVerdict] = Field(default_factory=list)
+    notes: list[str] = Field(default_factory=list)
+
+
 class ReleaseResult(_Result):
     stage: Literal["release"] = "release"
     decision: Literal["release", "blocked"]
@@ -145,4 +205,6 @@ class ReleaseResult(_Result):
     gates: list[GateVerdict] = Field(default_factory=list)  # the release stage adds no gate of its own
 
 
-StageOutput = Annotated[Union[QuantizeResult, ServeResult, PerfResult, ReleaseResult], Field(discriminator="stage")]
+StageOutput = Annotated[Union[QuantizeResult, CheckpointResult, ServeResult, QualityResult, PerfResult,
+                              ReleaseResult],
+                        Field(discriminator="stage")]

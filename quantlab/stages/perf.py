@@ -28,6 +28,10 @@ def enabled(ctx: RunContext) -> bool:
     return ctx.recipe.performance is not None
 
 
+def needs_baseline(ctx: RunContext) -> bool:
+    return True
+
+
 def inputs(ctx: RunContext) -> dict[str, Any]:
     spec = ctx.recipe.performance
     return {

@@ -9,18 +9,18 @@ from typing import Any
 from quantlab.context import RunContext
 from quantlab.layout import SERVE_LOG_DIR
 from quantlab.models import source_fingerprint
-from quantlab.results import CompatRecord, QuantizeResult, ServeResult
+from quantlab.results import CheckpointResult, CompatRecord, QuantizeResult, ServeResult
 from quantlab.serving_compat import kernel_warnings
 
 NAME = "serve"
 
 
 def inputs(ctx: RunContext) -> dict[str, Any]:
-    q = ctx.run.record.result("quantize")
+    q = ctx.run.record.result("quantize") or ctx.run.record.result("checkpoint")
     return {
         "serve": ctx.recipe.serve.model_dump(mode="json"),
         "baseline": {"model": ctx.recipe.model.model_dump(mode="json"), "source": source_fingerprint(ctx.loaded)},
-        "candidate_weights": q.weights_sha256 if isinstance(q, QuantizeResult) else None,
+        "candidate_weights": q.weights_sha256 if isinstance(q, (QuantizeResult, CheckpointResult)) else None,
     }
 
 
@@ -36,12 +36,16 @@ def run(ctx: RunContext) -> ServeResult:
     plan = ctx.serving_plan()
     if plan.spec.mode != "endpoint":
         ctx.progress(f"serving environment: vLLM {plan.probe['versions'].get('vllm')}, device {plan.device}")
-    facts = {t.role: collect_facts(ctx.engine(t.role), t, device=plan.device) for t in plan.targets}
+    roles = [t for t in plan.targets if t.role != "baseline" or ctx.baseline_needed]
+    if len(roles) < len(plan.targets):
+        ctx.progress("baseline server not started: the checks have what they need from it cached")
+    facts = {t.role: collect_facts(ctx.engine(t.role), t, device=plan.device) for t in roles}
     log_dir = ctx.run.path / SERVE_LOG_DIR
     compat = {}
     for role, report in plan.compat.items():
         record = CompatRecord(**report.as_record())
-        record.warnings += kernel_warnings(report.expected_kernels, facts[role].log)
+        if role in facts:
+            record.warnings += kernel_warnings(report.expected_kernels, facts[role].log)
         compat[role] = record
     for role in facts:
         if (log_dir / f"{role}-server.log").is_file():

@@ -1,0 +1,115 @@
+"""The recipe's `quality` section (which suites, how to run them, the gates) and the
+schema of a suite file (`suite.yaml` in a suite folder).
+
+Pure pydantic (no engine imports); recipe.py adds `quality` as an optional section.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+TaskName = str
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class QualityGates(_Strict):
+    """Applied to every task (and slice) unless task_gates/slice_gates override a field.
+    A gate breached by the point estimate fails only when the candidate is also worse
+    beyond the confidence interval; within the noise it is inconclusive."""
+
+    min_recovery: float | None = Field(0.9, gt=0, le=2, description="Candidate score / baseline score (for "
+                                       "lower-is-better metrics such as perplexity: baseline / candidate).")
+    max_drop: float | None = Field(None, ge=0, description="Largest allowed absolute worsening, in the metric's "
+                                   "own units (0.05 = five points of accuracy).")
+    non_inferiority_margin: float | None = Field(0.1, ge=0, le=1, description="Non-inferiority: the confidence "
+                                                 "interval of the paired difference must stay above -margin x "
+                                                 "|baseline| (pass); entirely below it fails; otherwise "
+                                                 "inconclusive.")
+    confidence: float = Field(0.95, gt=0.5, lt=1, description="Two-sided confidence of the paired bootstrap "
+                              "interval.")
+    min_samples: int = Field(20, ge=1, description="Fewer paired samples than this: every gate is inconclusive.")
+
+
+class GateOverride(_Strict):
+    min_recovery: float | None = Field(None, gt=0, le=2)
+    max_drop: float | None = Field(None, ge=0)
+    non_inferiority_margin: float | None = Field(None, ge=0, le=1)
+    confidence: float | None = Field(None, gt=0.5, lt=1)
+    min_samples: int | None = Field(None, ge=1)
+    disabled: bool = Field(False, description="Report this task or slice without gating it.")
+
+    def apply(self, base: QualityGates) -> QualityGates:
+        values = base.model_dump()
+        values.update({k: v for k, v in self.model_dump(exclude={"disabled"}).items() if v is not None})
+        return QualityGates(**values)
+
+
+class SuiteTask(_Strict):
+    """One lm-eval task of a suite and how quantlab reads it."""
+
+    task: TaskName = Field(description="lm-eval task name (a task YAML in the suite folder, or a hub task).")
+    api: Literal["completions", "chat"] = Field("completions", description="completions: lm-eval "
+                                               "local-completions (loglikelihood and generation); chat: "
+                                               "local-chat-completions through the chat template.")
+    metric: str = Field(description="The per-sample metric the gates judge (e.g. acc, exact_match, "
+                        "word_perplexity).")
+    filter: str | None = Field(None, description="lm-eval filter whose output is judged (default: the task's "
+                               "first).")
+    slice: str = Field("general", pattern=r"^[a-z0-9][a-z0-9_-]{0,31}$", description="Checklist slice the task "
+                       "belongs to; each slice is also gated on its own.")
+    min_model_len: int | None = Field(None, ge=1, description="Skip the task (with a note) when the served "
+                                      "max_model_len is shorter.")
+
+
+class SuiteFile(_Strict):
+    name: str
+    description: str = ""
+    tasks: list[SuiteTask] = Field(min_length=1)
+    kl_texts: str | None = Field(None, description="JSONL of {'text': ...} rows for the next-token KL check, "
+                                 "relative to the suite folder.")
+
+    @model_validator(mode="after")
+    def _unique(self) -> "SuiteFile":
+        names = [t.task for t in self.tasks]
+        if len(set(names)) != len(names):
+            raise ValueError(f"task names must be unique in a suite; got {names}")
+        return self
+
+
+class KLSpec(_Strict):
+    enabled: bool = True
+    texts: str | None = Field(None, description="JSONL of {'text': ...} rows relative to the recipe (default: "
+                              "the first suite's kl_texts).")
+    max_texts: int = Field(32, ge=1, le=10_000)
+    max_tokens: int = Field(256, ge=8, le=32_768, description="Each text is cut to this many tokens.")
+    top_k: int = Field(20, ge=1, le=20, description="Log-probabilities per position (vLLM's default cap is 20).")
+    max_mean_kl: float | None = Field(None, gt=0, description="Gate: mean per-token KL(baseline || candidate), "
+                                      "nats.")
+    min_same_top_rate: float | None = Field(None, ge=0, le=1, description="Gate: share of positions where both "
+                                            "models' most likely next token is the same.")
+
+
+class QualitySpec(_Strict):
+    suites: list[str] = Field(default_factory=lambda: ["default"], description="Shipped suite names "
+                              "(eval_suites/<name>) or suite folders relative to the recipe.")
+    hub_tasks: list[SuiteTask] = Field(default_factory=list, description="Standard lm-eval tasks (gsm8k, mmlu, "
+                                       "...) downloaded from the hub: for machines with a network.")
+    tasks: list[TaskName] | None = Field(None, description="Run only these tasks of the suites.")
+    limit: int | None = Field(None, ge=1, description="At most this many samples per task (the first ones).")
+    seed: int = 1234
+    num_concurrent: int = Field(8, ge=1, le=256, description="Requests lm-eval keeps in flight.")
+    request_timeout_s: float = Field(300, gt=0, le=3600)
+    max_retries: int = Field(3, ge=0, le=10, description="Retries of a failed request before the task fails.")
+    timeout_s: float = Field(3600, gt=0, description="Deadline for one model's whole evaluation.")
+    gates: QualityGates = Field(default_factory=QualityGates)
+    task_gates: dict[TaskName, GateOverride] = Field(default_factory=dict)
+    slice_gates: dict[str, GateOverride] = Field(default_factory=dict)
+    kl: KLSpec = Field(default_factory=KLSpec)
+    baseline_cache: bool = Field(True, description="Reuse the baseline's results from an earlier run with the "
+                                 "same baseline weights, suite, engine version and engine arguments.")
+    bootstrap_iters: int = Field(2000, ge=100, le=100_000)

@@ -1,0 +1,122 @@
+"""Paired statistics for the quality stage: pure functions over per-sample values.
+
+Baseline and candidate answer the same prompts, so every comparison is paired:
+- pass/fail metrics: exact McNemar test on the discordant pairs;
+- any metric: a paired bootstrap confidence interval of the candidate-minus-baseline
+  difference (resampling prompts, so the baseline/candidate pairing is kept);
+- next-token distributions: KL divergence of the candidate from the baseline on the
+  top-k log-probabilities both servers return, with the mass outside the top k kept
+  as one "rest" bucket (what a top-k API allows; llama.cpp's KL mode sees the whole
+  vocabulary).
+
+A per-sample value is a number, or a (numerator, denominator) pair for metrics that
+lm-eval aggregates as a ratio of sums (perplexities weighted by words or bytes).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Sequence
+
+import numpy as np
+
+Value = float | tuple[float, float]
+
+
+def mcnemar_exact(base_only: int, cand_only: int) -> float:
+    """Two-sided exact McNemar p-value from the discordant counts: base_only samples the
+    baseline got right and the candidate wrong, cand_only the reverse."""
+    from scipy.stats import binomtest
+
+    n = base_only + cand_only
+    if n == 0:
+        return 1.0
+    return float(binomtest(min(base_only, cand_only), n, 0.5, alternative="two-sided").pvalue)
+
+
+def _as_arrays(values: Sequence[Value]) -> tuple[np.ndarray, np.ndarray]:
+    num = np.array([v[0] if isinstance(v, (tuple, list)) else v for v in values], dtype=float)
+    den = np.array([v[1] if isinstance(v, (tuple, list)) else 1.0 for v in values], dtype=float)
+    return num, den
+
+
+def aggregate(values: Sequence[Value]) -> float:
+    """The task score from per-sample values: a mean, or a ratio of sums for pairs."""
+    num, den = _as_arrays(values)
+    return float(num.sum() / den.sum()) if den.sum() else float("nan")
+
+
+@dataclass(frozen=True)
+class PairedInterval:
+    baseline: float
+    candidate: float
+    diff: float  # candidate - baseline, on the metric's own scale
+    low: float  # confidence interval of diff
+    high: float
+    confidence: float
+    n: int
+
+
+def paired_bootstrap(base: Sequence[Value], cand: Sequence[Value], *, iters: int = 2000, confidence: float = 0.95,
+                     seed: int = 0, transform=None) -> PairedInterval:
+    """Percentile bootstrap CI of aggregate(cand) - aggregate(base), resampling sample
+    indices jointly. `transform` maps an aggregate before differencing (e.g. a
+    perplexity from a mean log-likelihood)."""
+    if len(base) != len(cand):
+        raise ValueError(f"paired samples differ in count: {len(base)} baseline vs {len(cand)} candidate")
+    if not base:
+        raise ValueError("no samples to compare")
+    f = transform or (lambda x: x)
+    bn, bd = _as_arrays(base)
+    cn, cd = _as_arrays(cand)
+    point_b, point_c = f(bn.sum() / bd.sum()), f(cn.sum() / cd.sum())
+    rng = np.random.default_rng(seed)
+    n = len(base)
+    idx = rng.integers(0, n, size=(iters, n))
+    with np.errstate(divide="ignore", invalid="ignore"):
+        rb = bn[idx].sum(1) / bd[idx].sum(1)
+        rc = cn[idx].sum(1) / cd[idx].sum(1)
+        diffs = np.vectorize(f)(rc) - np.vectorize(f)(rb) if transform else rc - rb
+    diffs = diffs[np.isfinite(diffs)]
+    alpha = (1 - confidence) / 2
+    low, high = (np.quantile(diffs, [alpha, 1 - alpha]) if diffs.size else (float("nan"), float("nan")))
+    return PairedInterval(float(point_b), float(point_c), float(point_c - point_b), float(low), float(high),
+                          confidence, n)
+
+
+def topk_kl(base: dict[int, float], cand: dict[int, float]) -> float:
+    """KL(baseline || candidate) in nats for one position, from top-k log-probabilities
+    (token id -> logprob). The support is the baseline's top k plus one bucket for the
+    rest of the vocabulary. A baseline token missing from the candidate's top k gets an
+    equal share of the candidate's rest mass, but at most the candidate's smallest
+    listed probability (it ranked below all of them)."""
+    p = {t: math.exp(lp) for t, lp in base.items()}
+    q_listed = {t: math.exp(lp) for t, lp in cand.items()}
+    q_rest = max(0.0, 1.0 - sum(q_listed.values()))
+    missing = [t for t in p if t not in q_listed]
+    floor = min(q_listed.values()) if q_listed else 1.0
+    share = min(floor, q_rest / len(missing)) if missing else 0.0
+    q = {t: q_listed.get(t, share) for t in p}
+    p_rest = max(0.0, 1.0 - sum(p.values()))
+    q_rest_left = max(0.0, 1.0 - sum(q.values()))
+    eps = 1e-12
+    kl = sum(pt * (math.log(max(pt, eps)) - math.log(max(q[t], eps))) for t, pt in p.items() if pt > 0)
+    if p_rest > eps:
+        kl += p_rest * (math.log(p_rest) - math.log(max(q_rest_left, eps)))
+    return max(0.0, kl)
+
+
+def top_token(dist: dict[int, float]) -> int | None:
+    return max(dist, key=dist.get) if dist else None
+
+
+def kl_summary(per_token_kl: Sequence[float], same_top: Sequence[bool]) -> dict[str, float | int | None]:
+    """What llama.cpp's KL-divergence mode reports: mean, median and P99 of per-token KL,
+    and how often the two models' most likely next token is the same."""
+    if not per_token_kl:
+        return {"tokens": 0, "mean": None, "median": None, "p99": None, "max": None, "same_top_rate": None}
+    arr = np.asarray(per_token_kl, dtype=float)
+    return {"tokens": int(arr.size), "mean": float(arr.mean()), "median": float(np.median(arr)),
+            "p99": float(np.quantile(arr, 0.99)), "max": float(arr.max()),
+            "same_top_rate": float(np.mean(same_top)) if len(same_top) else None}

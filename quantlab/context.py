@@ -38,7 +38,9 @@ class RunContext:
     will_run: set[str] = field(default_factory=set)  # stages this invocation runs (set by the pipeline)
     enabled_stages: set[str] = field(default_factory=set)  # stages the recipe asks for (set by the pipeline)
     verbose: bool = False  # engines print to the terminal instead of log files in the run folder
-    baseline_needed: bool = True  # False: no check needs a baseline server (set by the pipeline)
+    # whether any check needs a baseline server, asked by the serve stage once the checkpoint
+    # exists (set by the pipeline; the quality stage can do without when its baseline is cached)
+    needs_baseline: Callable[[], bool] = lambda: True
     import_from: Path | None = None  # quantlab validate: the existing checkpoint to validate
     stages: list[Any] = field(default_factory=list)  # this pipeline's stage modules (set by the pipeline)
     artifacts: list[Artifact] = field(default_factory=list)  # the running stage's, collected by the pipeline

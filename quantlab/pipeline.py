@@ -121,7 +121,7 @@ def _run_stages(loaded: LoadedRecipe, run: RunDir, progress: Progress, verbose: 
         for stage in ctx.stages:
             if stage.NAME in todo:
                 stage.preflight(ctx)
-        ctx.baseline_needed = baseline_needed(ctx)
+        ctx.needs_baseline = lambda: baseline_needed(ctx)
     except BaseException as err:
         _finish(run, err)
         wrapped = _as_quantlab_error(err, run, "preflight")

@@ -14,7 +14,8 @@ from typing import Any
 from xml.etree import ElementTree as ET
 
 from quantlab.gates import all_verdicts
-from quantlab.results import GateVerdict, PerfResult, QuantizeResult, ReleaseResult, ServeResult
+from quantlab.results import (CheckpointResult, GateVerdict, PerfResult, QualityResult, QuantizeResult, ReleaseResult,
+                              ServeResult)
 from quantlab.run import RunRecord
 
 MARKDOWN_FILE = "report.md"
@@ -54,6 +55,28 @@ def _ratio(c: dict[str, Any]) -> str:
     return f"{c['ratio']:.2f} [{c['ratio_min']:.2f}-{c['ratio_max']:.2f}]{mark}"
 
 
+def _quality_section(q: QualityResult) -> tuple[str, list[str], list[list[str]], list[str]]:
+    rows = []
+    for t in q.tasks + q.slices:
+        flips = f"-{t.worse} / +{t.better}" if t.binary else "-"
+        rows.append([t.task, t.slice, t.metric, str(t.n), _fmt(t.baseline, 4), _fmt(t.candidate, 4),
+                     f"{t.diff:+.3g} [{t.ci_low:+.3g}, {t.ci_high:+.3g}]", _fmt(t.recovery, 3), flips,
+                     _fmt(t.mcnemar_p, 3)])
+    notes = [f"difference = candidate - baseline with its {q.tasks[0].confidence:.0%} paired bootstrap interval; "
+             "flips = samples lost / gained against the baseline (in " + str(q.flips_file) + ")"] if q.tasks else []
+    if q.kl:
+        notes.append(f"next-token KL(baseline || candidate) over {q.kl.get('tokens')} positions of "
+                     f"{q.kl.get('texts')} texts: mean {_fmt(q.kl.get('mean'), 3)}, median "
+                     f"{_fmt(q.kl.get('median'), 3)}, P99 {_fmt(q.kl.get('p99'), 3)} nats; same top token "
+                     f"{_fmt(q.kl.get('same_top_rate'), 3)}")
+    notes += [f"skipped {s}" for s in q.skipped] + q.notes
+    secs = ", ".join(f"{k} {v:.0f} s" for k, v in q.seconds.items())
+    notes.append(f"lm-eval {q.lm_eval_version}; evaluation time {secs or '-'}"
+                 + ("; baseline from cache" if q.baseline_cached else ""))
+    return ("Quality", ["task", "slice", "metric", "n", "baseline", "candidate", "difference [CI]", "recovery",
+                        "flips", "McNemar p"], rows, notes)
+
+
 def sections(record: RunRecord) -> list[tuple[str, list[str], list[list[str]], list[str]]]:
     """(title, table header, table rows, notes) per section: one structure, two renderings."""
     r = _results(record)
@@ -74,6 +97,10 @@ def sections(record: RunRecord) -> list[tuple[str, list[str], list[list[str]], l
                       f"{cal.get('num_samples', '-')} samples, {cal.get('num_tokens', '-')} tokens, sha256 "
                       f"{str(cal.get('sha256', '-'))[:12]}" if cal else "none (data-free)", _fmt(q.gptq_max_loss)]],
                     [f"llm-compressor {q.versions.get('llmcompressor')}, torch {q.versions.get('torch')}"]))
+    ck = r.get("checkpoint")
+    if isinstance(ck, CheckpointResult):
+        out.append(("Checkpoint", ["format", "from", "MB"], [[ck.format, ck.source, f"{ck.size_bytes / 1e6:.1f}"]],
+                    ["validated as given (quantlab validate): no quantization ran in this run"]))
     s = r.get("serve")
     if isinstance(s, ServeResult):
         rows = []
@@ -88,6 +115,9 @@ def sections(record: RunRecord) -> list[tuple[str, list[str], list[list[str]], l
             notes += [f"{role}: {w}" for w in c.warnings + c.notes]
         out.append(("Serving", ["model", "vLLM", "linear kernels", "KV cache", "start-up s", "smoke completion"],
                     rows, notes))
+    qr = r.get("quality")
+    if isinstance(qr, QualityResult):
+        out.append(_quality_section(qr))
     p = r.get("performance")
     if isinstance(p, PerfResult):
         rows = []

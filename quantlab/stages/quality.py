@@ -91,9 +91,11 @@ def check_same_tokenizer(base_dir: Path, cand_dir: Path, *, trust_remote_code: b
 
 
 def _baseline_identity(ctx: RunContext) -> dict[str, Any]:
-    target = ctx.serving_plan().target("baseline")
-    if target.model_dir is None:
-        return {"endpoint": ctx.serving_plan().endpoint_for("baseline"), "served_name": target.served_name}
+    plan = ctx.serving_plan()
+    target = plan.target("baseline")
+    if plan.spec.mode == "endpoint" or target.model_dir is None:
+        # quantlab cannot see an external server's weights: the endpoint and its model name stand for them
+        return {"endpoint": plan.endpoint_for("baseline"), "served_name": plan.spec.served_model_name}
     folder = Path(target.model_dir)
     return {"files": {p.name: sha256_file(p) for p in sorted(folder.iterdir())
                       if p.is_file() and (p.suffix in (".safetensors", ".json", ".jinja", ".model", ".txt"))

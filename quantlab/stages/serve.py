@@ -36,7 +36,8 @@ def run(ctx: RunContext) -> ServeResult:
     plan = ctx.serving_plan()
     if plan.spec.mode != "endpoint":
         ctx.progress(f"serving environment: vLLM {plan.probe['versions'].get('vllm')}, device {plan.device}")
-    roles = [t for t in plan.targets if t.role != "baseline" or ctx.baseline_needed]
+    with_baseline = ctx.needs_baseline()
+    roles = [t for t in plan.targets if t.role != "baseline" or with_baseline]
     if len(roles) < len(plan.targets):
         ctx.progress("baseline server not started: the checks have what they need from it cached")
     facts = {t.role: collect_facts(ctx.engine(t.role), t, device=plan.device) for t in roles}

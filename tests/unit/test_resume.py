@@ -15,6 +15,7 @@ from quantlab.recipe import load_recipe
 from quantlab.results import FileFact, QuantizeResult
 from quantlab.run import RunDir, StageRecord, now_iso
 from quantlab.stages import perf as perf_stage
+from quantlab.stages import quality as quality_stage
 from quantlab.stages import quantize as quantize_stage
 from quantlab.stages import release as release_stage
 from quantlab.stages import serve as serve_stage
@@ -41,7 +42,7 @@ def finish(ctx: RunContext, stage, result=None, status="ok"):
 
 @pytest.fixture
 def done_run(tmp_path):
-    """A run whose quantize, serve and performance stages finished with the recipe as written."""
+    """A run whose quantize, serve, quality and performance stages finished with the recipe as written."""
     data = shipped("gptq-w4a16")
     recipe = write_recipe(tmp_path, copy.deepcopy(data))
     loaded = load_recipe(recipe)
@@ -49,6 +50,7 @@ def done_run(tmp_path):
     ctx = RunContext(loaded, run, quiet)
     finish(ctx, quantize_stage, fake_quantize_result())
     finish(ctx, serve_stage)
+    finish(ctx, quality_stage)
     finish(ctx, perf_stage)
     finish(ctx, release_stage)
     return tmp_path, data, run
@@ -76,7 +78,7 @@ def test_a_description_edit_changes_nothing(done_run):
 def test_an_edited_serve_section_reserves_and_keeps_the_checkpoint(done_run):
     tmp_path, data, run = done_run
     data["serve"] = {"engine_args": {"max_model_len": 1024}}
-    assert resumed(tmp_path, data, run)[0] == {"serve": "its inputs changed",
+    assert resumed(tmp_path, data, run)[0] == {"serve": "its inputs changed", "quality": "an earlier stage is redone",
                                                "performance": "an earlier stage is redone",
                                                "release": "an earlier stage is redone"}
 
@@ -105,7 +107,7 @@ def test_an_edited_quantization_section_starts_from_quantize(done_run):
     tmp_path, data, run = done_run
     data["quantization"]["group_size"] = 32
     assert resumed(tmp_path, data, run)[0] == {"quantize": "its inputs changed",
-                                               "serve": "an earlier stage is redone",
+                                               "serve": "an earlier stage is redone", "quality": "an earlier stage is redone",
                                                "performance": "an earlier stage is redone",
                                                "release": "an earlier stage is redone"}
 
@@ -119,6 +121,7 @@ def test_an_edited_calibration_file_requantizes(done_run):
     ctx = RunContext(loaded, open_run(loaded, tmp_path / "runs", run.path), quiet)
     finish(ctx, quantize_stage, fake_quantize_result())
     finish(ctx, serve_stage)
+    finish(ctx, quality_stage)
     finish(ctx, perf_stage)
     finish(ctx, release_stage)
     assert stages_to_run(ctx) == {}
@@ -131,7 +134,7 @@ def test_a_failed_stage_is_redone(done_run):
     loaded = load_recipe(write_recipe(tmp_path, data, "same.yaml"))
     ctx = RunContext(loaded, open_run(loaded, tmp_path / "runs", run.path), quiet)
     finish(ctx, serve_stage, status="failed")
-    assert stages_to_run(ctx) == {"serve": "last attempt failed", "performance": "an earlier stage is redone",
+    assert stages_to_run(ctx) == {"serve": "last attempt failed", "quality": "an earlier stage is redone", "performance": "an earlier stage is redone",
                                   "release": "an earlier stage is redone"}
 
 
@@ -141,7 +144,7 @@ def test_new_weights_reserve(done_run):
     ctx = RunContext(loaded, open_run(loaded, tmp_path / "runs", run.path), quiet)
     record = ctx.run.record.stages["quantize"]
     record.result = fake_quantize_result("b" * 64)  # e.g. a checkpoint quantized again elsewhere
-    assert stages_to_run(ctx) == {"serve": "its inputs changed", "performance": "an earlier stage is redone",
+    assert stages_to_run(ctx) == {"serve": "its inputs changed", "quality": "an earlier stage is redone", "performance": "an earlier stage is redone",
                                   "release": "an earlier stage is redone"}
 
 

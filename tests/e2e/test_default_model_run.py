@@ -13,6 +13,10 @@ from conftest import REPO, shipped, write_recipe
 
 pytestmark = [pytest.mark.slow, pytest.mark.e2e]
 
+# the shipped suite with fewer samples per task (the full suite takes minutes per model);
+# the broken-checkpoint test below uses the same settings, so it finds this baseline cached
+E2E_QUALITY = {"limit": 30}
+
 
 def test_gptq_w4a16_run_on_default_model(tmp_path, default_model_dir):
     data = shipped("gptq-w4a16")
@@ -22,6 +26,7 @@ def test_gptq_w4a16_run_on_default_model(tmp_path, default_model_dir):
     # release (exit 1) is a legitimate outcome: W4A16 is often slower than bf16 on a CPU
     data["performance"].update(repeats=1, client_check=False, workloads=[
         {"name": "short", "prompt_tokens": 128, "output_tokens": 16, "concurrency": [1, 4], "num_requests": 4}])
+    data["quality"].update(E2E_QUALITY)
     recipe = write_recipe(tmp_path, data)
     r = subprocess.run([sys.executable, "-m", "quantlab", "run", recipe, "--runs-dir", tmp_path / "runs"],
                        capture_output=True, text=True, cwd=REPO, timeout=1100)
@@ -49,7 +54,61 @@ def test_gptq_w4a16_run_on_default_model(tmp_path, default_model_dir):
         for role in ("baseline", "candidate"):
             assert point[role]["ok_requests"] == 4 and point[role]["output_tokens"] == 4 * 16
             assert point[role]["prompt_tokens"] == 4 * 128
-    failed = [g for g in perf["gates"] if g["verdict"] == "fail"]
+    failed = [g for st in record["stages"].values() for g in (st.get("result") or {}).get("gates", [])
+              if g["verdict"] == "fail"]
     assert (r.returncode == 1) == bool(failed)
     for g in failed:  # a blocked release names the gate, the point and the measured numbers
         assert g["gate"] in r.stderr and g["scope"] in r.stderr and g["value"] is not None
+
+    quality = record["stages"]["quality"]["result"]
+    assert {t["slice"] for t in quality["tasks"]} >= {"general", "knowledge", "structured", "long-context", "chat",
+                                                       "code", "safety"}
+    assert all(t["n"] in (10, 30) for t in quality["tasks"])  # passkey tasks have 10 samples each
+    # the real pretrained model is clearly above chance on its own: the suite measures something
+    base = {t["task"]: t["baseline"] for t in quality["tasks"]}
+    assert base["ql_knowledge_mc"] > 0.35 and base["ql_code"] > 0.3 and base["ql_json_extract"] > 0.5
+    assert quality["kl"]["tokens"] > 1000 and 0 < quality["kl"]["mean"] < 5
+    assert "### Quality" in (run_dir / "report.md").read_text()
+
+
+def broken_copy(src, dst):
+    """The default model with every linear weight rounded to 2 bits (per output channel,
+    symmetric round-to-nearest) and stored back as bf16: a checkpoint with far too few
+    bits that vLLM serves like any bf16 model."""
+    import shutil
+
+    import torch
+    from safetensors.torch import load_file, save_file
+
+    shutil.copytree(src, dst, ignore=shutil.ignore_patterns("*.safetensors"))
+    weights = load_file(src / "model.safetensors")
+    for name, w in weights.items():
+        if name.endswith("proj.weight"):
+            scale = w.float().abs().amax(dim=1, keepdim=True).clamp(min=1e-8) / 1.5
+            weights[name] = ((w.float() / scale).round().clamp(-2, 1) * scale).to(w.dtype)
+    save_file(weights, dst / "model.safetensors", metadata={"format": "pt"})
+
+
+def test_a_checkpoint_broken_on_purpose_is_blocked_by_the_quality_gates(tmp_path, default_model_dir):
+    broken = tmp_path / "broken-2bit"
+    broken_copy(default_model_dir, broken)
+    data = shipped("gptq-w4a16")
+    data["serve"] = {"engine_args": {"max_model_len": 2048}}
+    data.pop("performance")  # quality only: with its baseline cached no baseline server is needed
+    data["quality"].update(E2E_QUALITY)
+    recipe = write_recipe(tmp_path, data)
+    r = subprocess.run([sys.executable, "-m", "quantlab", "validate", recipe, "--checkpoint", broken,
+                        "--runs-dir", tmp_path / "runs"], capture_output=True, text=True, cwd=REPO, timeout=1100)
+    assert r.returncode == 1, r.stdout[-3000:] + r.stderr[-3000:]
+    [run_dir] = list((tmp_path / "runs" / "gptq-w4a16").iterdir())
+    record = json.loads((run_dir / "run.json").read_text())
+    assert record["status"] == "blocked" and record["stages"]["checkpoint"]["result"]["format"] == "unquantized"
+    quality = record["stages"]["quality"]["result"]
+    failed = {(g["gate"], g["scope"]) for g in quality["gates"] if g["verdict"] == "fail"}
+    assert ("non_inferiority", "ql_prose_ppl") in failed and ("min_recovery", "ql_prose_ppl") in failed
+    assert any(scope == "ql_knowledge_mc" or scope.startswith("slice:") for _, scope in failed)
+    assert "quality non_inferiority at ql_prose_ppl" in r.stderr
+    flips = (run_dir / "quality" / "flips.jsonl").read_text().splitlines()
+    assert any(json.loads(f)["direction"] == "worse" for f in flips)
+    release = record["stages"]["release"]["result"]
+    assert release["decision"] == "blocked" and release["signed"]

@@ -55,7 +55,8 @@ def suite_folder(name: str, recipe_dir: Path) -> Path:
 def folder_sha256(folder: Path) -> str:
     h = hashlib.sha256()
     for p in sorted(folder.rglob("*")):
-        if p.is_file() and "__pycache__" not in p.parts:
+        # what lm-eval reads: task YAML, data, scorers (a README edit is not a new suite)
+        if p.is_file() and "__pycache__" not in p.parts and p.suffix != ".md":
             h.update(p.relative_to(folder).as_posix().encode() + b"\0")
             h.update(hashlib.sha256(p.read_bytes()).digest())
     return h.hexdigest()

@@ -31,10 +31,12 @@ from quantlab.stages import quality as quality_stage
 from quantlab.stages import quantize as quantize_stage
 from quantlab.stages import release as release_stage
 from quantlab.stages import serve as serve_stage
+from quantlab.stages import stability as stability_stage
 
-STAGES: list[ModuleType] = [quantize_stage, serve_stage, quality_stage, perf_stage, release_stage]
+STAGES: list[ModuleType] = [quantize_stage, serve_stage, quality_stage, perf_stage, stability_stage, release_stage]
 # quantlab validate: an existing checkpoint instead of quantizing
-VALIDATE_STAGES: list[ModuleType] = [checkpoint_stage, serve_stage, quality_stage, perf_stage, release_stage]
+VALIDATE_STAGES: list[ModuleType] = [checkpoint_stage, serve_stage, quality_stage, perf_stage, stability_stage,
+                                     release_stage]
 
 
 def enabled(stage: ModuleType, ctx: RunContext) -> bool:

@@ -27,6 +27,7 @@ from pydantic import (
 from quantlab.errors import RecipeError
 from quantlab.perf_spec import PerformanceSpec
 from quantlab.quality_spec import QualitySpec
+from quantlab.stability_spec import StabilitySpec
 
 SCHEMA_VERSION = 1
 
@@ -306,6 +307,8 @@ class Recipe(_Strict):
         None, description="Quality checks: eval suites on baseline and candidate, compared sample by sample, gates.")
     performance: PerformanceSpec | None = Field(
         None, description="Performance checks: load workloads on baseline and candidate, SLOs, gates.")
+    stability: StabilitySpec | None = Field(
+        None, description="Stability checks: batch and length sweeps, determinism, bad requests, soak, fallback.")
     signing: SigningSpec = Field(default_factory=SigningSpec, description="How the release manifest is signed.")
 
     @model_validator(mode="after")

@@ -14,8 +14,16 @@ from typing import Any
 from xml.etree import ElementTree as ET
 
 from quantlab.gates import all_verdicts
-from quantlab.results import (CheckpointResult, GateVerdict, PerfResult, QualityResult, QuantizeResult, ReleaseResult,
-                              ServeResult)
+from quantlab.results import (
+    CheckpointResult,
+    GateVerdict,
+    PerfResult,
+    QualityResult,
+    QuantizeResult,
+    ReleaseResult,
+    ServeResult,
+    StabilityResult,
+)
 from quantlab.run import RunRecord
 
 MARKDOWN_FILE = "report.md"
@@ -77,6 +85,36 @@ def _quality_section(q: QualityResult) -> tuple[str, list[str], list[list[str]],
                         "flips", "McNemar p"], rows, notes)
 
 
+def _stability_section(st: StabilityResult) -> tuple[str, list[str], list[list[str]], list[str]]:
+    def row(what: str, get) -> list[str]:
+        return [what] + [get(st.roles.get(role) or {}) for role in ("baseline", "candidate")]
+
+    def pct(v: Any) -> str:
+        return "-" if v is None else f"{v:.1%}"
+
+    rows = [
+        row("outputs changed in a batch", lambda r: pct((r.get("batch") or {}).get("mismatch_rate"))),
+        row("length sweep failures", lambda r: _fmt((r.get("lengths") or {}).get("failures"))),
+        row("greedy repeats that differed", lambda r: pct(((r.get("determinism") or {}).get("greedy") or {})
+                                                          .get("mismatch_rate"))),
+        row("seeded sampling repeats that differed", lambda r: pct(((r.get("determinism") or {}).get("seeded") or {})
+                                                                   .get("mismatch_rate"))),
+        row("bad requests: 5xx / dropped / unhealthy after", lambda r: _fmt((r.get("bad_requests") or {})
+                                                                            .get("server_errors"))),
+        row("soak error rate", lambda r: pct((r.get("soak") or {}).get("error_rate"))),
+        row("soak memory growth MB", lambda r: _fmt((r.get("soak") or {}).get("rss_growth_mb"))),
+    ]
+    fr = st.fallback_rate
+    notes = [f"fallback if blocked: {st.fallback}; fallback rate (requests the candidate failed and the baseline "
+             f"answered, stability and performance): {pct(fr.get('rate'))} of {fr.get('requests')}",
+             f"{st.prompts} greedy prompts of {st.prompt_tokens} tokens; served max_model_len {st.max_model_len}"]
+    cand = st.roles.get("candidate") or {}
+    for r in (cand.get("bad_requests") or {}).get("rows", []):
+        notes.append(f"bad request '{r['case']}': {r['status']}"
+                     + ("" if r["healthy_after"] else ", server unhealthy after"))
+    return ("Stability", ["check", "baseline", "candidate"], rows, notes + st.notes)
+
+
 def sections(record: RunRecord) -> list[tuple[str, list[str], list[list[str]], list[str]]]:
     """(title, table header, table rows, notes) per section: one structure, two renderings."""
     r = _results(record)
@@ -118,6 +156,9 @@ def sections(record: RunRecord) -> list[tuple[str, list[str], list[list[str]], l
     qr = r.get("quality")
     if isinstance(qr, QualityResult):
         out.append(_quality_section(qr))
+    st = r.get("stability")
+    if isinstance(st, StabilityResult):
+        out.append(_stability_section(st))
     p = r.get("performance")
     if isinstance(p, PerfResult):
         rows = []

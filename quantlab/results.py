@@ -191,6 +191,20 @@ class QualityResult(_Result):
     notes: list[str] = Field(default_factory=list)
 
 
+class StabilityResult(_Result):
+    stage: Literal["stability"] = "stability"
+    roles: dict[str, dict[str, Any]] = Field(description="Per role: batch, lengths, determinism, bad_requests, "
+                                             "soak, seconds (every request accounted for).")
+    max_model_len: int
+    prompts: int
+    prompt_tokens: int
+    fallback: str = Field(description="What serves when the candidate is blocked.")
+    fallback_rate: dict[str, Any] = Field(description="Share of requests (stability and performance) the "
+                                          "candidate failed and the baseline answered.")
+    gates: list[GateVerdict] = Field(default_factory=list)
+    notes: list[str] = Field(default_factory=list)
+
+
 class ReleaseResult(_Result):
     stage: Literal["release"] = "release"
     decision: Literal["release", "blocked"]
@@ -206,5 +220,5 @@ class ReleaseResult(_Result):
 
 
 StageOutput = Annotated[Union[QuantizeResult, CheckpointResult, ServeResult, QualityResult, PerfResult,
-                              ReleaseResult],
+                              StabilityResult, ReleaseResult],
                         Field(discriminator="stage")]

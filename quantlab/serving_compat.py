@@ -61,6 +61,17 @@ def classify_group(group: dict[str, Any]) -> str:
     return f"unknown(weights={w.get('type')}, activations={(a or {}).get('type')})"
 
 
+# weight-only integer formats other tools write, which vLLM loads with their own methods
+OTHER_FORMATS = {"gptq": "GPTQ-format (AutoGPTQ / GPTQModel)", "awq": "AWQ-format (AutoAWQ)"}
+
+
+def _classify_other(method: str, qc: dict[str, Any]) -> str:
+    bits = qc.get("bits") or qc.get("w_bit")
+    if bits in (4, 8):
+        return f"w{bits}a16"
+    return f"unknown({method} with {bits} bits)"
+
+
 def _version_tuple(v: str | None) -> tuple[int, ...]:
     parts = []
     for p in (v or "").split("+")[0].split("."):
@@ -78,12 +89,17 @@ def check_compat(quant_config: dict[str, Any] | None, probe: dict[str, Any], *,
         report.schemes.append("unquantized")
         return report
     method = quant_config.get("quant_method")
-    if method != "compressed-tensors":
-        report.errors.append(f"quantization_config.quant_method is '{method}'; quantlab serves "
-                             "compressed-tensors checkpoints (as llm-compressor exports them)")
+    if method in OTHER_FORMATS:
+        report.schemes = [_classify_other(method, quant_config)]
+        report.notes.append(f"{OTHER_FORMATS[method]} checkpoint (quant_method '{method}'): vLLM serves it with "
+                            "its own code path for that format")
+    elif method != "compressed-tensors":
+        report.errors.append(f"quantization_config.quant_method is '{method}'; quantlab serves compressed-tensors "
+                             f"checkpoints (as llm-compressor exports them) and {', '.join(OTHER_FORMATS)}")
         return report
-    groups = list((quant_config.get("config_groups") or {}).values())
-    report.schemes = sorted({classify_group(g) for g in groups})
+    else:
+        groups = list((quant_config.get("config_groups") or {}).values())
+        report.schemes = sorted({classify_group(g) for g in groups})
     kv = quant_config.get("kv_cache_scheme")
     if kv:
         report.schemes.append(f"kv_cache_{kv.get('type')}{kv.get('num_bits')}")

@@ -6,6 +6,7 @@ divergence, and gates per task and per slice."""
 from __future__ import annotations
 
 import json
+import shutil
 import time
 from pathlib import Path
 from typing import Any
@@ -241,7 +242,8 @@ def run(ctx: RunContext) -> QualityResult:
     base_dir = out / "baseline"
     if cached:
         ctx.progress(f"quality baseline: reusing cached results ({key[:12]})")
-        base_dir = cached
+        # a copy in the run folder: the run stays self-contained and the manifest hashes what was compared
+        shutil.copytree(cached, base_dir, dirs_exist_ok=True, ignore=shutil.ignore_patterns(quality_cache.COMPLETE))
     else:
         base_dir.mkdir(parents=True, exist_ok=True)
         seconds["baseline"] = _evaluate(ctx, "baseline", work, base_dir)
@@ -294,9 +296,7 @@ def run(ctx: RunContext) -> QualityResult:
     write_text_atomic(out / "flips.jsonl", "".join(json.dumps(f, default=str) + "\n" for f in flips))
     ctx.add_artifact(f"{OUT_DIR}/flips.jsonl", "quality-flips")
     raw = []
-    for role_dir, role in ((cand_dir, "candidate"), (None if cached else base_dir, "baseline")):
-        if role_dir is None:
-            continue
+    for role_dir, role in ((cand_dir, "candidate"), (base_dir, "baseline")):
         for p in sorted(role_dir.glob("*.jsonl")):
             rel = str(p.relative_to(ctx.run.path))
             ctx.add_artifact(rel, f"quality-{role}-samples")

@@ -24,7 +24,15 @@ from quantlab.manifest import (
     sign_folder,
 )
 from quantlab.models import cache_dir
-from quantlab.results import PerfResult, QuantizeResult, ReleaseResult, ServeResult
+from quantlab.results import (
+    CheckpointResult,
+    PerfResult,
+    QualityResult,
+    QuantizeResult,
+    ReleaseResult,
+    ServeResult,
+    StabilityResult,
+)
 from quantlab.run import now_iso
 
 NAME = "release"
@@ -72,8 +80,7 @@ def run(ctx: RunContext) -> ReleaseResult:
     results = {name: record.result(name) for name in record.stages if name != NAME and name in ctx.enabled_stages}
     verdicts = all_verdicts(results)
     baseline = ctx.baseline_model()
-    decision = decide(verdicts, fallback=f"the baseline: {ctx.recipe.model.source} ({baseline.path.name}), "
-                      "unquantized")
+    decision = decide(verdicts, fallback=_fallback(ctx, baseline))
     manifest = build_manifest(ctx, results, verdicts, decision)
     folder = ctx.checkpoint_dir
     (folder / SIGNATURE_FILE).unlink(missing_ok=True)  # never leave an old signature next to a new manifest
@@ -102,6 +109,13 @@ def run(ctx: RunContext) -> ReleaseResult:
                          failed_gates=decision.failed_gates, manifest=f"{folder.name}/{MANIFEST_FILE}",
                          signed=signed, signing_method=s.method, public_key_fingerprint=fingerprint,
                          local_development_key=local_key, gates=[])
+
+
+def _fallback(ctx: RunContext, baseline) -> str:
+    named = ctx.recipe.stability.fallback if ctx.recipe.stability else "baseline"
+    if named != "baseline":
+        return f"the previously released checkpoint {named} (stability.fallback)"
+    return f"the baseline: {ctx.recipe.model.source} ({baseline.path.name}), unquantized"
 
 
 def build_manifest(ctx: RunContext, results: dict[str, Any], verdicts, decision) -> Manifest:
@@ -133,6 +147,20 @@ def build_manifest(ctx: RunContext, results: dict[str, Any], verdicts, decision)
         hardware = {"device": serve.device, "gpus": serve.probe.get("gpus"), "cpu": serve.probe.get("cpu"),
                     "driver": serve.probe.get("driver")}
     summaries: dict[str, Any] = {}
+    quality = results.get("quality")
+    if isinstance(quality, QualityResult):
+        summaries["quality"] = {
+            "tasks": [{"task": t.task, "slice": t.slice, "metric": t.metric, "n": t.n, "baseline": t.baseline,
+                       "candidate": t.candidate, "diff": t.diff, "ci": [t.ci_low, t.ci_high],
+                       "confidence": t.confidence, "recovery": t.recovery, "lost": t.worse, "gained": t.better,
+                       "mcnemar_p": t.mcnemar_p} for t in quality.tasks + quality.slices],
+            "kl": quality.kl, "baseline_cached": quality.baseline_cached, "skipped": quality.skipped,
+            "lm_eval_version": quality.lm_eval_version, "suites": quality.suites, "flips_file": quality.flips_file}
+    stab = results.get("stability")
+    if isinstance(stab, StabilityResult):
+        summaries["stability"] = {"fallback": stab.fallback, "fallback_rate": stab.fallback_rate,
+                                  "max_model_len": stab.max_model_len,
+                                  "roles": {role: _stability_summary(r) for role, r in stab.roles.items()}}
     if isinstance(perf, PerfResult):
         summaries["performance"] = {
             "interleaved": perf.interleaved, "points": [
@@ -162,9 +190,7 @@ def build_manifest(ctx: RunContext, results: dict[str, Any], verdicts, decision)
         model={"kind": baseline.kind, "source": baseline.source, "provenance": _without_files(baseline.provenance),
                "files": model_files},
         calibration=q.calibration if isinstance(q, QuantizeResult) else None,
-        quantization={"method": q.method, "scheme": q.scheme, "quantization_config": q.quantization_config,
-                      "layers_quantized": q.layers_quantized, "versions": q.versions, "shims": q.shims,
-                      "gptq_max_loss": q.gptq_max_loss} if isinstance(q, QuantizeResult) else {},
+        quantization=_quantization(q, results.get("checkpoint")),
         checkpoint_files=folder_files(ctx.checkpoint_dir),
         runtime=runtime,
         hardware=hardware,
@@ -173,6 +199,26 @@ def build_manifest(ctx: RunContext, results: dict[str, Any], verdicts, decision)
         gates=verdicts,
         decision=decision,
     )
+
+
+def _quantization(q: Any, imported: Any) -> dict[str, Any]:
+    if isinstance(q, QuantizeResult):
+        return {"method": q.method, "scheme": q.scheme, "quantization_config": q.quantization_config,
+                "layers_quantized": q.layers_quantized, "versions": q.versions, "shims": q.shims,
+                "gptq_max_loss": q.gptq_max_loss}
+    if isinstance(imported, CheckpointResult):  # quantlab validate: made elsewhere, recorded as found
+        return {"method": "validated as given", "format": imported.format, "source": imported.source,
+                "quantization_config": imported.quantization_config}
+    return {}
+
+
+def _stability_summary(r: dict[str, Any]) -> dict[str, Any]:
+    return {"batch_mismatch_rate": (r.get("batch") or {}).get("mismatch_rate"),
+            "length_failures": (r.get("lengths") or {}).get("failures"),
+            "greedy_mismatch_rate": ((r.get("determinism") or {}).get("greedy") or {}).get("mismatch_rate"),
+            "bad_request_server_errors": (r.get("bad_requests") or {}).get("server_errors"),
+            "soak_error_rate": (r.get("soak") or {}).get("error_rate"),
+            "soak_rss_growth_mb": (r.get("soak") or {}).get("rss_growth_mb")}
 
 
 def _without_files(provenance: dict | None) -> dict:

@@ -57,6 +57,7 @@ def tiny_variant(name: str, model_dir: Path, *, samples: int = 8, seq: int = 128
     data["model"]["source"] = str(model_dir)
     data.pop("performance", None)  # a test that wants load adds a workload sized for the tiny model
     data.pop("quality", None)  # likewise evals: a test adds the tasks it needs
+    data.pop("stability", None)
     if data.get("calibration"):
         data["calibration"]["num_samples"] = samples
         data["calibration"]["max_seq_length"] = seq

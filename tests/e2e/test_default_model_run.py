@@ -27,6 +27,8 @@ def test_gptq_w4a16_run_on_default_model(tmp_path, default_model_dir):
     data["performance"].update(repeats=1, client_check=False, workloads=[
         {"name": "short", "prompt_tokens": 128, "output_tokens": 16, "concurrency": [1, 4], "num_requests": 4}])
     data["quality"].update(E2E_QUALITY)
+    data["stability"].update(prompts=4, batch={"concurrency": [4]}, determinism={"repeats": 2},
+                             soak={"requests": 16, "concurrency": 4, "max_tokens": 16})
     recipe = write_recipe(tmp_path, data)
     r = subprocess.run([sys.executable, "-m", "quantlab", "run", recipe, "--runs-dir", tmp_path / "runs"],
                        capture_output=True, text=True, cwd=REPO, timeout=1100)
@@ -70,6 +72,18 @@ def test_gptq_w4a16_run_on_default_model(tmp_path, default_model_dir):
     assert quality["kl"]["tokens"] > 1000 and 0 < quality["kl"]["mean"] < 5
     assert "### Quality" in (run_dir / "report.md").read_text()
 
+    stability = record["stages"]["stability"]["result"]
+    for role in ("baseline", "candidate"):
+        found = stability["roles"][role]
+        assert found["bad_requests"]["server_errors"] == 0 and len(found["bad_requests"]["rows"]) >= 20
+        rows = found["lengths"]["rows"]
+        assert all(row["status"] == 200 for row in rows[:-1]) and rows[-1]["status"] == 400
+        assert rows[-2]["prompt_tokens"] + rows[-2]["max_tokens"] == 2048  # exactly the served limit
+        assert found["soak"]["answered"] == 16 and found["soak"]["rss_growth_mb"] is not None
+    assert stability["fallback"] == "baseline" and stability["fallback_rate"]["requests"] > 0
+    manifest = json.loads((run_dir / "quantlab-manifest.json").read_text())
+    assert set(manifest["results"]) >= {"quality", "performance", "stability"}
+
 
 def broken_copy(src, dst):
     """The default model with every linear weight rounded to 2 bits (per output channel,
@@ -95,6 +109,7 @@ def test_a_checkpoint_broken_on_purpose_is_blocked_by_the_quality_gates(tmp_path
     data = shipped("gptq-w4a16")
     data["serve"] = {"engine_args": {"max_model_len": 2048}}
     data.pop("performance")  # quality only: with its baseline cached no baseline server is needed
+    data.pop("stability")
     data["quality"].update(E2E_QUALITY)
     recipe = write_recipe(tmp_path, data)
     r = subprocess.run([sys.executable, "-m", "quantlab", "validate", recipe, "--checkpoint", broken,

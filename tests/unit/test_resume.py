@@ -19,6 +19,7 @@ from quantlab.stages import quality as quality_stage
 from quantlab.stages import quantize as quantize_stage
 from quantlab.stages import release as release_stage
 from quantlab.stages import serve as serve_stage
+from quantlab.stages import stability as stability_stage
 
 
 def quiet(msg):
@@ -52,6 +53,7 @@ def done_run(tmp_path):
     finish(ctx, serve_stage)
     finish(ctx, quality_stage)
     finish(ctx, perf_stage)
+    finish(ctx, stability_stage)
     finish(ctx, release_stage)
     return tmp_path, data, run
 
@@ -79,14 +81,16 @@ def test_an_edited_serve_section_reserves_and_keeps_the_checkpoint(done_run):
     tmp_path, data, run = done_run
     data["serve"] = {"engine_args": {"max_model_len": 1024}}
     assert resumed(tmp_path, data, run)[0] == {"serve": "its inputs changed", "quality": "an earlier stage is redone",
-                                               "performance": "an earlier stage is redone",
+                                               "performance": "an earlier stage is redone", "stability": "an earlier stage is redone",
                                                "release": "an earlier stage is redone"}
 
 
-def test_an_edited_gate_reruns_only_the_performance_stage(done_run):
+def test_an_edited_gate_reruns_the_performance_stage_and_what_follows_it(done_run):
     tmp_path, data, run = done_run
     data["performance"]["gates"]["min_throughput_ratio"] = 0.95
+    # quantize, serve and quality are kept; stability follows performance (its fallback rate counts both)
     assert resumed(tmp_path, data, run)[0] == {"performance": "its inputs changed",
+                                               "stability": "an earlier stage is redone",
                                                "release": "an earlier stage is redone"}
 
 
@@ -108,7 +112,7 @@ def test_an_edited_quantization_section_starts_from_quantize(done_run):
     data["quantization"]["group_size"] = 32
     assert resumed(tmp_path, data, run)[0] == {"quantize": "its inputs changed",
                                                "serve": "an earlier stage is redone", "quality": "an earlier stage is redone",
-                                               "performance": "an earlier stage is redone",
+                                               "performance": "an earlier stage is redone", "stability": "an earlier stage is redone",
                                                "release": "an earlier stage is redone"}
 
 
@@ -123,6 +127,7 @@ def test_an_edited_calibration_file_requantizes(done_run):
     finish(ctx, serve_stage)
     finish(ctx, quality_stage)
     finish(ctx, perf_stage)
+    finish(ctx, stability_stage)
     finish(ctx, release_stage)
     assert stages_to_run(ctx) == {}
     local.write_text('{"text": "two"}\n')
@@ -134,7 +139,7 @@ def test_a_failed_stage_is_redone(done_run):
     loaded = load_recipe(write_recipe(tmp_path, data, "same.yaml"))
     ctx = RunContext(loaded, open_run(loaded, tmp_path / "runs", run.path), quiet)
     finish(ctx, serve_stage, status="failed")
-    assert stages_to_run(ctx) == {"serve": "last attempt failed", "quality": "an earlier stage is redone", "performance": "an earlier stage is redone",
+    assert stages_to_run(ctx) == {"serve": "last attempt failed", "quality": "an earlier stage is redone", "performance": "an earlier stage is redone", "stability": "an earlier stage is redone",
                                   "release": "an earlier stage is redone"}
 
 
@@ -144,7 +149,7 @@ def test_new_weights_reserve(done_run):
     ctx = RunContext(loaded, open_run(loaded, tmp_path / "runs", run.path), quiet)
     record = ctx.run.record.stages["quantize"]
     record.result = fake_quantize_result("b" * 64)  # e.g. a checkpoint quantized again elsewhere
-    assert stages_to_run(ctx) == {"serve": "its inputs changed", "quality": "an earlier stage is redone", "performance": "an earlier stage is redone",
+    assert stages_to_run(ctx) == {"serve": "its inputs changed", "quality": "an earlier stage is redone", "performance": "an earlier stage is redone", "stability": "an earlier stage is redone",
                                   "release": "an earlier stage is redone"}
 
 

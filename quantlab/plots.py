@@ -77,3 +77,38 @@ def _finish(plt, fig, axes, out: Path, title: str) -> Path:
     fig.savefig(out, dpi=90)
     plt.close(fig)
     return out
+
+
+def quality_deltas(comparisons: list[Any], out: Path, context: str) -> Path | None:
+    """Per task (and slice): candidate - baseline relative to the baseline, with its
+    confidence interval (right = better, whatever the metric's direction), and the
+    samples lost and gained against the baseline."""
+    rows = [c for c in comparisons if c.baseline]
+    if not rows:
+        return None
+    plt = _pyplot()
+    fig, (ax, ax_flips) = plt.subplots(1, 2, figsize=(11, 0.45 * len(rows) + 1.6), sharey=True,
+                                       gridspec_kw={"width_ratios": [3, 1]})
+    ys = list(range(len(rows)))[::-1]
+    for y, c in zip(ys, rows, strict=True):
+        sign = 1 if c.higher_is_better else -1
+        scale = abs(c.baseline)
+        mid, lo, hi = (sign * v / scale for v in (c.diff, c.ci_low, c.ci_high))
+        lo, hi = min(lo, hi), max(lo, hi)
+        color = COLORS["candidate"] if hi < 0 else ("#55a868" if lo >= 0 else "#8c8c8c")
+        ax.errorbar(mid, y, xerr=[[mid - lo], [hi - mid]], fmt="o", color=color, capsize=3)
+        if c.binary:
+            ax_flips.barh(y - 0.15, -(c.worse or 0), height=0.3, color=COLORS["candidate"])
+            ax_flips.barh(y + 0.15, c.better or 0, height=0.3, color="#55a868")
+    ax.axvline(0, color="black", linewidth=0.8)
+    ax.set_yticks(ys, [f"{c.task} ({c.metric}, n={c.n})" for c in rows], fontsize=8)
+    ax.set_xlabel("candidate vs baseline, relative (right = better), with CI")
+    ax_flips.axvline(0, color="black", linewidth=0.8)
+    ax_flips.set_xlabel("samples lost (left) / gained (right)")
+    for a in (ax, ax_flips):
+        a.grid(alpha=0.3)
+    fig.suptitle(f"Quality deltas - {context}", fontsize=10)
+    fig.tight_layout()
+    fig.savefig(out, dpi=90)
+    plt.close(fig)
+    return out

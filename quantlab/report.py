@@ -196,8 +196,10 @@ def sections(record: RunRecord) -> list[tuple[str, list[str], list[list[str]], l
 
 
 def plots(record: RunRecord) -> list[str]:
-    p = record.result("performance")
-    return list(p.plots) if isinstance(p, PerfResult) else []
+    out: list[str] = []
+    for stage in ("quality", "performance"):
+        out += list(getattr(record.result(stage), "plots", None) or [])
+    return out
 
 
 def render_markdown(record: RunRecord) -> str:

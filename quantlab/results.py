@@ -187,6 +187,7 @@ class QualityResult(_Result):
     suites: list[dict[str, Any]] = Field(default_factory=list, description="Name, folder, sha256 of each suite.")
     raw_files: list[str] = Field(default_factory=list)
     flips_file: str | None = None
+    plots: list[str] = Field(default_factory=list)
     gates: list[GateVerdict] = Field(default_factory=list)
     notes: list[str] = Field(default_factory=list)
 

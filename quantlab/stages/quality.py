@@ -302,13 +302,29 @@ def run(ctx: RunContext) -> QualityResult:
             ctx.add_artifact(rel, f"quality-{role}-samples")
             raw.append(rel)
     notes = []
+    plots = _plots(ctx, comparisons + slices, notes)
     if cached:
         notes.append(f"baseline results from the cache ({cached}); no baseline evaluation ran")
     return QualityResult(
         tasks=comparisons, slices=slices, kl=kl_result, baseline_cached=bool(cached), baseline_cache_key=key,
         skipped=skipped, seconds=seconds, lm_eval_version=lm_eval_version,
         suites=[{"name": s.name, "folder": str(s.folder) if s.folder else None, "sha256": s.sha256} for s in suites],
-        raw_files=raw, flips_file=f"{OUT_DIR}/flips.jsonl", gates=gates, notes=notes)
+        raw_files=raw, flips_file=f"{OUT_DIR}/flips.jsonl", plots=plots, gates=gates, notes=notes)
+
+
+def _plots(ctx: RunContext, comparisons: list[TaskComparison], notes: list[str]) -> list[str]:
+    from quantlab.plots import quality_deltas
+
+    try:
+        made = quality_deltas(comparisons, ctx.run.path / OUT_DIR / "quality-deltas.png", ctx.recipe.name)
+    except (ImportError, OSError, ValueError) as err:  # a plot is a convenience, never a failed stage
+        notes.append(f"quality plot not drawn: {type(err).__name__}: {err}")
+        return []
+    if made is None:
+        return []
+    rel = str(made.relative_to(ctx.run.path))
+    ctx.add_artifact(rel, "quality-plot")
+    return [rel]
 
 
 def _gates_for(spec: QualitySpec, task: str, slice_: str):

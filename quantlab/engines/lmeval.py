@@ -100,6 +100,8 @@ def run_tasks(*, tasks: list[str], chat: bool, base_url: str, served_name: str, 
               offline: bool, trust_remote_code: bool, progress: Callable[[str], None],
               is_alive: Callable[[], bool] = lambda: True) -> None:
     """Run `tasks` against a served model; per-task sample files land in out_dir."""
+    # the child runs in the suite folder (task YAML name their data relative to it): absolute paths only
+    out_dir, log_path = Path(out_dir).resolve(), Path(log_path).resolve()
     out_dir.mkdir(parents=True, exist_ok=True)
     model_args: dict[str, Any] = {
         "base_url": f"{base_url}/v1/{'chat/completions' if chat else 'completions'}",
@@ -131,9 +133,13 @@ def run_tasks(*, tasks: list[str], chat: bool, base_url: str, served_name: str, 
                 proc.wait(timeout=30)
     if proc.returncode != 0:
         failed = out_dir / FAILED_FILE
-        what = json.loads(failed.read_text()) if failed.is_file() else {"task": "?", "error": "no error recorded"}
-        raise EngineError(f"lm-eval failed on task '{what['task']}' against {base_url} ({served_name}): "
-                          f"{what['error'][:800]}\nlm-eval log: {log_path}")
+        if failed.is_file():
+            what = json.loads(failed.read_text())
+            raise EngineError(f"lm-eval failed on task '{what['task']}' against {base_url} ({served_name}): "
+                              f"{what['error'][:800]}\nlm-eval log: {log_path}")
+        tail = "\n".join(log_path.read_text(errors="replace").splitlines()[-12:]) if log_path.is_file() else ""
+        raise EngineError(f"lm-eval exited with code {proc.returncode} before its first task against {base_url} "
+                          f"({served_name}). Last lines of {log_path}:\n{tail}")
 
 
 def _follow(proc, log, started: float, deadline_s: float, progress, is_alive) -> None:

@@ -91,7 +91,6 @@ def broken_copy(src, dst):
     bits that vLLM serves like any bf16 model."""
     import shutil
 
-    import torch
     from safetensors.torch import load_file, save_file
 
     shutil.copytree(src, dst, ignore=shutil.ignore_patterns("*.safetensors"))

@@ -8,9 +8,10 @@ import json
 import shutil
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
-from conftest import REPO, TINY_SERVED_NAME, write_recipe
+from conftest import REPO, write_recipe
 
 from quantlab.errors import EngineError, RecipeError
 
@@ -77,15 +78,16 @@ def test_self_validation_passes_every_gate_then_reuses_the_cached_baseline(tiny_
 
 
 def test_server_errors_during_evaluation_fail_clearly_naming_the_task(tiny_w4a16_server, tiny_w4a16_checkpoint,
-                                                                      tmp_path):
+                                                                      tmp_path, monkeypatch):
     from quantlab.engines.lmeval import run_tasks
     from quantlab.eval_suites import SHIPPED
 
     server, _, _ = tiny_w4a16_server
+    monkeypatch.chdir(tmp_path)  # relative output paths, as `--runs-dir runs` gives them
     with pytest.raises(EngineError, match="lm-eval failed on task 'ql_lastword'.*404") as err:
         run_tasks(tasks=["ql_lastword"], chat=False, base_url=server.base_url, served_name="no-such-model",
                   tokenizer=str(tiny_w4a16_checkpoint),
-                  suite_dir=SHIPPED / "default", out_dir=tmp_path / "out", log_path=tmp_path / "lmeval.log",
+                  suite_dir=SHIPPED / "default", out_dir=Path("out"), log_path=Path("lmeval.log"),
                   seed=1, limit=3, num_concurrent=2, request_timeout_s=30, max_retries=1, deadline_s=300,
                   offline=True, trust_remote_code=False, progress=lambda m: None)
     assert "lm-eval log" in str(err.value) and (tmp_path / "lmeval.log").is_file()

@@ -26,6 +26,15 @@ def quiet(msg):
     pass
 
 
+REDONE = "an earlier stage is redone"
+ORDER = ["quantize", "serve", "quality", "performance", "stability", "release"]
+ALL_AFTER = {name: ORDER[i + 1:] for i, name in enumerate(ORDER)}
+
+
+def redone(names: list[str]) -> dict[str, str]:
+    return {n: REDONE for n in names}
+
+
 def fake_quantize_result(weights_sha: str = "a" * 64) -> QuantizeResult:
     return QuantizeResult(checkpoint="checkpoint", method="gptq", scheme="W4A16", layers_quantized=14,
                           calibration=None, quantization_config={}, size_bytes=1,
@@ -80,9 +89,7 @@ def test_a_description_edit_changes_nothing(done_run):
 def test_an_edited_serve_section_reserves_and_keeps_the_checkpoint(done_run):
     tmp_path, data, run = done_run
     data["serve"] = {"engine_args": {"max_model_len": 1024}}
-    assert resumed(tmp_path, data, run)[0] == {"serve": "its inputs changed", "quality": "an earlier stage is redone",
-                                               "performance": "an earlier stage is redone", "stability": "an earlier stage is redone",
-                                               "release": "an earlier stage is redone"}
+    assert resumed(tmp_path, data, run)[0] == {"serve": "its inputs changed", **redone(ALL_AFTER["serve"])}
 
 
 def test_an_edited_gate_reruns_the_performance_stage_and_what_follows_it(done_run):
@@ -110,10 +117,7 @@ def test_a_changed_signing_section_re_signs_only(done_run):
 def test_an_edited_quantization_section_starts_from_quantize(done_run):
     tmp_path, data, run = done_run
     data["quantization"]["group_size"] = 32
-    assert resumed(tmp_path, data, run)[0] == {"quantize": "its inputs changed",
-                                               "serve": "an earlier stage is redone", "quality": "an earlier stage is redone",
-                                               "performance": "an earlier stage is redone", "stability": "an earlier stage is redone",
-                                               "release": "an earlier stage is redone"}
+    assert resumed(tmp_path, data, run)[0] == {"quantize": "its inputs changed", **redone(ALL_AFTER["quantize"])}
 
 
 def test_an_edited_calibration_file_requantizes(done_run):
@@ -139,8 +143,7 @@ def test_a_failed_stage_is_redone(done_run):
     loaded = load_recipe(write_recipe(tmp_path, data, "same.yaml"))
     ctx = RunContext(loaded, open_run(loaded, tmp_path / "runs", run.path), quiet)
     finish(ctx, serve_stage, status="failed")
-    assert stages_to_run(ctx) == {"serve": "last attempt failed", "quality": "an earlier stage is redone", "performance": "an earlier stage is redone", "stability": "an earlier stage is redone",
-                                  "release": "an earlier stage is redone"}
+    assert stages_to_run(ctx) == {"serve": "last attempt failed", **redone(ALL_AFTER["serve"])}
 
 
 def test_new_weights_reserve(done_run):
@@ -149,8 +152,7 @@ def test_new_weights_reserve(done_run):
     ctx = RunContext(loaded, open_run(loaded, tmp_path / "runs", run.path), quiet)
     record = ctx.run.record.stages["quantize"]
     record.result = fake_quantize_result("b" * 64)  # e.g. a checkpoint quantized again elsewhere
-    assert stages_to_run(ctx) == {"serve": "its inputs changed", "quality": "an earlier stage is redone", "performance": "an earlier stage is redone", "stability": "an earlier stage is redone",
-                                  "release": "an earlier stage is redone"}
+    assert stages_to_run(ctx) == {"serve": "its inputs changed", **redone(ALL_AFTER["serve"])}
 
 
 def test_resuming_another_recipes_run_is_refused(done_run):

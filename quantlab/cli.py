@@ -119,6 +119,8 @@ def run(
         help="Resume a run: its directory, or 'latest' for this recipe's newest run.")] = None,
     verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Show the engines' own output here instead "
                                           "of in the run folder's logs/.")] = False,
+    dry_run: Annotated[bool, typer.Option("--dry-run", help="Check the recipe and run every preflight, print the "
+                                          "plan with estimated seconds; start nothing.")] = False,
 ) -> None:
     """Quantize, serve baseline and candidate, run the checks, sign the release (runs/<name>/<id>/).
 
@@ -129,6 +131,9 @@ def run(
 
     with exit_codes():
         loaded = load_recipe(recipe)
+        if dry_run:
+            _print_plan(loaded, runs_dir)
+            return
         resume_path = None
         if resume == "latest":
             resume_path = RunDir.latest(runs_dir, loaded.recipe.name)
@@ -169,6 +174,23 @@ def validate(
             raise
         _summary(result.path)
     typer.echo(str(result.path / "run.json"))
+
+
+def _print_plan(loaded, runs_dir: Path, checkpoint: Path | None = None) -> None:
+    from quantlab.pipeline import dry_run
+
+    plan = dry_run(loaded, runs_dir, progress=progress, checkpoint=checkpoint)
+    typer.echo(f"plan for {loaded.recipe.name} (preflights passed; nothing was started):")
+    total, unknown = 0.0, []
+    for step in plan:
+        est = step["estimate_s"]
+        if est is None:
+            unknown.append(step["stage"])
+        else:
+            total += est
+        when = f"~{est:.0f} s (run {step['from_run']})" if est is not None else "no estimate (not run ok before)"
+        typer.echo(f"  {step['stage']:<12} {when:<44} {step['why']}")
+    typer.echo(f"  estimated total: ~{total:.0f} s" + (f" plus {', '.join(unknown)}" if unknown else ""))
 
 
 def _summary(run_dir: Path | None) -> None:

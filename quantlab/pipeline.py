@@ -219,6 +219,42 @@ def _as_quantlab_error(err: BaseException, run: RunDir, where: str) -> QuantlabE
 
 # ---------------------------------------------------------------- helpers for the CLI
 
+def dry_run(loaded: LoadedRecipe, runs_root: Path, *, progress: Progress,
+            checkpoint: Path | None = None) -> list[dict[str, Any]]:
+    """`quantlab run --dry-run`: validate, run every stage's preflight (model layout,
+    serving compatibility of the scheme the recipe will export, suites, data files) in
+    a throw-away run folder, and return the plan: each stage, why it would run, and an
+    estimate in seconds from the newest earlier run of this recipe that ran it ok."""
+    import shutil
+    import tempfile
+
+    tmp = Path(tempfile.mkdtemp(prefix="quantlab-dry-run-"))
+    try:
+        run = RunDir.create(loaded, tmp)
+        ctx = RunContext(loaded, run, progress, import_from=checkpoint,
+                         stages=VALIDATE_STAGES if checkpoint is not None else STAGES)
+        todo = stages_to_run(ctx)
+        ctx.will_run = set(todo)
+        for stage in ctx.stages:
+            if stage.NAME in todo:
+                stage.preflight(ctx)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    estimates: dict[str, tuple[float, str]] = {}
+    folder = Path(runs_root) / loaded.recipe.name
+    for past in sorted(folder.glob("*"), reverse=True) if folder.is_dir() else []:
+        try:
+            record = RunDir.open(past).record
+        except QuantlabError:
+            continue
+        for name, st in record.stages.items():
+            if st.status == "ok" and name not in estimates:
+                estimates[name] = (st.duration_s, record.run_id)
+    return [{"stage": name, "why": why, "estimate_s": estimates.get(name, (None, None))[0],
+             "from_run": estimates.get(name, (None, None))[1]} for name, why in todo.items()]
+
+
+
 def quantize_only(loaded: LoadedRecipe, output: Path, *, overwrite: bool, progress: Progress,
                   verbose: bool = False) -> dict[str, Any]:
     """`quantlab quantize`: the quantize engine into a folder of the user's choosing; the

@@ -209,3 +209,25 @@ def test_recipes_check_preflight(tmp_path, tiny_model_dir):
     assert f"ok   {good}" in r.stdout
     assert "group_size: 256 does not divide" in r.stderr and "bad.yaml" in r.stderr
     assert "no kernel for 8-bit weight-only int" in r.stderr
+
+
+def test_dry_run_plans_without_starting_anything(tmp_path, tiny_model_dir):
+    data = tiny_variant("gptq-w4a16", tiny_model_dir)
+    data["quality"] = {"tasks": ["ql_lastword"], "limit": 20}
+    good = write_recipe(tmp_path, data, "good.yaml")
+    before = serving_env_processes()
+    r = ql("run", good, "--dry-run", "--runs-dir", tmp_path / "runs")
+    assert r.returncode == 0, r.stderr
+    lines = r.stdout.splitlines()
+    assert "preflights passed; nothing was started" in lines[0]
+    planned = [line.split()[0] for line in lines[1:-1]]
+    assert planned == ["quantize", "serve", "quality", "release"]  # no performance/stability section here
+    assert "no estimate" in r.stdout  # no earlier run to estimate from
+    assert not (tmp_path / "runs").exists() and serving_env_processes() - before == set()
+
+    bad = dict(data, quality={"tasks": ["ql_nothing"]})
+    r = ql("run", write_recipe(tmp_path, bad, "bad.yaml"), "--dry-run", "--runs-dir", tmp_path / "runs")
+    assert r.returncode == 2 and "quality.tasks names ql_nothing" in r.stderr
+    unservable = write_recipe(tmp_path, tiny_variant("rtn-w8a16", tiny_model_dir), "w8a16.yaml")
+    r = ql("run", unservable, "--dry-run", "--runs-dir", tmp_path / "runs")
+    assert r.returncode == 2 and "no kernel for 8-bit weight-only int" in r.stderr

@@ -65,8 +65,8 @@ def _served_max_len(ctx: RunContext) -> int | None:
 def _tokenizer_dir(ctx: RunContext, role: str) -> Path:
     target = ctx.serving_plan().target(role)
     if target.model_dir is not None and (Path(target.model_dir) / "tokenizer_config.json").is_file():
-        return Path(target.model_dir)
-    return ctx.baseline_model().path
+        return Path(target.model_dir).resolve()  # absolute: lm-eval runs in the suite folder
+    return ctx.baseline_model().path.resolve()
 
 
 def check_same_tokenizer(base_dir: Path, cand_dir: Path, *, trust_remote_code: bool) -> None:

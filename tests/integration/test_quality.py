@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import REPO, write_recipe
+from conftest import write_recipe
 
 from quantlab.errors import EngineError, RecipeError
 
@@ -32,8 +32,9 @@ def self_check_recipe(tmp_path, server, model_dir):
 
 
 def validate(recipe, checkpoint, runs, cache):
+    # a relative --runs-dir, as users type it: lm-eval runs elsewhere and must get absolute paths
     r = subprocess.run([sys.executable, "-m", "quantlab", "validate", recipe, "--checkpoint", checkpoint,
-                        "--runs-dir", runs], capture_output=True, text=True, cwd=REPO, timeout=900,
+                        "--runs-dir", runs.name], capture_output=True, text=True, cwd=runs.parent, timeout=900,
                        env={**__import__("os").environ, "QUANTLAB_CACHE_DIR": str(cache)})
     run_dir = sorted((runs / "tiny-self-check").iterdir())[-1]
     return r, json.loads((run_dir / "run.json").read_text()), run_dir

@@ -249,6 +249,8 @@ def run(ctx: RunContext) -> QualityResult:
         seconds["baseline"] = _evaluate(ctx, "baseline", work, base_dir)
         if kl_token_ids is not None:
             _kl_dists(ctx, "baseline", kl_token_ids, base_dir)
+        if spec.baseline_cache:  # stored now: a candidate that fails later does not cost the baseline's work
+            quality_cache.store(key, base_dir, parts)
     cand_dir = out / "candidate"
     cand_dir.mkdir(parents=True, exist_ok=True)
     seconds["candidate"] = _evaluate(ctx, "candidate", work, cand_dir)
@@ -258,8 +260,6 @@ def run(ctx: RunContext) -> QualityResult:
         base_dists = from_json(json.loads((base_dir / KL_FILE).read_text()))
         kl_result = _kl(base_dists, cand_dists)
         kl_result["texts"] = len(kl_token_ids)
-    if not cached and spec.baseline_cache:
-        quality_cache.store(key, base_dir, parts)
 
     comparisons, flips, gates, values, lm_eval_version = [], [], [], {}, None
     for _, task in work:

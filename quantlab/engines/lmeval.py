@@ -39,8 +39,11 @@ def compact_sample(sample: dict[str, Any]) -> dict[str, Any]:
             len(filtered[0]) == 2 and isinstance(filtered[0][1], bool):
         # loglikelihood answers: (logprob, is_greedy) per choice -> the chosen choice
         lls = [f[0] for f in filtered]
-        best = max(range(len(lls)), key=lls.__getitem__)
-        answer = choices[best] if choices and len(choices) == len(lls) else best
+        if len(lls) == 1:  # one continuation (last word): was it the greedy one, and how likely
+            answer = f"{'greedy' if filtered[0][1] else 'not greedy'}, logprob {lls[0]:.3f}"
+        else:
+            best = max(range(len(lls)), key=lls.__getitem__)
+            answer = choices[best] if choices and len(choices) == len(lls) else best
     elif isinstance(filtered, list) and len(filtered) == 1:
         answer = filtered[0]
     raw = sample.get("resps")

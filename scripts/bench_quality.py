@@ -2,7 +2,7 @@
 """Time the quality stage cold (baseline evaluated) and warm (baseline from the cache).
 
 Runs `quantlab validate RECIPE --checkpoint CKPT` twice against a fresh quality-baseline
-cache (models and keys are shared with the user's cache, so nothing is rebuilt), then
+cache (models, keys and the compile cache are shared with the user's cache, so nothing is rebuilt), then
 prints each run's stage times, the quality stage's per-role evaluation time, whether a
 baseline server was started, the gates' verdict counts and the samples each gate needed.
 
@@ -68,7 +68,7 @@ def main() -> int:
     args = ap.parse_args()
     with tempfile.TemporaryDirectory(prefix="quantlab-bench-cache-") as tmp:
         cache = Path(tmp)
-        for shared in ("models", "keys"):
+        for shared in ("models", "keys", "vllm"):  # built models, signing key, compile cache
             if (user_cache() / shared).exists():
                 (cache / shared).symlink_to(user_cache() / shared)
         cold = one_run(args.recipe, args.checkpoint, args.runs_dir, cache)

@@ -22,7 +22,7 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
-COMPILE_LINES = re.compile(r"(Compiling model again|torch.compile takes|Directly load|compile range|"
+COMPILE_LINES = re.compile(r"(Compiling model again|torch.compile take|Directly load|[Cc]ompil|"
                            r"init engine .* took|Loading the saved AOT)", re.IGNORECASE)
 
 

@@ -125,7 +125,6 @@ def run(
     """Quantize, serve baseline and candidate, run the checks, sign the release (runs/<name>/<id>/).
 
     Exit 0 released, 1 blocked by a gate, 2 bad input, 3 run failure, 130 interrupted."""
-    from quantlab.pipeline import run_pipeline
     from quantlab.recipe import load_recipe
     from quantlab.run import RunDir
 
@@ -141,13 +140,7 @@ def run(
                 raise RecipeError(f"no earlier run of '{loaded.recipe.name}' under {runs_dir} to resume")
         elif resume:
             resume_path = Path(resume)
-        try:
-            result = run_pipeline(loaded, runs_dir, resume=resume_path, progress=progress, verbose=verbose)
-        except BaseException as e:
-            _summary(getattr(e, "run_dir", None))
-            raise
-        _summary(result.path)
-    typer.echo(str(result.path / "run.json"))
+        _run_with_summary(loaded, runs_dir, resume=resume_path, verbose=verbose)
 
 
 @app.command()
@@ -162,17 +155,22 @@ def validate(
 
     The checkpoint is copied into the run folder first (the original is not modified).
     Exit 0 released, 1 blocked by a gate, 2 bad input, 3 run failure, 130 interrupted."""
-    from quantlab.pipeline import run_pipeline
     from quantlab.recipe import load_recipe
 
     with exit_codes():
-        loaded = load_recipe(recipe)
-        try:
-            result = run_pipeline(loaded, runs_dir, progress=progress, verbose=verbose, checkpoint=checkpoint)
-        except BaseException as e:
-            _summary(getattr(e, "run_dir", None))
-            raise
-        _summary(result.path)
+        _run_with_summary(load_recipe(recipe), runs_dir, verbose=verbose, checkpoint=checkpoint)
+
+
+def _run_with_summary(loaded, runs_dir: Path, **kwargs) -> None:
+    """The pipeline, then the run's summary whatever its outcome, then the record's path."""
+    from quantlab.pipeline import run_pipeline
+
+    try:
+        result = run_pipeline(loaded, runs_dir, progress=progress, **kwargs)
+    except BaseException as e:
+        _summary(getattr(e, "run_dir", None))
+        raise
+    _summary(result.path)
     typer.echo(str(result.path / "run.json"))
 
 

@@ -92,6 +92,19 @@ class RunContext:
             self._plan = plan
         return plan
 
+    def served_max_model_len(self) -> int | None:
+        """The context length the servers really use (the serve stage's facts; the
+        smallest if they differ), else the recipe's explicit max_model_len, else None."""
+        from quantlab.results import ServeResult
+
+        serve = self.run.record.result("serve")
+        if isinstance(serve, ServeResult):
+            lens = [e.max_model_len for e in serve.engines.values() if e.max_model_len]
+            if lens:
+                return min(lens)
+        explicit = self.recipe.serve.engine_args.get("max_model_len")
+        return explicit if isinstance(explicit, int) else None
+
     def engine(self, role: str):
         """The running server for a role (started on first use, kept for later stages)."""
         if self._pool is None:

@@ -19,7 +19,7 @@ from quantlab.fsutil import sha256_file, write_json_atomic, write_text_atomic
 from quantlab.quality_compare import compare_task, paired_values, pooled, verdicts
 from quantlab.quality_spec import QualitySpec
 from quantlab.quality_stats import kl_summary, top_token, topk_kl
-from quantlab.results import GateVerdict, QualityResult, ServeResult, TaskComparison
+from quantlab.results import GateVerdict, QualityResult, TaskComparison
 from quantlab.stages import serve as serve_stage
 
 NAME = "quality"
@@ -50,16 +50,6 @@ def preflight(ctx: RunContext) -> None:
     if spec.kl.texts and not ctx.loaded.resolve(spec.kl.texts).is_file():
         raise RecipeError(f"KL text file '{spec.kl.texts}' does not exist", file=str(ctx.loaded.path),
                           field="quality.kl.texts")
-
-
-def _served_max_len(ctx: RunContext) -> int | None:
-    serve = ctx.run.record.result("serve")
-    if isinstance(serve, ServeResult):
-        lens = [e.max_model_len for e in serve.engines.values() if e.max_model_len]
-        if lens:
-            return min(lens)
-    explicit = ctx.recipe.serve.engine_args.get("max_model_len")
-    return explicit if isinstance(explicit, int) else None
 
 
 def _tokenizer_dir(ctx: RunContext, role: str) -> Path:
@@ -221,7 +211,7 @@ def run(ctx: RunContext) -> QualityResult:
     plan = ctx.serving_plan()
     out = ctx.run.path / OUT_DIR
     out.mkdir(parents=True, exist_ok=True)
-    work, skipped = _runnable(suites, _served_max_len(ctx))
+    work, skipped = _runnable(suites, ctx.served_max_model_len())
     if not work:
         raise CheckError("no quality task can run: " + "; ".join(skipped))
     base_tok, cand_tok = _tokenizer_dir(ctx, "baseline"), _tokenizer_dir(ctx, "candidate")
@@ -351,7 +341,7 @@ def baseline_cached(ctx: RunContext) -> bool:
         return False
     try:
         suites = _suites(ctx)
-        work, _ = _runnable(suites, _served_max_len(ctx))
+        work, _ = _runnable(suites, ctx.served_max_model_len())
         plan = ctx.serving_plan()
         return quality_cache.lookup(quality_cache.cache_key(_cache_parts(ctx, suites, [t.task for _, t in work],
                                                                          plan))) is not None

@@ -13,7 +13,7 @@ from quantlab.context import RunContext
 from quantlab.errors import CheckError, EngineError, RecipeError
 from quantlab.eval_suites import SHIPPED
 from quantlab.fsutil import write_text_atomic
-from quantlab.results import GateVerdict, PerfResult, ServeResult, StabilityResult
+from quantlab.results import GateVerdict, PerfResult, StabilityResult
 from quantlab.stability_spec import StabilitySpec
 from quantlab.stages import serve as serve_stage
 
@@ -45,15 +45,10 @@ def preflight(ctx: RunContext) -> None:
 
 
 def _served_max_len(ctx: RunContext) -> int:
-    serve = ctx.run.record.result("serve")
-    if isinstance(serve, ServeResult):
-        lens = [e.max_model_len for e in serve.engines.values() if e.max_model_len]
-        if lens:
-            return min(lens)
-    explicit = ctx.recipe.serve.engine_args.get("max_model_len")
-    if isinstance(explicit, int):
-        return explicit
-    raise CheckError("the served max_model_len is unknown (no serve facts): set serve.engine_args.max_model_len")
+    found = ctx.served_max_model_len()
+    if found is None:
+        raise CheckError("the served max_model_len is unknown (no serve facts): set serve.engine_args.max_model_len")
+    return found
 
 
 def _prompts(tokenizer, n: int) -> tuple[list[list[int]], list[int]]:

@@ -16,6 +16,7 @@ import yaml
 from pydantic import ValidationError
 
 from quantlab.errors import RecipeError
+from quantlab.fsutil import sha256_file
 from quantlab.quality_spec import QualitySpec, SuiteFile, SuiteTask
 
 SHIPPED = Path(__file__).resolve().parent.parent / "eval_suites"
@@ -58,7 +59,7 @@ def folder_sha256(folder: Path) -> str:
         # what lm-eval reads: task YAML, data, scorers (a README edit is not a new suite)
         if p.is_file() and "__pycache__" not in p.parts and p.suffix != ".md":
             h.update(p.relative_to(folder).as_posix().encode() + b"\0")
-            h.update(hashlib.sha256(p.read_bytes()).digest())
+            h.update(bytes.fromhex(sha256_file(p)))
     return h.hexdigest()
 
 

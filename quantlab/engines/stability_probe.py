@@ -6,8 +6,6 @@ plain dicts with every request accounted for; judging them is the stability stag
 
 from __future__ import annotations
 
-import json
-import math
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -246,7 +244,3 @@ def _median(values: list[float]) -> float | None:
     s = sorted(values)
     mid = len(s) // 2
     return s[mid] if len(s) % 2 else (s[mid - 1] + s[mid]) / 2
-
-
-def dumps(obj: Any) -> str:
-    return json.dumps(obj, default=lambda x: None if isinstance(x, float) and math.isnan(x) else str(x))

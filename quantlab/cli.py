@@ -23,6 +23,7 @@ from rich.markup import escape
 
 from quantlab import __version__
 from quantlab.errors import QuantlabError, RecipeError
+from quantlab.progress import TerminalProgress
 
 app = typer.Typer(no_args_is_help=True, add_completion=False, pretty_exceptions_enable=False,
                   help="Quantize an LLM from a recipe, serve it on vLLM, and gate its release.")
@@ -34,8 +35,8 @@ err = Console(stderr=True)
 SHIPPED_RECIPES = Path(__file__).resolve().parent.parent / "recipes"
 
 
-def progress(msg: str) -> None:
-    err.print(f"[bold cyan]quantlab[/] {msg}", highlight=False, soft_wrap=True)  # CI logs: one line each
+# One line per message; long steps are bars on a terminal and plain lines in CI logs.
+progress = TerminalProgress(err)
 
 
 def _crash_log(err: BaseException) -> Path:

@@ -13,7 +13,7 @@ from typing import Any
 
 from quantlab.layout import CHECKPOINT_DIR, SERVE_LOG_DIR
 from quantlab.models import ResolvedModel, resolve_recipe_model
-from quantlab.recipe import LoadedRecipe, Recipe
+from quantlab.recipe import PRIMARY_TARGET, LoadedRecipe, Recipe
 from quantlab.run import Artifact, RunDir
 
 Progress = Callable[[str], None]
@@ -48,6 +48,8 @@ class RunContext:
     _probe: dict[str, Any] | None = None
     _plan: Any = None  # ServingPlan, built once
     _pool: Any = None  # engines.pool.EnginePool, started on first use
+    _target_plans: Any = None  # {name: TargetPlan} for serve.targets, built once
+    _probes: dict[tuple, dict[str, Any]] = field(default_factory=dict)  # per serving env of the extra targets
 
     @property
     def recipe(self) -> Recipe:
@@ -92,6 +94,37 @@ class RunContext:
             self._plan = plan
         return plan
 
+    def target_plans(self, *, predicted: bool = False) -> dict[str, Any]:
+        """serve.targets planned like the primary target (TargetPlan per name). A required
+        target that cannot serve raises RecipeError; an optional one is marked unservable."""
+        from quantlab.engines.vllm_probe import probe_for
+        from quantlab.serving_compat import predict_quant_config
+        from quantlab.serving_plan import plan_extra_target
+
+        if not predicted and self._target_plans is not None:
+            return self._target_plans
+        primary = self.recipe.serve
+        overrides = None
+        if predicted:
+            scheme = predict_quant_config(self.recipe.quantization)
+            overrides = {"candidate": scheme} if scheme is not None else {}
+        plans = {}
+        for t in primary.targets:
+            spec = primary.for_target(t)
+            key = (spec.mode, spec.python)
+            if key == (primary.mode, primary.python):
+                probe = self.serving_probe()
+            else:
+                if key not in self._probes:
+                    self._probes[key] = probe_for(spec)
+                probe = self._probes[key]
+            plans[t.name] = plan_extra_target(primary, t, baseline_dir=self.baseline_model().path,
+                                              candidate_dir=self.checkpoint_dir, dtype=self.recipe.model.dtype,
+                                              probe=probe, quant_configs=overrides)
+        if not predicted:
+            self._target_plans = plans
+        return plans
+
     def served_max_model_len(self) -> int | None:
         """The context length the servers really use (the serve stage's facts; the
         smallest if they differ), else the recipe's explicit max_model_len, else None."""
@@ -105,13 +138,18 @@ class RunContext:
         explicit = self.recipe.serve.engine_args.get("max_model_len")
         return explicit if isinstance(explicit, int) else None
 
-    def engine(self, role: str):
-        """The running server for a role (started on first use, kept for later stages)."""
+    def engine(self, role: str, target: str = PRIMARY_TARGET):
+        """The running server for a role on a serve target (started on first use, kept
+        for later stages)."""
         if self._pool is None:
             from quantlab.engines.pool import EnginePool
 
             self._pool = EnginePool(self.serving_plan(), log_dir=self.run.path / SERVE_LOG_DIR,
                                     progress=self.progress)
+        if target != PRIMARY_TARGET:
+            if target not in self._pool.plans:
+                self._pool.add_target(self.target_plans()[target].plan)
+            return self._pool.get(role, target)
         server = self._pool.get(role)
         # an endpoint's served name is discovered by the serve stage; a server got again
         # later (one-at-a-time serving restarts it) carries the default until told
@@ -122,6 +160,14 @@ class RunContext:
 
     def running_engines(self) -> list[str]:
         return self._pool.running() if self._pool is not None else []
+
+    def running_engine_keys(self) -> list[tuple[str, str]]:
+        """(serve target, role) of each running server."""
+        return self._pool.running_keys() if self._pool is not None else []
+
+    def stop_engine(self, role: str, target: str = PRIMARY_TARGET) -> None:
+        if self._pool is not None:
+            self._pool.stop(role, target)
 
     def close_engines(self) -> None:
         if self._pool is not None:

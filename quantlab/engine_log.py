@@ -96,3 +96,29 @@ def expected_but_missing(facts: dict[str, Any], *, quantized: bool, kv_cache_qua
     if device == "cuda" and facts["attention_backend"] is None:
         missing.append("attention backend ('Using ... attention backend')")
     return missing
+
+
+# What a starting server is doing, from the last of these its log shows (CPU and CUDA wording).
+STARTUP_PHASES = (
+    ("Initializing a V1 LLM engine", "initializing the engine"),
+    ("Starting to load model", "loading weights"),
+    ("Loading weights took", "weights loaded"),
+    ("Warming up model for the compilation", "compiling and warming up"),
+    ("torch.compile", "compiling"),
+    ("Compiling a graph", "compiling"),
+    ("Memory profiling takes", "profiling memory"),
+    ("KV cache size", "allocating the KV cache"),
+    ("Capturing CUDA graph", "capturing CUDA graphs"),
+    ("init engine (profile, create kv cache, warmup model) took", "starting the API server"),
+    ("Application startup complete", "API server up"),
+)
+
+
+def startup_phase(log_tail: str) -> str | None:
+    """The phase named by the latest marker line in the log's tail; None before the first."""
+    best, best_at = None, -1
+    for marker, phase in STARTUP_PHASES:
+        at = log_tail.rfind(marker)
+        if at > best_at:
+            best, best_at = phase, at
+    return best

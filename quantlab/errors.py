@@ -19,6 +19,7 @@ class RecipeError(QuantlabError):
     def __init__(self, message: str, *, file: str | None = None, field: str | None = None):
         self.file = file
         self.field = field
+        self.message = message  # without the file/field prefix
         where = ", ".join(p for p in (file, f"field '{field}'" if field else None) if p)
         super().__init__(f"{where}: {message}" if where else message)
 

@@ -20,6 +20,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from quantlab import __version__
 from quantlab.errors import RecipeError
 from quantlab.fsutil import sha256_file
+from quantlab.recipe import PRIMARY_TARGET
 from quantlab.results import GateVerdict
 
 MANIFEST_VERSION = 1
@@ -63,12 +64,21 @@ class Manifest(_M):
     raw_files: list[RawFile]
     gates: list[GateVerdict]
     decision: DecisionRecord
+    targets: dict[str, TargetDecision] = Field(default_factory=dict, description="Per serve target (only when "
+                                               "the recipe names serve.targets): decision, why, required.")
 
 
-def decide(verdicts: list[GateVerdict], *, fallback: str) -> DecisionRecord:
-    """Release when no gate failed; inconclusive gates are listed but do not block."""
-    failed = [f"{v.stage}.{v.gate}@{v.scope}" for v in verdicts if v.verdict == "fail"]
-    unsure = [f"{v.stage}.{v.gate}@{v.scope}" for v in verdicts if v.verdict == "inconclusive"]
+def _gate_id(v: GateVerdict) -> str:
+    return f"{v.stage}.{v.gate}@{v.scope}"
+
+
+def decide(verdicts: list[GateVerdict], *, fallback: str, optional_targets: frozenset[str] | set[str] = frozenset()
+           ) -> DecisionRecord:
+    """Release when no gate failed; inconclusive gates are listed but do not block. Gates of
+    optional serve targets decide only those targets (see decide_targets), not the run."""
+    verdicts = [v for v in verdicts if v.target is None or v.target not in optional_targets]
+    failed = [_gate_id(v) for v in verdicts if v.verdict == "fail"]
+    unsure = [_gate_id(v) for v in verdicts if v.verdict == "inconclusive"]
     if failed:
         return DecisionRecord(decision="blocked", why=f"{len(failed)} gate(s) failed: {', '.join(failed)}",
                               failed_gates=failed, inconclusive_gates=unsure, fallback=fallback)
@@ -76,6 +86,41 @@ def decide(verdicts: list[GateVerdict], *, fallback: str) -> DecisionRecord:
     if unsure:
         why += f"; {len(unsure)} inconclusive (not blocking): {', '.join(unsure)}"
     return DecisionRecord(decision="release", why=why, inconclusive_gates=unsure)
+
+
+class TargetDecision(_M):
+    decision: Decision
+    required: bool
+    why: str
+    failed_gates: list[str] = Field(default_factory=list)
+
+
+def decide_targets(verdicts: list[GateVerdict], required: dict[str, bool]) -> dict[str, TargetDecision]:
+    """One decision per serve target. The primary target's gates (quality, performance,
+    stability: measured there) count for every target; each other target adds its own."""
+    out = {}
+    for name, req in required.items():
+        own = [v for v in verdicts if v.target is None or (name != PRIMARY_TARGET and v.target == name)]
+        failed = [v for v in own if v.verdict == "fail"]
+        if failed:
+            local = [v.detail for v in failed if v.target == name]
+            why = "; ".join(local) if local else f"{len(failed)} gate(s) failed on the primary target"
+            out[name] = TargetDecision(decision="blocked", required=req, why=why,
+                                       failed_gates=[_gate_id(v) for v in failed])
+        else:
+            out[name] = TargetDecision(decision="release", required=req, why=f"all {len(own)} gate(s) passed or "
+                                       "inconclusive" if own else "no gate was configured")
+    return out
+
+
+def targets_line(decisions: dict[str, TargetDecision]) -> str:
+    """'released for primary, cpu-eager; blocked for gpu (optional): no GPU ...'."""
+    released = [n for n, d in decisions.items() if d.decision == "release"]
+    blocked = [f"{n}{'' if d.required else ' (optional)'}: {d.why}" for n, d in decisions.items()
+               if d.decision == "blocked"]
+    parts = ([f"released for {', '.join(released)}"] if released else []) + \
+        ([f"blocked for {'; '.join(blocked)}"] if blocked else [])
+    return "; ".join(parts)
 
 
 def folder_files(folder: Path) -> dict[str, dict[str, Any]]:
@@ -246,7 +291,14 @@ def verify_folder(folder: Path, **signature_args) -> list[str]:
                             f"{meta['sha256'][:12]}...)")
     for name in sorted(set(on_disk) - set(manifest.checkpoint_files)):
         problems.append(f"added file: {name} (not in the manifest)")
-    expected = decide(manifest.gates, fallback=manifest.decision.fallback or "")
+    optional = {n for n, t in manifest.targets.items() if not t.required}
+    expected = decide(manifest.gates, fallback=manifest.decision.fallback or "", optional_targets=optional)
+    if manifest.targets:
+        for name, want in decide_targets(manifest.gates, {n: t.required for n, t in manifest.targets.items()}).items():
+            got = manifest.targets[name]
+            if (got.decision, got.failed_gates) != (want.decision, want.failed_gates):
+                problems.append(f"target '{name}': decision '{got.decision}' does not follow from the manifest's "
+                                f"gate verdicts (they give '{want.decision}')")
     if expected.decision != manifest.decision.decision or expected.failed_gates != manifest.decision.failed_gates:
         problems.append(f"decision '{manifest.decision.decision}' does not follow from the manifest's gate verdicts "
                         f"(they give '{expected.decision}': {expected.why})")

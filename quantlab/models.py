@@ -98,6 +98,18 @@ def build_default_model(target: Path | None = None, *, progress=print) -> Resolv
         prov = json.loads((folder / PROVENANCE_FILE).read_text())
         return ResolvedModel(folder, "default", "default", prov)
     progress(f"building the default model {DEFAULT_MODEL_NAME} from {gguf.name} into {folder} (once)")
+    from transformers.utils import logging as hf_logging
+
+    bars_were_on = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()  # transformers' tqdm bars would clutter the terminal; a minute at most
+    try:
+        return _convert_default(gguf, gguf_sha, pkg_version, folder)
+    finally:
+        if bars_were_on:
+            hf_logging.enable_progress_bar()
+
+
+def _convert_default(gguf: Path, gguf_sha: str, pkg_version: str, folder: Path) -> ResolvedModel:
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 

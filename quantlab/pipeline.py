@@ -32,11 +32,13 @@ from quantlab.stages import quantize as quantize_stage
 from quantlab.stages import release as release_stage
 from quantlab.stages import serve as serve_stage
 from quantlab.stages import stability as stability_stage
+from quantlab.stages import targets as targets_stage
 
-STAGES: list[ModuleType] = [quantize_stage, serve_stage, quality_stage, perf_stage, stability_stage, release_stage]
+STAGES: list[ModuleType] = [quantize_stage, serve_stage, quality_stage, perf_stage, stability_stage, targets_stage,
+                            release_stage]
 # quantlab validate: an existing checkpoint instead of quantizing
 VALIDATE_STAGES: list[ModuleType] = [checkpoint_stage, serve_stage, quality_stage, perf_stage, stability_stage,
-                                     release_stage]
+                                     targets_stage, release_stage]
 
 
 def enabled(stage: ModuleType, ctx: RunContext) -> bool:
@@ -144,7 +146,9 @@ def _run_stages(loaded: LoadedRecipe, run: RunDir, progress: Progress, verbose: 
         write_run_reports(run, progress)  # a failed run gets its report too
         raise
     ctx.close_engines()  # servers live across the check stages, never past the run
-    blocked = failed(all_verdicts({name: run.record.result(name) for name in run.record.stages}))
+    optional = {t.name for t in ctx.recipe.serve.targets if not t.required}
+    blocked = [v for v in failed(all_verdicts({name: run.record.result(name) for name in run.record.stages}))
+               if v.target not in optional]  # an optional target's failures block that target only
     run.record.status = "blocked" if blocked else "ok"
     run.save()
     write_run_reports(run, progress)

@@ -200,6 +200,44 @@ class CalibrationSpec(_Strict):
     )
 
 
+PRIMARY_TARGET = "primary"  # the serve section's own target, in decisions and reports
+TARGET_OVERRIDES = ("mode", "device", "python", "command", "endpoint", "candidate_endpoint", "served_model_name",
+                    "candidate_served_model_name", "allow_same_endpoint", "startup_timeout_s", "cpu_kv_cache_space_gib")
+
+
+class ServeTarget(_Strict):
+    """One more place the release is meant for (another device, engine build or endpoint).
+    Unset fields are the serve section's; engine_args and env are merged over it."""
+
+    name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,39}$", description="Short name used in "
+                      "reports, decisions and server log names.")
+    required: bool = Field(True, description="The exit code follows this target's decision. An optional "
+                           "target that cannot serve the scheme, or does not start, is recorded as blocked.")
+    roles: list[Literal["baseline", "candidate"]] = Field(
+        default_factory=lambda: ["baseline", "candidate"], min_length=1,
+        description="What is served on this target. With the baseline too, the candidate's mismatch "
+        "against the primary target is judged against the baseline's (hardware changes greedy text too).")
+    max_mismatch_excess: float | None = Field(
+        0.25, ge=0, le=1, description="Candidate's greedy mismatch rate against the primary target minus the "
+        "baseline's (needs both roles; otherwise inconclusive).")
+    max_mismatch: float | None = Field(None, ge=0, le=1, description="Candidate's greedy mismatch rate against "
+                                       "the primary target, absolute.")
+    mode: Literal["launch", "command", "endpoint"] | None = None
+    device: Literal["auto", "cpu", "cuda"] | None = None
+    python: str | None = None
+    command: list[str] | None = None
+    endpoint: str | None = None
+    candidate_endpoint: str | None = None
+    served_model_name: str | None = None
+    candidate_served_model_name: str | None = None
+    allow_same_endpoint: bool | None = None
+    startup_timeout_s: float | None = Field(None, gt=0, le=7200)
+    cpu_kv_cache_space_gib: float | None = Field(None, gt=0)
+    engine_args: dict[str, str | int | float | bool | None] = Field(
+        default_factory=dict, description="Merged over serve.engine_args (null removes a key).")
+    env: dict[str, str] = Field(default_factory=dict, description="Merged over serve.env.")
+
+
 class ServeSpec(_Strict):
     """How to reach a vLLM engine. Baseline and candidate get identical engine args."""
 
@@ -242,6 +280,10 @@ class ServeSpec(_Strict):
         1, gt=0, description="CPU only: KV cache size (VLLM_CPU_KVCACHE_SPACE) in GiB.")
     side_by_side: bool = Field(
         False, description="Serve baseline and candidate at the same time (needs memory for both).")
+    targets: list[ServeTarget] = Field(
+        default_factory=list, description="More serve targets (devices, engine builds, endpoints) beside this "
+        "primary one: each serves the same checkpoint, its greedy outputs are compared with the primary "
+        "target's, and it gets its own release decision. Quality and performance are measured on the primary.")
 
     @model_validator(mode="after")
     def _mode_fields(self) -> "ServeSpec":
@@ -267,7 +309,37 @@ class ServeSpec(_Strict):
             if key.startswith("-") or key in ("model", "port", "host", "served_model_name", "served-model-name"):
                 raise ValueError(f"engine_args.{key}: quantlab sets model, port, host and the served name itself; "
                                  "write other keys without dashes")
+        names = [t.name for t in self.targets]
+        for i, t in enumerate(self.targets):
+            if t.name == PRIMARY_TARGET or names.count(t.name) > 1:
+                raise ValueError(f"targets[{i}].name '{t.name}': target names must be unique and not "
+                                 f"'{PRIMARY_TARGET}' (the serve section itself)")
+            try:
+                self.for_target(t)
+            except ValidationError as err:
+                first = err.errors()[0]
+                raise ValueError(f"targets[{i}] ('{t.name}'), once merged over the serve section: "
+                                 f"{first['msg'].removeprefix('Value error, ')}") from None
         return self
+
+    def for_target(self, target: "ServeTarget") -> "ServeSpec":
+        """The serve section as this target sees it: its overrides applied, engine_args and
+        env merged (a null engine arg removes the key), no further targets."""
+        data = self.model_dump(exclude={"targets"})
+        for key in TARGET_OVERRIDES:
+            value = getattr(target, key)
+            if value is not None:
+                data[key] = value
+        if target.mode is not None and target.mode != self.mode:
+            for key in ("endpoint", "candidate_endpoint", "command"):  # the primary's mode-only fields
+                if getattr(target, key) is None:
+                    data[key] = None
+        if len(target.roles) == 1:  # one role served there: no baseline/candidate pair to confuse
+            data["allow_same_endpoint"] = True
+        args = {**self.engine_args, **target.engine_args}
+        data["engine_args"] = {k: v for k, v in args.items() if v is not None}
+        data["env"] = {**self.env, **target.env}
+        return ServeSpec.model_validate(data)
 
 
 class SigningSpec(_Strict):

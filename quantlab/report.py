@@ -14,6 +14,7 @@ from typing import Any
 from xml.etree import ElementTree as ET
 
 from quantlab.gates import all_verdicts
+from quantlab.manifest import TargetDecision, targets_line
 from quantlab.results import (
     CheckpointResult,
     GateVerdict,
@@ -23,6 +24,7 @@ from quantlab.results import (
     ReleaseResult,
     ServeResult,
     StabilityResult,
+    TargetsResult,
 )
 from quantlab.run import RunRecord
 
@@ -40,7 +42,11 @@ def decision_line(record: RunRecord) -> str:
     if isinstance(release, ReleaseResult):
         word = "RELEASE" if release.decision == "release" else "BLOCKED"
         fallback = f" Fallback: {release.fallback}." if release.fallback else ""
-        return f"{word}: {release.why}.{fallback}"
+        targets = ""
+        if release.targets:
+            decisions = {n: TargetDecision.model_validate(d) for n, d in release.targets.items()}
+            targets = f" Targets: {targets_line(decisions)}."
+        return f"{word}: {release.why}.{fallback}{targets}"
     stopped = next((s.name for s in record.stages.values() if s.status != "ok"), None)
     if record.status in ("failed", "interrupted"):
         where = f"in stage {stopped}" if stopped else "before its first stage (a preflight check)"
@@ -115,6 +121,33 @@ def _stability_section(st: StabilityResult) -> tuple[str, list[str], list[list[s
     return ("Stability", ["check", "baseline", "candidate"], rows, notes + st.notes)
 
 
+def _targets_section(t: TargetsResult, release: Any) -> tuple[str, list[str], list[list[str]], list[str]]:
+    def pct(v: Any) -> str:
+        return "-" if v is None else f"{v:.1%}"
+
+    decided = release.targets if isinstance(release, ReleaseResult) else {}
+    rows = [["primary", "yes", "-", "-", "checked", "0.0% (reference)", "0.0% (reference)",
+             pct((t.primary.get("candidate") or {}).get("batch_mismatch_rate")),
+             (decided.get("primary") or {}).get("decision", "-")]]
+    notes = [f"{t.prompts} greedy prompts, {t.max_tokens} output tokens each; 'differs' = the answer sent alone "
+             "differs from the primary target's answer to the same prompt"]
+    for name, o in t.targets.items():
+        d = decided.get(name) or {}
+        rows.append([name, "yes" if o.required else "no", f"{o.mode}, {o.device or '-'}",
+                     ", ".join(f"{k}={v}" for k, v in (o.engine_args or {}).items()) or "-",
+                     o.status, pct(o.cross_mismatch_rate.get("baseline")), pct(o.cross_mismatch_rate.get("candidate")),
+                     pct(o.batch_mismatch_rate.get("candidate")), d.get("decision", "-")])
+        if o.reason:
+            notes.append(f"{name}: {o.reason}")
+        if d.get("decision") == "blocked":
+            notes.append(f"{name} blocked: {d.get('why')}")
+        for e in o.examples[:2]:
+            notes.append(f"{name} {e['role']} prompt {e['prompt']}: primary {e['primary']!r:.80} vs "
+                         f"{e['target']!r:.80}")
+    return ("Serve targets", ["target", "required", "mode, device", "engine args", "status", "baseline differs",
+                              "candidate differs", "candidate batch mismatch", "decision"], rows, notes)
+
+
 def sections(record: RunRecord) -> list[tuple[str, list[str], list[list[str]], list[str]]]:
     """(title, table header, table rows, notes) per section: one structure, two renderings."""
     r = _results(record)
@@ -159,6 +192,9 @@ def sections(record: RunRecord) -> list[tuple[str, list[str], list[list[str]], l
     st = r.get("stability")
     if isinstance(st, StabilityResult):
         out.append(_stability_section(st))
+    tg = r.get("targets")
+    if isinstance(tg, TargetsResult):
+        out.append(_targets_section(tg, r.get("release")))
     p = r.get("performance")
     if isinstance(p, PerfResult):
         rows = []

@@ -118,6 +118,8 @@ class GateVerdict(_Result):
     samples: int | None = Field(None, description="Paired samples behind a quality verdict.")
     samples_to_verdict: int | None = Field(None, description="Quality: the prefix from which a pass/fail held, "
                                            "or (inconclusive) about how many samples would tell.")
+    target: str | None = Field(None, description="The serve target (serve.targets[].name) this verdict is about; "
+                               "None: the primary target, which every target's decision includes.")
 
 
 class PerfPoint(_Result):
@@ -206,12 +208,49 @@ class StabilityResult(_Result):
     notes: list[str] = Field(default_factory=list)
 
 
+class TargetOutcome(_Result):
+    """One of serve.targets: what served where, how its greedy outputs compare with the
+    primary target's, and (set by the release stage's decision) its gates."""
+
+    name: str
+    required: bool
+    roles: list[str]
+    status: Literal["checked", "unservable", "not_started"]
+    reason: str | None = Field(None, description="Why it was not checked (unservable, or the server did not start).")
+    mode: str
+    device: str | None = None
+    engine_args: dict[str, Any] | None = Field(None, description="The engine arguments quantlab passed there.")
+    probe: dict[str, Any] = Field(default_factory=dict)
+    compat: dict[str, CompatRecord] = Field(default_factory=dict)
+    engines: dict[str, EngineFacts] = Field(default_factory=dict)
+    batch_mismatch_rate: dict[str, float | None] = Field(default_factory=dict, description="Per role: outputs "
+                                                         "that changed in a batch on this target.")
+    cross_mismatch_rate: dict[str, float | None] = Field(default_factory=dict, description="Per role: greedy "
+                                                         "outputs (sent alone) differing from the primary target's.")
+    compared: dict[str, int] = Field(default_factory=dict)
+    errors: dict[str, int] = Field(default_factory=dict, description="Per role: greedy requests that failed.")
+    examples: list[dict[str, Any]] = Field(default_factory=list, description="Answers that differ from the "
+                                           "primary target's (a few per role).")
+
+
+class TargetsResult(_Result):
+    stage: Literal["targets"] = "targets"
+    primary: dict[str, Any] = Field(description="The primary target's batch mismatch rate per role, from the same "
+                                    "prompts.")
+    prompts: int
+    max_tokens: int
+    targets: dict[str, TargetOutcome]
+    gates: list[GateVerdict] = Field(default_factory=list)
+
+
 class ReleaseResult(_Result):
     stage: Literal["release"] = "release"
     decision: Literal["release", "blocked"]
     why: str
     fallback: str | None = None
     failed_gates: list[str] = Field(default_factory=list)
+    targets: dict[str, Any] = Field(default_factory=dict, description="Per serve target: decision, why, required "
+                                    "(only when the recipe names serve.targets).")
     manifest: str = Field(description="The manifest, relative to the run directory (inside the checkpoint).")
     signed: bool
     signing_method: str
@@ -221,5 +260,5 @@ class ReleaseResult(_Result):
 
 
 StageOutput = Annotated[Union[QuantizeResult, CheckpointResult, ServeResult, QualityResult, PerfResult,
-                              StabilityResult, ReleaseResult],
+                              StabilityResult, TargetsResult, ReleaseResult],
                         Field(discriminator="stage")]

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from quantlab.errors import RecipeError
-from quantlab.recipe import ServeSpec
+from quantlab.recipe import PRIMARY_TARGET, ServeSpec, ServeTarget
 from quantlab.serving_compat import CompatReport, check_compat
 
 ROLES = ("baseline", "candidate")
@@ -34,6 +34,11 @@ class ServingPlan:
     probe: dict[str, Any]
     targets: list[EngineTarget]
     compat: dict[str, CompatReport] = field(default_factory=dict)
+    name: str = PRIMARY_TARGET  # the serve target this plan is for (serve.targets[].name, or the primary)
+
+    def label(self, role: str) -> str:
+        """The role as named in logs and progress: 'candidate', or 'candidate@gpu' on another target."""
+        return role if self.name == PRIMARY_TARGET else f"{role}@{self.name}"
 
     def target(self, role: str) -> EngineTarget:
         return next(t for t in self.targets if t.role == role)
@@ -138,3 +143,35 @@ def plan_serving(spec: ServeSpec, targets: list[EngineTarget], *, dtype: str, pr
             raise RecipeError(f"{what} cannot be served here:\n  - " + "\n  - ".join(report.errors), field="serve")
         plan.compat[t.role] = report
     return plan
+
+
+@dataclass
+class TargetPlan:
+    """One more serve target: its plan, or why it cannot serve (an optional target is then
+    recorded as blocked instead of failing the run)."""
+
+    target: ServeTarget
+    spec: ServeSpec
+    plan: ServingPlan | None
+    unservable: str | None = None
+
+
+def plan_extra_target(primary: ServeSpec, target: ServeTarget, *, baseline_dir: Path | None,
+                      candidate_dir: Path | None, dtype: str, probe: dict[str, Any],
+                      quant_configs: dict[str, dict | None] | None = None) -> TargetPlan:
+    """Plan one of serve.targets: a required target that cannot serve fails like the
+    primary (RecipeError, before anything starts); an optional one is marked unservable."""
+    spec = primary.for_target(target)
+    engines = [t for t in serve_targets(spec, baseline_dir=baseline_dir, candidate_dir=candidate_dir)
+               if t.role in target.roles]
+    if quant_configs is not None:
+        engines = [t for t in engines if t.role in quant_configs or t.role == "baseline"]
+    try:
+        plan = plan_serving(spec, engines, dtype=dtype, probe=probe, quant_configs=quant_configs)
+    except RecipeError as err:
+        if target.required:
+            raise RecipeError(f"serve target '{target.name}' (required; set required: false to record it as "
+                              f"blocked instead): {err.message}", field=f"serve.targets[{target.name}]") from None
+        return TargetPlan(target, spec, None, unservable=err.message)
+    plan.name = target.name
+    return TargetPlan(target, spec, plan)

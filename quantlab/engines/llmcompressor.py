@@ -30,6 +30,7 @@ from quantlab.layout import QUANTIZE_RESULT_FILE, RECIPE_COPY_FILE
 from quantlab.models import ResolvedModel
 from quantlab.modifier_plan import instantiate, plan_modifiers, raw_recipe_text
 from quantlab.preflight import ModelLayout, ModuleInfo, run_preflight
+from quantlab.progress import step
 from quantlab.recipe import LoadedRecipe
 
 Progress = Callable[[str], None]
@@ -167,6 +168,30 @@ def summarize_checkpoint(folder: Path) -> dict[str, Any]:
             "size_bytes": sum(f["size"] for f in files.values())}
 
 
+def _decoder_layers(model) -> Any:
+    """The model's list of decoder layers (the ModuleList as long as num_hidden_layers)."""
+    import torch
+
+    n = getattr(getattr(model, "config", None), "num_hidden_layers", None)
+    return next((m for m in model.modules() if isinstance(m, torch.nn.ModuleList) and len(m) == n), None)
+
+
+@contextlib.contextmanager
+def _layer_progress(layers, bar) -> Iterator[None]:
+    """Count decoder layers reached by calibration (llm-compressor's sequential pipeline
+    runs them one after the other), through forward pre-hooks removed afterwards."""
+    if layers is None:
+        yield
+        return
+    hooks = [layer.register_forward_pre_hook(lambda *_, i=i: bar.update(done=i)) for i, layer in enumerate(layers)]
+    try:
+        yield
+    finally:
+        for h in hooks:
+            h.remove()
+        bar.update(done=len(layers))
+
+
 def default_output_dir(loaded: LoadedRecipe) -> Path:
     return Path("out") / f"{loaded.recipe.name}-{loaded.content_hash[:10]}"
 
@@ -249,8 +274,13 @@ def _quantize_checkpoint(loaded: LoadedRecipe, model_ref: ResolvedModel, output:
                 max_seq_length=recipe.calibration.max_seq_length,
                 shuffle_calibration_samples=False,  # our sample order is part of the hash
             )
+        layers = _decoder_layers(model)
+        calibrating = calib is not None and layers is not None
         try:
-            with output_to_file(log_file), engine_warnings() as warnings, gptq_layer_losses(model) as losses:
+            with output_to_file(log_file), engine_warnings() as warnings, gptq_layer_losses(model) as losses, \
+                    step(progress, f"oneshot {q.method}", total=len(layers) if calibrating else None,
+                         unit="layers calibrated", announce=False) as bar, \
+                    _layer_progress(layers if calibrating else None, bar):
                 oneshot(model=model, tokenizer=tokenizer, recipe=modifiers, output_dir=str(tmp),
                         save_compressed=True, **kwargs)
         except (ValueError, RuntimeError, TypeError, KeyError) as err:

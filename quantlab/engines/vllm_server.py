@@ -22,9 +22,11 @@ from typing import Any
 
 import httpx
 
+from quantlab.engine_log import startup_phase
 from quantlab.engines.vllm_probe import serving_python
 from quantlab.errors import EngineError, RecipeError
 from quantlab.models import cache_dir
+from quantlab.progress import step
 from quantlab.recipe import ServeSpec
 from quantlab.serving_plan import ServingPlan, engine_arg_list
 
@@ -104,9 +106,13 @@ class VLLMServer:
 
     # -- lifecycle -------------------------------------------------------------------
     def __enter__(self) -> "VLLMServer":
+        return self.enter()
+
+    def enter(self, on_wait: Callable[[], None] | None = None) -> "VLLMServer":
+        """Start and wait until healthy (calling on_wait while waiting); stopped on failure."""
         try:
             self.start()
-            self.wait_ready()
+            self.wait_ready(on_wait)
         except BaseException:
             self.stop()
             raise
@@ -129,11 +135,21 @@ class VLLMServer:
             except OSError as err:
                 raise EngineError(f"cannot start the {self.role} server ({self.plan.argv[0]}): {err}") from None
 
-    def wait_ready(self) -> None:
+    def startup_phase(self) -> str | None:
+        """What the starting engine is doing, from its log's tail (None: nothing yet or no log)."""
+        if self.plan is None or not self.log_path.is_file():
+            return None
+        with open(self.log_path, "rb") as f:
+            f.seek(max(0, self.log_path.stat().st_size - 16384))
+            return startup_phase(f.read().decode("utf-8", "replace"))
+
+    def wait_ready(self, on_wait: Callable[[], None] | None = None) -> None:
         deadline = self.started_at + self.startup_timeout_s
         with httpx.Client(timeout=5) as client:
             while True:
                 self.ensure_alive("while starting")
+                if on_wait is not None:
+                    on_wait()
                 try:
                     if client.get(f"{self.base_url}/health").status_code == 200:
                         self.ready_after_s = round(time.monotonic() - self.started_at, 3)
@@ -222,19 +238,26 @@ def _group_alive(pgid: int) -> bool:
 @contextlib.contextmanager
 def open_engine(plan: ServingPlan, role: str, *, log_dir: Path, progress: Progress) -> Iterator[VLLMServer]:
     """Start (or attach to) the engine for one role of a serving plan; stop it on exit."""
-    spec, target = plan.spec, plan.target(role)
-    log_path = Path(log_dir) / f"{role}-server.log"
+    spec, target, label = plan.spec, plan.target(role), plan.label(role)
+    log_path = Path(log_dir) / f"{label}-server.log"
     if spec.mode == "endpoint":
         server = VLLMServer(None, log_path=log_path, startup_timeout_s=spec.startup_timeout_s,
-                            endpoint=plan.endpoint_for(role), served_name=target.served_name, role=role)
-        progress(f"using the external {role} server at {server.base_url}")
+                            endpoint=plan.endpoint_for(role), served_name=target.served_name, role=label)
+        progress(f"using the external {label} server at {server.base_url}")
     else:
         assert target.model_dir is not None and plan.engine_args is not None
         launch = plan_launch(spec, target.model_dir, target.served_name, plan.device, plan.engine_args,
                              port=spec.port)
         server = VLLMServer(launch, log_path=log_path, startup_timeout_s=spec.startup_timeout_s,
-                            shutdown_timeout_s=spec.shutdown_timeout_s, role=role)
-        progress(f"starting the {role} server: {target.model_dir.name} on {launch.base_url} (log {log_path})")
-    with server:
-        progress(f"{role} server ready after {server.ready_after_s:.1f} s")
+                            shutdown_timeout_s=spec.shutdown_timeout_s, role=label)
+        progress(f"starting the {label} server: {target.model_dir.name} on {launch.base_url} (log {log_path})")
+    if spec.mode == "endpoint":
+        server.enter()
+    else:
+        with step(progress, f"{label} server start (deadline {spec.startup_timeout_s:.0f} s)", heartbeat_s=30,
+                  announce=False) as bar:
+            server.enter(on_wait=lambda: bar.update(note=server.startup_phase() or ""))
+    try:
         yield server
+    finally:
+        server.stop()

@@ -15,6 +15,7 @@ from quantlab.fsutil import sha256_file, write_text_atomic
 from quantlab.gates import perf_gates
 from quantlab.perf_metrics import compare, median_metrics, summarize
 from quantlab.perf_spec import PerformanceSpec, Workload, max_length
+from quantlab.progress import step
 from quantlab.results import PerfPoint, PerfResult, ServeResult
 from quantlab.stages import serve as serve_stage
 
@@ -130,7 +131,6 @@ def _headline_cost(points: list[PerfPoint], role: str, price: float | None) -> d
 
 def run(ctx: RunContext) -> PerfResult:
     from quantlab.engines.loadgen import measure_client_ceiling, run_point
-    from quantlab.engines.monitor import Monitor
     from quantlab.engines.prompts import build_requests
 
     spec: PerformanceSpec = ctx.recipe.performance
@@ -158,41 +158,28 @@ def run(ctx: RunContext) -> PerfResult:
     cpu_s = wall_s = 0.0
     slo = spec.slo.model_dump()
     total_blocks = len(order)
-    for block, (rep, role) in enumerate(order, 1):
-        server = ctx.engine(role)
-        for w in spec.workloads:
-            reqs = [_for_server(r, server.served_name) for r in requests[w.name]]
-            if w.warmup_requests:
-                # at least one full batch at the highest concurrency: a new batch size costs a CPU engine extra
-                top = max(w.concurrency or [1])
-                run_point(server.base_url, (reqs * top)[:max(w.warmup_requests, top)], concurrency=top,
-                          timeout_s=w.request_timeout_s)
-            for point, conc, rate in _points(w):
-                ctx.progress(f"performance [{block}/{total_blocks}] {role} repeat {rep + 1}: {w.name} {point}, "
-                             f"{len(reqs)} requests")
-                monitor = Monitor(server.base_url, server.proc.pid if server.proc else None,
-                                  device=plan.device).start()
-                try:
-                    result = run_point(server.base_url, reqs, concurrency=conc, rate=rate, duration_s=w.duration_s,
-                                       timeout_s=w.request_timeout_s, seed=w.seed + rep)
-                finally:
-                    msum = monitor.stop()
-                rel = f"{OUT_DIR}/{role}-{w.name}-{point}-r{rep + 1}.jsonl"
-                write_text_atomic(ctx.run.path / rel, "".join(json.dumps(r.as_row()) + "\n" for r in result.records))
-                ctx.add_artifact(rel, "perf-requests")
-                try:
-                    server.ensure_alive(f"during performance workload '{w.name}' {point}")
-                except EngineError as err:
-                    raise EngineError(f"{err}\nPartial per-request data: {ctx.run.path / rel}") from None
-                cpu_s += result.client_cpu_s
-                wall_s += result.wall_s
-                metrics = summarize(result.records, wall_s=result.wall_s, slo=slo, price_per_hour=spec.price_per_hour)
-                metrics["not_sent"] = result.not_sent
-                metrics["client_cpu_share"] = result.client_cpu_s / result.wall_s if result.wall_s else None
-                per.setdefault((w.name, point), {}).setdefault(role, []).append(metrics)
-                mon.setdefault((w.name, point), {}).setdefault(role, []).append(msum)
-                raw.setdefault((w.name, point), []).append(rel)
-
+    n_points = len(order) * sum(len(_points(w)) for w in spec.workloads)
+    with step(ctx.progress, "performance: load points", total=n_points, unit="points", announce=False) as bar:
+        for block, (rep, role) in enumerate(order, 1):
+            server = ctx.engine(role)
+            for w in spec.workloads:
+                reqs = [_for_server(r, server.served_name) for r in requests[w.name]]
+                if w.warmup_requests:
+                    # at least one full batch at the highest concurrency: a new batch size costs a CPU engine extra
+                    top = max(w.concurrency or [1])
+                    run_point(server.base_url, (reqs * top)[:max(w.warmup_requests, top)], concurrency=top,
+                              timeout_s=w.request_timeout_s)
+                for point, conc, rate in _points(w):
+                    bar.detail(f"performance [{block}/{total_blocks}] {role} repeat {rep + 1}: {w.name} {point}, "
+                               f"{len(reqs)} requests")
+                    metrics, msum, rel, result = _measure(ctx, server, role, rep, w, reqs, point, conc, rate,
+                                                          device=plan.device, slo=slo)
+                    cpu_s += result.client_cpu_s
+                    wall_s += result.wall_s
+                    per.setdefault((w.name, point), {}).setdefault(role, []).append(metrics)
+                    mon.setdefault((w.name, point), {}).setdefault(role, []).append(msum)
+                    raw.setdefault((w.name, point), []).append(rel)
+                    bar.advance()
     points = []
     for w in spec.workloads:
         for point, conc, rate in _points(w):
@@ -260,3 +247,30 @@ def _plots(ctx: RunContext, points: list[PerfPoint], label: str, notes: list[str
     for rel in rels:
         ctx.add_artifact(rel, "perf-plot")
     return rels
+
+
+def _measure(ctx: RunContext, server, role: str, rep: int, w, reqs, point: str, conc, rate, *, device: str,
+             slo: dict) -> tuple[dict[str, Any], dict[str, Any], str, Any]:
+    """One load point on one server: the requests, the monitor's samples, the per-request
+    rows on file, the metrics."""
+    from quantlab.engines.loadgen import run_point
+    from quantlab.engines.monitor import Monitor
+
+    monitor = Monitor(server.base_url, server.proc.pid if server.proc else None, device=device).start()
+    try:
+        result = run_point(server.base_url, reqs, concurrency=conc, rate=rate, duration_s=w.duration_s,
+                           timeout_s=w.request_timeout_s, seed=w.seed + rep)
+    finally:
+        msum = monitor.stop()
+    rel = f"{OUT_DIR}/{role}-{w.name}-{point}-r{rep + 1}.jsonl"
+    write_text_atomic(ctx.run.path / rel, "".join(json.dumps(r.as_row()) + "\n" for r in result.records))
+    ctx.add_artifact(rel, "perf-requests")
+    try:
+        server.ensure_alive(f"during performance workload '{w.name}' {point}")
+    except EngineError as err:
+        raise EngineError(f"{err}\nPartial per-request data: {ctx.run.path / rel}") from None
+    metrics = summarize(result.records, wall_s=result.wall_s, slo=slo,
+                        price_per_hour=ctx.recipe.performance.price_per_hour)
+    metrics["not_sent"] = result.not_sent
+    metrics["client_cpu_share"] = result.client_cpu_s / result.wall_s if result.wall_s else None
+    return metrics, msum, rel, result

@@ -16,6 +16,7 @@ from quantlab.context import RunContext
 from quantlab.errors import CheckError, EngineError, RecipeError
 from quantlab.eval_suites import Suite, load_suites
 from quantlab.fsutil import sha256_file, write_json_atomic, write_text_atomic
+from quantlab.progress import step
 from quantlab.quality_compare import compare_task, paired_values, pooled, verdicts
 from quantlab.quality_spec import QualitySpec
 from quantlab.quality_stats import kl_summary, top_token, topk_kl
@@ -129,24 +130,25 @@ def _evaluate(ctx: RunContext, role: str, work: list[tuple[Suite, Any]], out: Pa
         folders[suite.name] = suite.folder
     total = len(work)
     done = 0
-    for (suite_name, chat), tasks in groups.items():
-        def progress(line: str, _role=role) -> None:
-            nonlocal done
-            if line.startswith("done"):
-                done += 1
-                ctx.progress(f"quality {_role}: [{done}/{total}] {line.split(' ', 2)[2]}")
+    with step(ctx.progress, f"quality {role}: lm-eval", total=total, unit="tasks", announce=False) as bar:
+        for (suite_name, chat), tasks in groups.items():
+            def progress(line: str, _role=role) -> None:
+                nonlocal done
+                if line.startswith("done"):
+                    done += 1
+                    bar.detail(f"quality {_role}: [{done}/{total}] {line.split(' ', 2)[2]}", done=done)
 
-        run_tasks(tasks=tasks, chat=chat, base_url=server.base_url, served_name=server.served_name,
-                  tokenizer=str(_tokenizer_dir(ctx, role)), suite_dir=folders[suite_name], out_dir=out,
-                  log_path=ctx.run.path / OUT_DIR / f"{role}-lmeval.log", seed=spec.seed, limit=spec.limit,
-                  num_concurrent=spec.num_concurrent, request_timeout_s=spec.request_timeout_s,
-                  max_retries=spec.max_retries, deadline_s=spec.timeout_s, offline=folders[suite_name] is not None,
-                  trust_remote_code=ctx.recipe.model.trust_remote_code, progress=progress,
-                  is_alive=lambda s=server: s.proc is None or s.proc.poll() is None)
-        try:
-            server.ensure_alive(f"during quality tasks {', '.join(tasks)}")
-        except EngineError as err:
-            raise EngineError(f"{err}\nlm-eval log: {ctx.run.path / OUT_DIR / f'{role}-lmeval.log'}") from None
+            run_tasks(tasks=tasks, chat=chat, base_url=server.base_url, served_name=server.served_name,
+                      tokenizer=str(_tokenizer_dir(ctx, role)), suite_dir=folders[suite_name], out_dir=out,
+                      log_path=ctx.run.path / OUT_DIR / f"{role}-lmeval.log", seed=spec.seed, limit=spec.limit,
+                      num_concurrent=spec.num_concurrent, request_timeout_s=spec.request_timeout_s,
+                      max_retries=spec.max_retries, deadline_s=spec.timeout_s, offline=folders[suite_name] is not None,
+                      trust_remote_code=ctx.recipe.model.trust_remote_code, progress=progress,
+                      is_alive=lambda s=server: s.proc is None or s.proc.poll() is None)
+            try:
+                server.ensure_alive(f"during quality tasks {', '.join(tasks)}")
+            except EngineError as err:
+                raise EngineError(f"{err}\nlm-eval log: {ctx.run.path / OUT_DIR / f'{role}-lmeval.log'}") from None
     return time.monotonic() - started
 
 

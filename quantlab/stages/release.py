@@ -17,13 +17,16 @@ from quantlab.manifest import (
     Manifest,
     RawFile,
     decide,
+    decide_targets,
     folder_files,
     public_key_fingerprint,
     public_pem_of,
     quantlab_identity,
     sign_folder,
+    targets_line,
 )
 from quantlab.models import cache_dir
+from quantlab.recipe import PRIMARY_TARGET
 from quantlab.results import (
     CheckpointResult,
     PerfResult,
@@ -32,6 +35,7 @@ from quantlab.results import (
     ReleaseResult,
     ServeResult,
     StabilityResult,
+    TargetsResult,
 )
 from quantlab.run import now_iso
 
@@ -80,8 +84,14 @@ def run(ctx: RunContext) -> ReleaseResult:
     results = {name: record.result(name) for name in record.stages if name != NAME and name in ctx.enabled_stages}
     verdicts = all_verdicts(results)
     baseline = ctx.baseline_model()
-    decision = decide(verdicts, fallback=_fallback(ctx, baseline))
-    manifest = build_manifest(ctx, results, verdicts, decision)
+    extra = ctx.recipe.serve.targets
+    decision = decide(verdicts, fallback=_fallback(ctx, baseline),
+                      optional_targets={t.name for t in extra if not t.required})
+    targets = decide_targets(verdicts, {PRIMARY_TARGET: True, **{t.name: t.required for t in extra}}) \
+        if extra else {}
+    if targets:
+        ctx.progress(f"release: {targets_line(targets)}")
+    manifest = build_manifest(ctx, results, verdicts, decision, targets)
     folder = ctx.checkpoint_dir
     (folder / SIGNATURE_FILE).unlink(missing_ok=True)  # never leave an old signature next to a new manifest
     write_json_atomic(folder / MANIFEST_FILE, manifest.model_dump(mode="json"))
@@ -106,7 +116,9 @@ def run(ctx: RunContext) -> ReleaseResult:
     if signed:
         ctx.add_artifact(f"{folder.name}/{SIGNATURE_FILE}", "manifest-signature")
     return ReleaseResult(decision=decision.decision, why=decision.why, fallback=decision.fallback,
-                         failed_gates=decision.failed_gates, manifest=f"{folder.name}/{MANIFEST_FILE}",
+                         failed_gates=decision.failed_gates,
+                         targets={n: d.model_dump(mode="json") for n, d in targets.items()},
+                         manifest=f"{folder.name}/{MANIFEST_FILE}",
                          signed=signed, signing_method=s.method, public_key_fingerprint=fingerprint,
                          local_development_key=local_key, gates=[])
 
@@ -118,7 +130,7 @@ def _fallback(ctx: RunContext, baseline) -> str:
     return f"the baseline: {ctx.recipe.model.source} ({baseline.path.name}), unquantized"
 
 
-def build_manifest(ctx: RunContext, results: dict[str, Any], verdicts, decision) -> Manifest:
+def build_manifest(ctx: RunContext, results: dict[str, Any], verdicts, decision, targets=None) -> Manifest:
     record = ctx.run.record
     q = results.get("quantize")
     serve = results.get("serve")
@@ -156,6 +168,15 @@ def build_manifest(ctx: RunContext, results: dict[str, Any], verdicts, decision)
                        "mcnemar_p": t.mcnemar_p} for t in quality.tasks + quality.slices],
             "kl": quality.kl, "baseline_cached": quality.baseline_cached, "skipped": quality.skipped,
             "lm_eval_version": quality.lm_eval_version, "suites": quality.suites, "flips_file": quality.flips_file}
+    extra = results.get("targets")
+    if isinstance(extra, TargetsResult):
+        runtime["targets"] = {n: _target_summary(o) for n, o in extra.targets.items()}
+        summaries["targets"] = {"primary": extra.primary, "prompts": extra.prompts, "max_tokens": extra.max_tokens,
+                                "targets": {n: {"status": o.status, "reason": o.reason,
+                                                "batch_mismatch_rate": o.batch_mismatch_rate,
+                                                "cross_mismatch_rate": o.cross_mismatch_rate,
+                                                "compared": o.compared, "errors": o.errors}
+                                            for n, o in extra.targets.items()}}
     stab = results.get("stability")
     if isinstance(stab, StabilityResult):
         summaries["stability"] = {"fallback": stab.fallback, "fallback_rate": stab.fallback_rate,
@@ -198,6 +219,7 @@ def build_manifest(ctx: RunContext, results: dict[str, Any], verdicts, decision)
         raw_files=raw,
         gates=verdicts,
         decision=decision,
+        targets=targets or {},
     )
 
 
@@ -219,6 +241,18 @@ def _stability_summary(r: dict[str, Any]) -> dict[str, Any]:
             "bad_request_server_errors": (r.get("bad_requests") or {}).get("server_errors"),
             "soak_error_rate": (r.get("soak") or {}).get("error_rate"),
             "soak_rss_growth_mb": (r.get("soak") or {}).get("rss_growth_mb")}
+
+
+def _target_summary(o) -> dict[str, Any]:
+    """A serve target's runtime and hardware facts for the manifest."""
+    return {"required": o.required, "mode": o.mode, "device": o.device, "engine_args": o.engine_args,
+            "versions": o.probe.get("versions"), "cpu": o.probe.get("cpu"), "gpus": o.probe.get("gpus"),
+            "compat": {role: c.model_dump() for role, c in o.compat.items()},
+            "engines": {role: {"vllm_version": f.vllm_version, "served_model_name": f.served_model_name,
+                               "max_model_len": f.max_model_len,
+                               "linear_kernels": (f.log or {}).get("linear_kernels"),
+                               "attention_backend": (f.log or {}).get("attention_backend")}
+                        for role, f in o.engines.items()}}
 
 
 def _without_files(provenance: dict | None) -> dict:

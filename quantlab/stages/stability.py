@@ -13,6 +13,7 @@ from quantlab.context import RunContext
 from quantlab.errors import CheckError, EngineError, RecipeError
 from quantlab.eval_suites import SHIPPED
 from quantlab.fsutil import write_text_atomic
+from quantlab.progress import step
 from quantlab.results import GateVerdict, PerfResult, StabilityResult
 from quantlab.stability_spec import StabilitySpec
 from quantlab.stages import serve as serve_stage
@@ -74,9 +75,13 @@ def _rss_sampler(server):
     return sample
 
 
-def _probe(ctx: RunContext, role: str, server, name: str, fn, *args, **kwargs):
-    """Run one probe; a server that died meanwhile fails the stage naming the probe."""
-    ctx.progress(f"stability {role}: {name}")
+def _probe(ctx: RunContext, role: str, server, name: str, fn, *args, bar=None, **kwargs):
+    """Run one probe; a server that died meanwhile fails the stage naming the probe. `bar`:
+    the step it belongs to (advanced when the probe is done)."""
+    if bar is not None:
+        bar.detail(f"stability {role}: {name}")
+    else:
+        ctx.progress(f"stability {role}: {name}")
     try:
         result = fn(*args, **kwargs)
     except Exception as err:  # noqa: BLE001 - re-raised with what was running
@@ -86,6 +91,8 @@ def _probe(ctx: RunContext, role: str, server, name: str, fn, *args, **kwargs):
         server.ensure_alive(f"during the stability probe '{name}'")
     except EngineError as err:
         raise EngineError(f"stability probe '{name}' on the {role}: {err}") from None
+    if bar is not None:
+        bar.advance()
     return result
 
 
@@ -97,26 +104,30 @@ def _run_role(ctx: RunContext, role: str, spec: StabilitySpec, prompts, pool, ma
     url, name, t = server.base_url, server.served_name, spec.request_timeout_s
     out: dict[str, Any] = {}
     started = time.monotonic()
-    if spec.batch:
-        out["batch"] = _probe(ctx, role, server, f"batch sweep {spec.batch.concurrency}", sp.batch_sweep, url, name,
-                              prompts, max_tokens=spec.max_tokens, levels=spec.batch.concurrency, timeout_s=t)
-    if spec.lengths:
-        out["lengths"] = _probe(ctx, role, server, f"length sweep up to max_model_len {max_len}", sp.length_sweep,
-                                url, name, pool, max_model_len=max_len, fractions=spec.lengths.fractions,
-                                past_limit=spec.lengths.past_limit, max_tokens=spec.max_tokens, timeout_s=t)
-    if spec.determinism:
-        d = spec.determinism
-        out["determinism"] = _probe(ctx, role, server, f"determinism x{d.repeats}", sp.determinism, url, name,
-                                    prompts, max_tokens=spec.max_tokens, repeats=d.repeats,
-                                    temperature=d.sampled_temperature, seed=d.seed, timeout_s=t)
-    if spec.bad_requests:
-        out["bad_requests"] = _probe(ctx, role, server, "bad requests", sp.bad_requests, url, name,
-                                     vocab_size=vocab, timeout_s=t)
-    if spec.soak:
-        s = spec.soak
-        out["soak"] = _probe(ctx, role, server, f"soak {s.requests} requests at concurrency {s.concurrency}",
-                             sp.soak, url, name, prompts, requests=s.requests, concurrency=s.concurrency,
-                             max_tokens=s.max_tokens, timeout_s=t, sample_rss=_rss_sampler(server))
+    probes = sum(bool(x) for x in (spec.batch, spec.lengths, spec.determinism, spec.bad_requests, spec.soak))
+    with step(ctx.progress, f"stability {role}", total=probes, unit="probes", announce=False) as bar:
+        if spec.batch:
+            out["batch"] = _probe(ctx, role, server, f"batch sweep {spec.batch.concurrency}", sp.batch_sweep, url,
+                                  name, prompts, max_tokens=spec.max_tokens, levels=spec.batch.concurrency,
+                                  timeout_s=t, bar=bar)
+        if spec.lengths:
+            out["lengths"] = _probe(ctx, role, server, f"length sweep up to max_model_len {max_len}",
+                                    sp.length_sweep, url, name, pool, max_model_len=max_len,
+                                    fractions=spec.lengths.fractions, past_limit=spec.lengths.past_limit,
+                                    max_tokens=spec.max_tokens, timeout_s=t, bar=bar)
+        if spec.determinism:
+            d = spec.determinism
+            out["determinism"] = _probe(ctx, role, server, f"determinism x{d.repeats}", sp.determinism, url, name,
+                                        prompts, max_tokens=spec.max_tokens, repeats=d.repeats,
+                                        temperature=d.sampled_temperature, seed=d.seed, timeout_s=t, bar=bar)
+        if spec.bad_requests:
+            out["bad_requests"] = _probe(ctx, role, server, "bad requests", sp.bad_requests, url, name,
+                                         vocab_size=vocab, timeout_s=t, bar=bar)
+        if spec.soak:
+            s = spec.soak
+            out["soak"] = _probe(ctx, role, server, f"soak {s.requests} requests at concurrency {s.concurrency}",
+                                 sp.soak, url, name, prompts, requests=s.requests, concurrency=s.concurrency,
+                                 max_tokens=s.max_tokens, timeout_s=t, sample_rss=_rss_sampler(server), bar=bar)
     out["seconds"] = round(time.monotonic() - started, 1)
     return out
 

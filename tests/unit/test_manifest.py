@@ -16,6 +16,7 @@ from quantlab.manifest import (
     SIGNATURE_FILE,
     Manifest,
     decide,
+    decide_targets,
     folder_files,
     generate_keypair,
     public_key_fingerprint,
@@ -145,3 +146,26 @@ def test_unsigned_and_missing_manifest(tmp_path, keys):
     folder.mkdir()
     with pytest.raises(RecipeError, match="no quantlab-manifest.json"):
         verify_folder(folder, public_key=pub)
+
+
+def gv(verdict, target=None, gate="g"):
+    return GateVerdict(stage="targets" if target else "quality", gate=gate, scope=target or "task", target=target,
+                       verdict=verdict, value=None, limit=1, detail=f"{gate} on {target}")
+
+
+def test_a_target_decision_that_does_not_follow_from_the_gates(tmp_path, keys):
+    priv, pub = keys
+    verdicts = [gv("pass"), gv("fail", "gpu", "servable")]
+    folder = make_release(tmp_path / "ckpt", verdicts)
+    m = json.loads((folder / MANIFEST_FILE).read_text())
+    m["decision"] = decide(verdicts, fallback="b", optional_targets={"gpu"}).model_dump(mode="json")
+    good = {n: d.model_dump(mode="json") for n, d in decide_targets(verdicts, {"primary": True, "gpu": False}).items()}
+    m["targets"] = good
+    (folder / MANIFEST_FILE).write_text(json.dumps(m))
+    sign_folder(folder, method="key", private_key=priv)
+    assert verify_folder(folder, public_key=pub) == []
+    m["targets"]["gpu"] = {"decision": "release", "required": False, "why": "trust me", "failed_gates": []}
+    (folder / MANIFEST_FILE).write_text(json.dumps(m))
+    sign_folder(folder, method="key", private_key=priv)  # signed, but inconsistent
+    [problem] = verify_folder(folder, public_key=pub)
+    assert "target 'gpu': decision 'release' does not follow" in problem

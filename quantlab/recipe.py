@@ -127,6 +127,9 @@ class QuantizationSpec(_Strict):
     awq: AWQOptions | None = None
     smoothquant: SmoothQuantOptions | None = None
     kv_cache: KVCacheSpec | None = Field(None, description="Quantize the KV cache with calibrated scales.")
+    reuse_checkpoint: bool = Field(True, description="Reuse a checkpoint quantized earlier (on this machine) from "
+                                   "the same model files, quantization and calibration sections, calibration data "
+                                   "and library versions, instead of quantizing again.")
     raw_recipe: dict[str, Any] | str | None = Field(
         None,
         description="Escape hatch (method 'raw'): an llm-compressor recipe, as a YAML string or "

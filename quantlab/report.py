@@ -167,7 +167,9 @@ def sections(record: RunRecord) -> list[tuple[str, list[str], list[list[str]], l
                     [[q.method, q.scheme or "raw", str(q.layers_quantized), f"{q.size_bytes / 1e6:.1f}",
                       f"{cal.get('num_samples', '-')} samples, {cal.get('num_tokens', '-')} tokens, sha256 "
                       f"{str(cal.get('sha256', '-'))[:12]}" if cal else "none (data-free)", _fmt(q.gptq_max_loss)]],
-                    [f"llm-compressor {q.versions.get('llmcompressor')}, torch {q.versions.get('torch')}"]))
+                    [f"llm-compressor {q.versions.get('llmcompressor')}, torch {q.versions.get('torch')}"]
+                    + ([f"reused the checkpoint quantized earlier from the same inputs (cache "
+                        f"{q.reused_from_cache[:12]}); the timings are that run's"] if q.reused_from_cache else [])))
     ck = r.get("checkpoint")
     if isinstance(ck, CheckpointResult):
         out.append(("Checkpoint", ["format", "from", "MB"], [[ck.format, ck.source, f"{ck.size_bytes / 1e6:.1f}"]],
@@ -182,6 +184,11 @@ def sections(record: RunRecord) -> list[tuple[str, list[str], list[list[str]], l
                          f"{log.get('kv_cache_dtype') or 'model dtype'}, {_fmt(log.get('kv_cache_tokens'))} tokens",
                          _fmt(f.startup_s), f.smoke_completion.text.strip()[:60]])
         notes = [f"device {s.device}; engine args {s.engine_args}"]
+        for role, f in s.engines.items():
+            phases = (f.log or {}).get("startup_phases_s")
+            if phases:
+                notes.append(f"{role} start-up {_fmt(f.startup_s)} s: "
+                             + ", ".join(f"{k} {v:.0f} s" for k, v in phases.items()))
         for role, c in s.compat.items():
             notes += [f"{role}: {w}" for w in c.warnings + c.notes]
         out.append(("Serving", ["model", "vLLM", "linear kernels", "KV cache", "start-up s", "smoke completion"],
@@ -219,6 +226,7 @@ def sections(record: RunRecord) -> list[tuple[str, list[str], list[list[str]], l
             notes.append(f"load generator ceiling here: {p.client['requests_per_s']:.0f} requests/s; its CPU use "
                          f"during the run {p.client_cpu_share:.2f} s per second")
         notes += p.notes
+        notes += [f"NOT REPRESENTATIVE of a production server: {why}" for why in p.unrepresentative]
         out.append(("Performance", ["point", "out tok/s base", "out tok/s cand", "ratio", "P99 TTFT ms base",
                                     "P99 TTFT ms cand", "ratio", "P99 TPOT ms base", "P99 TPOT ms cand",
                                     "error rate base / cand"], rows, notes))

@@ -40,6 +40,8 @@ class QuantizeResult(_Result):
     gptq_max_loss: float | None = None
     engine_warnings: list[str] = Field(default_factory=list)
     shims: list[str] = Field(default_factory=list)
+    reused_from_cache: str | None = Field(None, description="Cache key of the earlier checkpoint reused (same "
+                                          "inputs); its timings are those of the run that quantized it.")
 
     @property
     def weights_sha256(self) -> dict[str, str]:
@@ -150,6 +152,8 @@ class PerfResult(_Result):
     plots: list[str] = Field(default_factory=list)
     notes: list[str] = Field(default_factory=list)
     workload_context: dict[str, Any] = Field(default_factory=dict, description="Model, engine, hardware, settings.")
+    unrepresentative: list[str] = Field(default_factory=list, description="Engine settings under which these "
+                                        "figures are not what a production server would show (e.g. eager mode).")
 
 
 class TaskComparison(_Result):
@@ -202,6 +206,7 @@ class StabilityResult(_Result):
     prompts: int
     prompt_tokens: int
     fallback: str = Field(description="What serves when the candidate is blocked.")
+    baseline_cached: bool = Field(False, description="The baseline's probe results came from an earlier run.")
     fallback_rate: dict[str, Any] = Field(description="Share of requests (stability and performance) the "
                                           "candidate failed and the baseline answered.")
     gates: list[GateVerdict] = Field(default_factory=list)

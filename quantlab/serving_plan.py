@@ -99,6 +99,25 @@ def effective_engine_args(spec: ServeSpec, device: str, dtype: str) -> dict[str,
     return args
 
 
+def unrepresentative_settings(engine_args: dict[str, Any] | None) -> list[str]:
+    """Engine settings that make latency and throughput figures unlike a production
+    server's: the checks still run, and the performance record says why to distrust them."""
+    args = engine_args or {}
+    out = []
+    if args.get("enforce_eager") is True:
+        out.append("enforce_eager: no torch.compile and no CUDA graphs, so every step runs op by op")
+    cc = args.get("compilation_config")
+    if cc is not None:
+        try:
+            level = json.loads(cc) if isinstance(cc, str) and cc.strip().startswith("{") else {"level": cc}
+        except ValueError:
+            level = {}
+        mode = level.get("mode", level.get("level"))
+        if str(mode).upper() in ("0", "NONE"):
+            out.append(f"compilation_config {cc}: compilation off")
+    return out
+
+
 def serve_targets(spec: ServeSpec, *, baseline_dir: Path | None, candidate_dir: Path | None) -> list[EngineTarget]:
     """The baseline and/or candidate, with the model names requests will carry.
 

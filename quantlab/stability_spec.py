@@ -73,5 +73,7 @@ class StabilitySpec(_Strict):
     bad_requests: bool = True
     soak: Soak | None = Field(default_factory=Soak)
     gates: StabilityGates = Field(default_factory=StabilityGates)
+    baseline_cache: bool = Field(True, description="Reuse the baseline's probe results from an earlier run with "
+                                 "the same baseline weights, probe settings, engine, arguments and hardware.")
     fallback: str = Field("baseline", description="What serves if the candidate is blocked: 'baseline', or the "
                           "folder or name of a previously released checkpoint (recorded with the decision).")

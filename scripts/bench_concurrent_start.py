@@ -13,11 +13,9 @@ Usage: .venv/bin/python scripts/bench_concurrent_start.py [--candidate DIR] [--r
 from __future__ import annotations
 
 import argparse
-import contextlib
 import statistics
 import sys
 import tempfile
-import threading
 import time
 from pathlib import Path
 
@@ -26,36 +24,21 @@ REPO = Path(__file__).resolve().parent.parent
 
 def start_both(plan, log_dir: Path, *, together: bool) -> float:
     """Seconds until both servers of the plan answer /health (then both are stopped)."""
-    from quantlab.engines.vllm_server import open_engine
+    from quantlab.engines.vllm_server import prepare_engine, start_together
 
+    quiet = lambda m: None  # noqa: E731
+    servers = [prepare_engine(plan, role, log_dir=log_dir, progress=quiet) for role in ("baseline", "candidate")]
     t0 = time.monotonic()
-    with contextlib.ExitStack() as stack:
-        roles = ["baseline", "candidate"]
-        if not together:
-            for role in roles:
-                stack.enter_context(open_engine(plan, role, log_dir=log_dir, progress=lambda m: None))
+    try:
+        if together:  # quantlab's way with serve.side_by_side: both processes started, then waited for
+            start_together(servers, quiet)
         else:
-            errors: list[BaseException] = []
-            lock = threading.Lock()
-
-            def enter(role: str) -> None:
-                try:
-                    cm = open_engine(plan, role, log_dir=log_dir, progress=lambda m: None)
-                    cm.__enter__()
-                    with lock:
-                        stack.push(cm.__exit__)
-                except BaseException as err:  # noqa: BLE001 - reported after both threads end
-                    errors.append(err)
-
-            threads = [threading.Thread(target=enter, args=(r,)) for r in roles]
-            for t in threads:
-                t.start()
-            for t in threads:
-                t.join()
-            if errors:
-                raise errors[0]
-        took = time.monotonic() - t0
-    return took
+            for server in servers:
+                start_together([server], quiet)
+        return time.monotonic() - t0
+    finally:
+        for server in servers:
+            server.stop()
 
 
 def main() -> int:

@@ -55,6 +55,7 @@ def tiny_variant(name: str, model_dir: Path, *, samples: int = 8, seq: int = 128
     """A shipped recipe pointed at the tiny model with a small calibration budget."""
     data = shipped(name)
     data["model"]["source"] = str(model_dir)
+    data["quantization"]["reuse_checkpoint"] = False  # each test quantizes; the reuse has its own test
     data.pop("performance", None)  # a test that wants load adds a workload sized for the tiny model
     data.pop("quality", None)  # likewise evals: a test adds the tasks it needs
     data.pop("stability", None)

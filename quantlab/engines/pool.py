@@ -5,10 +5,9 @@ one stops the others)."""
 
 from __future__ import annotations
 
-import contextlib
 from pathlib import Path
 
-from quantlab.engines.vllm_server import Progress, VLLMServer, open_engine
+from quantlab.engines.vllm_server import Progress, VLLMServer, prepare_engine, start_together
 from quantlab.recipe import PRIMARY_TARGET
 from quantlab.serving_plan import ServingPlan
 
@@ -19,7 +18,6 @@ class EnginePool:
         self.side_by_side = plan.spec.side_by_side
         self.log_dir = Path(log_dir)
         self.progress = progress
-        self._stacks: dict[tuple[str, str], contextlib.ExitStack] = {}
         self._servers: dict[tuple[str, str], VLLMServer] = {}
 
     @property
@@ -34,14 +32,22 @@ class EnginePool:
         if key in self._servers:
             self._servers[key].ensure_alive("between checks")
             return self._servers[key]
+        self.start([key])
+        return self._servers[key]
+
+    def start(self, keys: list[tuple[str, str]]) -> None:
+        """Start the servers not running yet, at the same time when there are several
+        (side by side only: otherwise the others are stopped first)."""
+        todo = [k for k in keys if k not in self._servers]
+        if not todo:
+            return
         if not self.side_by_side:
+            assert len(todo) == 1, "one server at a time: start them one by one"
             for other in list(self._servers):
                 self._stop(other)
-        stack = contextlib.ExitStack()
-        server = stack.enter_context(open_engine(self.plans[target], role, log_dir=self.log_dir,
-                                                 progress=self.progress))
-        self._stacks[key], self._servers[key] = stack, server
-        return server
+        servers = [prepare_engine(self.plans[t], r, log_dir=self.log_dir, progress=self.progress) for t, r in todo]
+        start_together(servers, self.progress)
+        self._servers.update(zip(todo, servers, strict=True))
 
     def running(self) -> list[str]:
         return [self.plans[t].label(r) for t, r in self._servers]
@@ -53,10 +59,9 @@ class EnginePool:
         self._stop((target, role))
 
     def _stop(self, key: tuple[str, str]) -> None:
-        self._servers.pop(key, None)
-        stack = self._stacks.pop(key, None)
-        if stack is not None:
-            stack.close()
+        server = self._servers.pop(key, None)
+        if server is not None:
+            server.stop()
 
     def close(self) -> None:
         for key in list(self._servers):

@@ -43,6 +43,11 @@ def collect_facts(server: VLLMServer, target: EngineTarget, *, device: str) -> E
     served = next(m for m in models if m.get("id") == server.served_name)
     smoke = server.complete(SMOKE_PROMPT, max_tokens=8)
     log = parse_engine_log(server.log_text()) if server.plan is not None else None
+    phases = (log or {}).get("startup_phases_s")
+    if phases and server.ready_after_s:
+        # process start to the first log line, and the last line to the first healthy /health
+        phases["rest (process start, imports, first health check)"] = round(
+            max(0.0, server.ready_after_s - sum(phases.values())), 1)
     qc = target.quant_config
     missing = expected_but_missing(
         log, quantized=qc is not None, kv_cache_quantized=bool(qc and qc.get("kv_cache_scheme")),

@@ -106,13 +106,9 @@ class VLLMServer:
 
     # -- lifecycle -------------------------------------------------------------------
     def __enter__(self) -> "VLLMServer":
-        return self.enter()
-
-    def enter(self, on_wait: Callable[[], None] | None = None) -> "VLLMServer":
-        """Start and wait until healthy (calling on_wait while waiting); stopped on failure."""
         try:
             self.start()
-            self.wait_ready(on_wait)
+            self.wait_ready()
         except BaseException:
             self.stop()
             raise
@@ -235,28 +231,56 @@ def _group_alive(pgid: int) -> bool:
 
 
 
-@contextlib.contextmanager
-def open_engine(plan: ServingPlan, role: str, *, log_dir: Path, progress: Progress) -> Iterator[VLLMServer]:
-    """Start (or attach to) the engine for one role of a serving plan; stop it on exit."""
+def prepare_engine(plan: ServingPlan, role: str, *, log_dir: Path, progress: Progress) -> VLLMServer:
+    """The server for one role of a serving plan, not started yet."""
     spec, target, label = plan.spec, plan.target(role), plan.label(role)
     log_path = Path(log_dir) / f"{label}-server.log"
     if spec.mode == "endpoint":
-        server = VLLMServer(None, log_path=log_path, startup_timeout_s=spec.startup_timeout_s,
-                            endpoint=plan.endpoint_for(role), served_name=target.served_name, role=label)
-        progress(f"using the external {label} server at {server.base_url}")
-    else:
-        assert target.model_dir is not None and plan.engine_args is not None
-        launch = plan_launch(spec, target.model_dir, target.served_name, plan.device, plan.engine_args,
-                             port=spec.port)
-        server = VLLMServer(launch, log_path=log_path, startup_timeout_s=spec.startup_timeout_s,
-                            shutdown_timeout_s=spec.shutdown_timeout_s, role=label)
-        progress(f"starting the {label} server: {target.model_dir.name} on {launch.base_url} (log {log_path})")
-    if spec.mode == "endpoint":
-        server.enter()
-    else:
-        with step(progress, f"{label} server start (deadline {spec.startup_timeout_s:.0f} s)", heartbeat_s=30,
-                  announce=False) as bar:
-            server.enter(on_wait=lambda: bar.update(note=server.startup_phase() or ""))
+        progress(f"using the external {label} server at {plan.endpoint_for(role)}")
+        return VLLMServer(None, log_path=log_path, startup_timeout_s=spec.startup_timeout_s,
+                          endpoint=plan.endpoint_for(role), served_name=target.served_name, role=label)
+    assert target.model_dir is not None and plan.engine_args is not None
+    launch = plan_launch(spec, target.model_dir, target.served_name, plan.device, plan.engine_args, port=spec.port)
+    progress(f"starting the {label} server: {target.model_dir.name} on {launch.base_url} (log {log_path})")
+    return VLLMServer(launch, log_path=log_path, startup_timeout_s=spec.startup_timeout_s,
+                      shutdown_timeout_s=spec.shutdown_timeout_s, role=label)
+
+
+def wait_healthy(server: VLLMServer, progress: Progress) -> None:
+    """Wait for a started server with a progress step (its start-up phase from the log);
+    stop it if it fails. Call from the thread that started it."""
+    if server.plan is None:
+        server.wait_ready()
+        return
+    try:
+        with step(progress, f"{server.role} server start (deadline {server.startup_timeout_s:.0f} s)",
+                  heartbeat_s=30, announce=False) as bar:
+            server.wait_ready(on_wait=lambda: bar.update(note=server.startup_phase() or ""))
+    except BaseException:
+        server.stop()
+        raise
+
+
+def start_together(servers: list[VLLMServer], progress: Progress) -> None:
+    """Start several servers at once and wait until all are healthy; on any failure all of
+    them are stopped. The processes are started from this thread (a server's parent-death
+    signal follows the thread that started it), then waited for one by one."""
+    try:
+        for server in servers:
+            server.start()
+        for server in servers:
+            wait_healthy(server, progress)
+    except BaseException:
+        for server in servers:
+            server.stop()
+        raise
+
+
+@contextlib.contextmanager
+def open_engine(plan: ServingPlan, role: str, *, log_dir: Path, progress: Progress) -> Iterator[VLLMServer]:
+    """Start (or attach to) the engine for one role of a serving plan; stop it on exit."""
+    server = prepare_engine(plan, role, log_dir=log_dir, progress=progress)
+    start_together([server], progress)
     try:
         yield server
     finally:

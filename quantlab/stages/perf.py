@@ -17,6 +17,7 @@ from quantlab.perf_metrics import compare, median_metrics, summarize
 from quantlab.perf_spec import PerformanceSpec, Workload, max_length
 from quantlab.progress import step
 from quantlab.results import PerfPoint, PerfResult, ServeResult
+from quantlab.serving_plan import unrepresentative_settings
 from quantlab.stages import serve as serve_stage
 
 NAME = "performance"
@@ -209,6 +210,7 @@ def run(ctx: RunContext) -> PerfResult:
         gates=perf_gates(points, spec.gates),
         plots=plots,
         notes=notes,
+        unrepresentative=unrepresentative_settings(plan.engine_args),
         workload_context=context,
     )
     return result

@@ -11,11 +11,11 @@ import time
 from pathlib import Path
 from typing import Any
 
-from quantlab import quality_cache
+from quantlab import result_cache
 from quantlab.context import RunContext
 from quantlab.errors import CheckError, EngineError, RecipeError
 from quantlab.eval_suites import Suite, load_suites
-from quantlab.fsutil import sha256_file, write_json_atomic, write_text_atomic
+from quantlab.fsutil import write_json_atomic, write_text_atomic
 from quantlab.progress import step
 from quantlab.quality_compare import compare_task, paired_values, pooled, verdicts
 from quantlab.quality_spec import QualitySpec
@@ -82,23 +82,11 @@ def check_same_tokenizer(base_dir: Path, cand_dir: Path, *, trust_remote_code: b
                           f"{'; '.join(problems)}. Export the checkpoint with the baseline's tokenizer")
 
 
-def _baseline_identity(ctx: RunContext) -> dict[str, Any]:
-    plan = ctx.serving_plan()
-    target = plan.target("baseline")
-    if plan.spec.mode == "endpoint" or target.model_dir is None:
-        # quantlab cannot see an external server's weights: the endpoint and its model name stand for them
-        return {"endpoint": plan.endpoint_for("baseline"), "served_name": plan.spec.served_model_name}
-    folder = Path(target.model_dir)
-    return {"files": {p.name: sha256_file(p) for p in sorted(folder.iterdir())
-                      if p.is_file() and (p.suffix in (".safetensors", ".json", ".jinja", ".model", ".txt"))
-                      and p.name != "quantlab-provenance.json"}}
-
-
 def _cache_parts(ctx: RunContext, suites: list[Suite], tasks: list[str], plan) -> dict[str, Any]:
     spec: QualitySpec = ctx.recipe.quality
     import lm_eval
 
-    return {"baseline": _baseline_identity(ctx), "suites": {s.name: s.sha256 for s in suites}, "tasks": tasks,
+    return {"baseline": ctx.baseline_identity(), "suites": {s.name: s.sha256 for s in suites}, "tasks": tasks,
             "limit": spec.limit, "seed": spec.seed, "num_concurrent": spec.num_concurrent,
             "engine": (plan.probe.get("versions") or {}).get("vllm"), "engine_args": plan.engine_args,
             "device": plan.device, "lm_eval": getattr(lm_eval, "__version__", None),
@@ -220,8 +208,8 @@ def run(ctx: RunContext) -> QualityResult:
     check_same_tokenizer(base_tok, cand_tok, trust_remote_code=ctx.recipe.model.trust_remote_code)
     tasks = [t.task for _, t in work]
     parts = _cache_parts(ctx, suites, tasks, plan)
-    key = quality_cache.cache_key(parts)
-    cached = quality_cache.lookup(key) if spec.baseline_cache else None
+    key = result_cache.cache_key(parts)
+    cached = result_cache.lookup(result_cache.QUALITY, key) if spec.baseline_cache else None
     seconds: dict[str, float] = {}
     kl_path = _kl_texts(ctx, suites)
     kl_token_ids = None
@@ -235,14 +223,16 @@ def run(ctx: RunContext) -> QualityResult:
     if cached:
         ctx.progress(f"quality baseline: reusing cached results ({key[:12]})")
         # a copy in the run folder: the run stays self-contained and the manifest hashes what was compared
-        shutil.copytree(cached, base_dir, dirs_exist_ok=True, ignore=shutil.ignore_patterns(quality_cache.COMPLETE))
+        shutil.copytree(cached, base_dir, dirs_exist_ok=True, ignore=shutil.ignore_patterns(result_cache.COMPLETE))
     else:
         base_dir.mkdir(parents=True, exist_ok=True)
         seconds["baseline"] = _evaluate(ctx, "baseline", work, base_dir)
         if kl_token_ids is not None:
             _kl_dists(ctx, "baseline", kl_token_ids, base_dir)
         if spec.baseline_cache:  # stored now: a candidate that fails later does not cost the baseline's work
-            quality_cache.store(key, base_dir, parts)
+            early_work, _ = _runnable(suites, ctx.recipe_max_model_len())  # what needs_baseline asks
+            early = result_cache.cache_key(_cache_parts(ctx, suites, [t.task for _, t in early_work], plan))
+            result_cache.store(result_cache.QUALITY, key, base_dir, parts, aliases=(early,))
     cand_dir = out / "candidate"
     cand_dir.mkdir(parents=True, exist_ok=True)
     seconds["candidate"] = _evaluate(ctx, "candidate", work, cand_dir)
@@ -345,7 +335,7 @@ def baseline_cached(ctx: RunContext) -> bool:
         suites = _suites(ctx)
         work, _ = _runnable(suites, ctx.served_max_model_len())
         plan = ctx.serving_plan()
-        return quality_cache.lookup(quality_cache.cache_key(_cache_parts(ctx, suites, [t.task for _, t in work],
-                                                                         plan))) is not None
+        key = result_cache.cache_key(_cache_parts(ctx, suites, [t.task for _, t in work], plan))
+        return result_cache.lookup(result_cache.QUALITY, key) is not None
     except (RecipeError, OSError):
         return False

@@ -3,10 +3,13 @@ in the run folder."""
 
 from __future__ import annotations
 
+import json
+import shutil
 from typing import Any
 
-from quantlab.context import RunContext
-from quantlab.fsutil import sha256_file
+from quantlab import result_cache
+from quantlab.context import RunContext, model_files_identity
+from quantlab.fsutil import atomic_directory, sha256_file
 from quantlab.layout import CHECKPOINT_DIR, LOG_DIR, QUANTIZE_RESULT_FILE
 from quantlab.models import source_fingerprint
 from quantlab.results import FileFact, QuantizeResult
@@ -37,11 +40,40 @@ def preflight(ctx: RunContext) -> None:
         check_layout(ctx.loaded, ctx.baseline_model())
 
 
+def _cache_parts(ctx: RunContext) -> dict[str, Any]:
+    """What a checkpoint depends on, by content: the model files, the recipe's
+    quantization (less the reuse switch) and calibration sections, the calibration data,
+    and the versions of quantlab and of the quantization libraries."""
+    from quantlab.engines.llmcompressor import library_versions
+    from quantlab.manifest import quantlab_identity
+
+    r = ctx.recipe
+    return {"model": model_files_identity(ctx.baseline_model().path),
+            "quantization": r.quantization.model_dump(mode="json", exclude={"reuse_checkpoint"}),
+            "calibration": r.calibration.model_dump(mode="json") if r.calibration else None,
+            "calibration_files": [sha256_file(p) for p in ctx.loaded.calibration_paths()],
+            "trust_remote_code": r.model.trust_remote_code, "dtype": r.model.dtype,
+            "versions": library_versions(), "quantlab": quantlab_identity(), "format": 1}
+
+
 def run(ctx: RunContext) -> QuantizeResult:
     from quantlab.engines.llmcompressor import quantize_checkpoint
 
-    out = quantize_checkpoint(ctx.loaded, ctx.baseline_model(), ctx.checkpoint_dir, overwrite=True,
-                              progress=ctx.progress, log_file=_log_file(ctx))
+    reuse = ctx.recipe.quantization.reuse_checkpoint
+    parts = _cache_parts(ctx) if reuse else None
+    key = result_cache.cache_key(parts) if parts else None
+    cached = result_cache.lookup(result_cache.CHECKPOINTS, key) if key else None
+    if cached is not None:
+        ctx.progress(f"quantize: reusing the checkpoint quantized earlier from the same inputs ({key[:12]}; "
+                     "quantization.reuse_checkpoint: false quantizes again)")
+        with atomic_directory(ctx.checkpoint_dir, replace=True) as tmp:
+            shutil.copytree(cached, tmp, dirs_exist_ok=True, ignore=shutil.ignore_patterns(result_cache.COMPLETE))
+        out = json.loads((ctx.checkpoint_dir / QUANTIZE_RESULT_FILE).read_text())
+    else:
+        out = quantize_checkpoint(ctx.loaded, ctx.baseline_model(), ctx.checkpoint_dir, overwrite=True,
+                                  progress=ctx.progress, log_file=_log_file(ctx))
+        if key is not None:  # before later stages add the manifest and signature to the folder
+            result_cache.store(result_cache.CHECKPOINTS, key, ctx.checkpoint_dir, parts)
     ckpt = out["checkpoint"]
     ctx.add_artifact(f"{CHECKPOINT_DIR}/{QUANTIZE_RESULT_FILE}", "quantize-result")
     for name in ckpt["files"]:
@@ -63,4 +95,5 @@ def run(ctx: RunContext) -> QuantizeResult:
         gptq_max_loss=(out["gptq"] or {}).get("max_loss"),
         engine_warnings=out["engine_warnings"],
         shims=out["shims"],
+        reused_from_cache=key if cached is not None else None,
     )

@@ -192,7 +192,8 @@ def build_manifest(ctx: RunContext, results: dict[str, Any], verdicts, decision,
                  "p99_ttft_ms": {"baseline": p.baseline["ttft_ms"]["p99"], "candidate": p.candidate["ttft_ms"]["p99"]},
                  "error_rate": {"baseline": p.baseline.get("error_rate"), "candidate": p.candidate.get("error_rate")}}
                 for p in perf.points],
-            "memory": perf.memory, "cost": perf.cost, "workload": perf.workload_context}
+            "memory": perf.memory, "cost": perf.cost, "workload": perf.workload_context,
+            "unrepresentative": perf.unrepresentative}
     # servers are stopped first, so their logs are complete when hashed
     raw = []
     for name, rec in record.stages.items():

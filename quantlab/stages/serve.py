@@ -40,6 +40,7 @@ def run(ctx: RunContext) -> ServeResult:
     roles = [t for t in plan.targets if t.role != "baseline" or with_baseline]
     if len(roles) < len(plan.targets):
         ctx.progress("baseline server not started: the checks have what they need from it cached")
+    ctx.start_engines([t.role for t in roles])
     facts = {t.role: collect_facts(ctx.engine(t.role), t, device=plan.device) for t in roles}
     log_dir = ctx.run.path / SERVE_LOG_DIR
     compat = {}

@@ -6,14 +6,18 @@ fails the stage naming the probe, with the log tail."""
 from __future__ import annotations
 
 import json
+import shutil
+import tempfile
 import time
+from pathlib import Path
 from typing import Any
 
 from quantlab.context import RunContext
 from quantlab.errors import CheckError, EngineError, RecipeError
 from quantlab.eval_suites import SHIPPED
-from quantlab.fsutil import write_text_atomic
+from quantlab.fsutil import sha256_file, write_text_atomic
 from quantlab.progress import step
+from quantlab.result_cache import STABILITY, cache_key, lookup, store
 from quantlab.results import GateVerdict, PerfResult, StabilityResult
 from quantlab.stability_spec import StabilitySpec
 from quantlab.stages import serve as serve_stage
@@ -30,7 +34,37 @@ def enabled(ctx: RunContext) -> bool:
 
 
 def needs_baseline(ctx: RunContext) -> bool:
-    return True  # every probe is judged against the baseline's own behaviour
+    """Every probe is judged against the baseline's own behaviour: its server is needed
+    unless its results are cached."""
+    return not _cached(ctx)
+
+
+def _cache_parts(ctx: RunContext, tokenizer_dir: Path, max_len: int | None) -> dict[str, Any]:
+    spec: StabilitySpec = ctx.recipe.stability
+    plan = ctx.serving_plan()
+    tok_files = {p.name: sha256_file(p) for p in sorted(tokenizer_dir.glob("tokenizer*")) if p.is_file()}
+    return {"baseline": ctx.baseline_identity(),
+            "probes": spec.model_dump(mode="json", exclude={"gates", "fallback", "baseline_cache"}),
+            "prompts": {"texts": sha256_file(PROMPT_TEXTS), "tokens": PROMPT_TOKENS, "tokenizer": tok_files},
+            "max_model_len": max_len, "engine": (plan.probe.get("versions") or {}).get("vllm"),
+            "engine_args": plan.engine_args, "device": plan.device,
+            "hardware": {"cpu": plan.probe.get("cpu"), "gpus": plan.probe.get("gpus")}, "format": 1}
+
+
+def _tokenizer_dir(ctx: RunContext) -> Path:
+    return ctx.checkpoint_dir if (ctx.checkpoint_dir / "tokenizer_config.json").is_file() \
+        else ctx.baseline_model().path
+
+
+def _cached(ctx: RunContext) -> Path | None:
+    spec: StabilitySpec | None = ctx.recipe.stability
+    if spec is None or not spec.baseline_cache:
+        return None
+    try:
+        key = cache_key(_cache_parts(ctx, _tokenizer_dir(ctx), ctx.served_max_model_len()))
+    except (RecipeError, OSError):
+        return None
+    return lookup(STABILITY, key)
 
 
 def inputs(ctx: RunContext) -> dict[str, Any]:
@@ -238,17 +272,28 @@ def run(ctx: RunContext) -> StabilityResult:
     spec: StabilitySpec = ctx.recipe.stability
     out = ctx.run.path / OUT_DIR
     out.mkdir(parents=True, exist_ok=True)
-    folder = ctx.checkpoint_dir if (ctx.checkpoint_dir / "tokenizer_config.json").is_file() \
-        else ctx.baseline_model().path
+    folder = _tokenizer_dir(ctx)
     tok = AutoTokenizer.from_pretrained(folder, trust_remote_code=ctx.recipe.model.trust_remote_code)
     prompts, pool = _prompts(tok, spec.prompts)
     max_len = _served_max_len(ctx)
+    parts = _cache_parts(ctx, folder, max_len)
+    key = cache_key(parts)
+    cached = lookup(STABILITY, key) if spec.baseline_cache else None
     stab: dict[str, dict[str, Any]] = {}
     for role in ROLES:
-        stab[role] = _run_role(ctx, role, spec, prompts, pool, max_len, len(tok))
         rel = f"{OUT_DIR}/{role}.json"
+        if role == "baseline" and cached:
+            ctx.progress(f"stability baseline: reusing cached results ({key[:12]})")
+            stab[role] = json.loads((cached / "baseline.json").read_text())
+        else:
+            stab[role] = _run_role(ctx, role, spec, prompts, pool, max_len, len(tok))
         write_text_atomic(ctx.run.path / rel, json.dumps(stab[role], indent=1, default=str))
         ctx.add_artifact(rel, f"stability-{role}")
+        if role == "baseline" and not cached and spec.baseline_cache:
+            early = cache_key(_cache_parts(ctx, folder, ctx.recipe_max_model_len()))  # what needs_baseline asks
+            with tempfile.TemporaryDirectory() as tmp:  # stored now: a failing candidate does not cost it
+                shutil.copyfile(ctx.run.path / rel, Path(tmp) / "baseline.json")
+                store(STABILITY, key, Path(tmp), parts, aliases=(early,))
     perf = ctx.run.record.result("performance")
     notes = []
     for role in ROLES:
@@ -258,6 +303,6 @@ def run(ctx: RunContext) -> StabilityResult:
                          f"{', '.join(accepted)}")
     return StabilityResult(
         roles=stab, max_model_len=max_len,
-        fallback=spec.fallback if spec.fallback != "baseline" else "baseline",
+        fallback=spec.fallback if spec.fallback != "baseline" else "baseline", baseline_cached=bool(cached),
         fallback_rate=fallback_rate(stab, perf if isinstance(perf, PerfResult) else None),
         gates=gates(stab, spec), notes=notes, prompts=len(prompts), prompt_tokens=PROMPT_TOKENS)

@@ -214,3 +214,34 @@ def test_the_terminal_shows_quantlab_and_the_log_file_the_engine(tmp_path, tiny_
     assert "GPTQ" in log or "gptq" in log  # the engine's per-module lines landed in the file
     assert "Calibrating" not in r.stderr and "| INFO -" not in r.stderr and "| INFO -" not in r.stdout
     assert all(line.startswith("quantlab ") for line in r.stderr.splitlines() if line.strip()), r.stderr[-2000:]
+
+
+def test_the_quantize_stage_reuses_a_checkpoint_made_from_the_same_inputs(tiny_model_dir, tmp_path, monkeypatch):
+    from conftest import tiny_variant, write_recipe
+
+    from quantlab.context import RunContext
+    from quantlab.recipe import load_recipe
+    from quantlab.run import RunDir
+    from quantlab.stages import quantize as quantize_stage
+
+    monkeypatch.setenv("QUANTLAB_CACHE_DIR", str(tmp_path / "cache"))
+    data = tiny_variant("gptq-w4a16", tiny_model_dir)
+    data["quantization"]["reuse_checkpoint"] = True
+
+    def quantize(name):
+        loaded = load_recipe(write_recipe(tmp_path, data, name))
+        ctx = RunContext(loaded, RunDir.create(loaded, tmp_path / "runs"), progress=lines.append)
+        return ctx, quantize_stage.run(ctx)
+
+    lines: list[str] = []
+    ctx1, first = quantize("a.yaml")
+    assert first.reused_from_cache is None and (ctx1.run.path / "logs" / "llmcompressor.log").is_file()
+    ctx2, second = quantize("b.yaml")  # another run, the same inputs: the same checkpoint, not quantized again
+    assert second.reused_from_cache and any("reusing the checkpoint" in x for x in lines)
+    assert second.files == first.files and second.quantization_config == first.quantization_config
+    assert not (ctx2.run.path / "logs" / "llmcompressor.log").exists()
+    names = [sorted(p.name for p in c.checkpoint_dir.iterdir()) for c in (ctx1, ctx2)]
+    assert names[0] == names[1]
+    data["calibration"]["num_samples"] = 7  # other calibration: another checkpoint
+    _, third = quantize("c.yaml")
+    assert third.reused_from_cache is None and third.calibration["num_samples"] == 7

@@ -13,6 +13,7 @@ import threading
 import types
 
 import pytest
+import yaml
 from conftest import REPO, quiet, write_recipe
 from transformers import AutoTokenizer
 
@@ -79,12 +80,19 @@ def test_stability_stage_self_check_through_validate(tiny_w4a16_server, tiny_w4a
         "stability": {"prompts": 4, "max_tokens": 8, "batch": {"concurrency": [4]},
                       "determinism": {"repeats": 2}, "soak": {"requests": 16, "concurrency": 4, "max_tokens": 8}},
     })
-    r = subprocess.run([sys.executable, "-m", "quantlab", "validate", recipe, "--checkpoint", tiny_w4a16_checkpoint,
-                        "--runs-dir", tmp_path / "runs"], capture_output=True, text=True, cwd=REPO, timeout=600)
-    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
-    [run_dir] = list((tmp_path / "runs" / "tiny-stability").iterdir())
-    record = json.loads((run_dir / "run.json").read_text())
+    env = {**os.environ, "QUANTLAB_CACHE_DIR": str(tmp_path / "cache")}
+
+    def validate(path):
+        r = subprocess.run([sys.executable, "-m", "quantlab", "validate", path, "--checkpoint",
+                            tiny_w4a16_checkpoint, "--runs-dir", tmp_path / "runs"], capture_output=True, text=True,
+                           cwd=REPO, timeout=600, env=env)
+        assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+        run_dir = sorted((tmp_path / "runs" / "tiny-stability").iterdir())[-1]
+        return r, run_dir, json.loads((run_dir / "run.json").read_text())
+
+    r, run_dir, record = validate(recipe)
     st = record["stages"]["stability"]["result"]
+    assert not st["baseline_cached"]
     verdicts = {g["gate"]: g["verdict"] for g in st["gates"]}
     assert verdicts.pop("max_rss_growth_mb") == "inconclusive"  # an endpoint's memory is not visible
     assert set(verdicts.values()) == {"pass"} and len(verdicts) == 5
@@ -94,6 +102,20 @@ def test_stability_stage_self_check_through_validate(tiny_w4a16_server, tiny_w4a
     assert manifest["results"]["stability"]["roles"]["candidate"]["length_failures"] == 0
     assert manifest["decision"]["decision"] == "release" and manifest["decision"]["fallback"] is None
     assert "### Stability" in (run_dir / "report.md").read_text()
+
+    # again: the baseline's probe results come from the cache, and no check needs the baseline server
+    r2, run_dir2, record2 = validate(recipe)
+    st2 = record2["stages"]["stability"]["result"]
+    assert st2["baseline_cached"] and "reusing cached results" in r2.stdout + r2.stderr
+    assert st2["roles"]["baseline"] == st["roles"]["baseline"]
+    assert "baseline" not in record2["stages"]["serve"]["result"]["engines"]
+    assert {g["gate"]: g["verdict"] for g in st2["gates"]} == {g["gate"]: g["verdict"] for g in st["gates"]}
+    # another probe setting is another baseline result: the cache misses
+    data = yaml.safe_load(recipe.read_text())
+    data["stability"]["soak"]["requests"] = 17
+    _, _, record3 = validate(write_recipe(tmp_path, data, "soak17.yaml"))
+    assert not record3["stages"]["stability"]["result"]["baseline_cached"]
+    assert record3["stages"]["stability"]["result"]["roles"]["baseline"]["soak"]["requests"] == 17
 
 
 def test_a_server_that_dies_during_a_probe_fails_naming_the_probe(tiny_w4a16_checkpoint, tmp_path, prompts):

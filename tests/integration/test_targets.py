@@ -6,6 +6,7 @@ target this machine cannot serve is optional: released for three, blocked for on
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 
@@ -32,8 +33,10 @@ def test_per_target_decisions_through_validate(tiny_w4a16_server, tiny_w4a16_che
         "stability": {"prompts": 4, "max_tokens": 8, "batch": {"concurrency": [4]}, "lengths": None,
                       "determinism": None, "bad_requests": False, "soak": None},
     })
+    env = {**os.environ, "QUANTLAB_CACHE_DIR": str(tmp_path / "cache")}  # nothing cached from earlier runs
     r = subprocess.run([sys.executable, "-m", "quantlab", "validate", recipe, "--checkpoint", tiny_w4a16_checkpoint,
-                        "--runs-dir", tmp_path / "runs"], capture_output=True, text=True, cwd=REPO, timeout=900)
+                        "--runs-dir", tmp_path / "runs"], capture_output=True, text=True, cwd=REPO, timeout=900,
+                       env=env)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     assert "released for primary, replica, cpu-eager; blocked for gpu (optional)" in r.stdout + r.stderr
     [run_dir] = list((tmp_path / "runs" / "tiny-targets").iterdir())
@@ -63,9 +66,7 @@ def test_per_target_decisions_through_validate(tiny_w4a16_server, tiny_w4a16_che
     assert manifest["runtime"]["targets"]["cpu-eager"]["engines"]["candidate"]["linear_kernels"]
     report = (run_dir / "report.md").read_text()
     assert "### Serve targets" in report and "blocked for gpu (optional)" in report
-    from quantlab.models import cache_dir
-
-    public = cache_dir() / "keys" / "quantlab-local-signing.pub.pem"
+    public = tmp_path / "cache" / "keys" / "quantlab-local-signing.pub.pem"
     v = subprocess.run([sys.executable, "-m", "quantlab", "verify", run_dir / "checkpoint", "--public-key", public],
                        capture_output=True, text=True, cwd=REPO, timeout=120)
     assert v.returncode == 0, v.stdout + v.stderr

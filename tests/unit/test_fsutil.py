@@ -49,3 +49,23 @@ def test_write_text_atomic(tmp_path):
     write_text_atomic(p, "hi")
     write_text_atomic(p, "again")
     assert p.read_text() == "again" and [x.name for x in p.parent.iterdir()] == ["f.txt"]
+
+
+def test_a_trusted_hash_is_computed_once_and_redone_when_the_file_changes(tmp_path, monkeypatch):
+    import os
+
+    from quantlab import fsutil
+
+    f, index = tmp_path / "w.safetensors", tmp_path / "index.json"
+    f.write_bytes(b"a" * 1000)
+    calls = []
+    real = fsutil.sha256_file
+    monkeypatch.setattr(fsutil, "sha256_file", lambda p: calls.append(p) or real(p))
+    first = fsutil.sha256_trusting_stat(f, index)
+    assert first == real(f) and len(calls) == 1
+    assert fsutil.sha256_trusting_stat(f, index) == first and len(calls) == 1  # trusted: same size, mtime, inode
+    f.write_bytes(b"b" * 1000)  # same size, new content and mtime
+    os.utime(f, ns=(1, 2))
+    assert fsutil.sha256_trusting_stat(f, index) == real(f) != first and len(calls) == 2
+    index.write_text("not json")  # a broken index is a miss, not an error
+    assert fsutil.sha256_trusting_stat(f, index) == real(f) and len(calls) == 3

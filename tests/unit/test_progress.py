@@ -72,3 +72,29 @@ def test_a_terminal_draws_a_bar_and_keeps_one_line_per_step():
 ])
 def test_startup_phase_from_real_log_lines(tail, phase):
     assert startup_phase(tail) == phase
+
+
+REAL_START = """\
+(APIServer pid=14935) INFO 11-30 06:38:44 [utils.py:253] non-default args: {'model': '/m', 'max_model_len': 2048}
+(EngineCore pid=15139) INFO 11-30 06:38:57 [core.py:133] Initializing a V1 LLM engine (v0.32.0) with config: model='/m'
+(Worker pid=15176) INFO 11-30 06:39:03 [cpu_model_runner.py:68] Starting to load model /m...
+Loading safetensors checkpoint shards: 100% Completed | 1/1 [00:00<00:00,  6.57it/s]
+(Worker pid=15176) INFO 11-30 06:39:04 [default_loader.py:501] Loading weights took 0.16 seconds
+(Worker pid=15176) INFO 11-30 06:39:04 [cpu_model_runner.py:87] Warming up model for the compilation...
+(Worker pid=15176) INFO 11-30 06:40:04 [cpu_model_runner.py:91] Warming up done.
+(EngineCore pid=15139) INFO 11-30 06:40:04 [kv_cache_utils.py:2327] CPU KV cache size: 46,592 tokens, Maximum \
+concurrency for 2,048 tokens per request: 22.75x
+(EngineCore pid=1) INFO 11-30 06:40:06 [core.py:402] init engine (profile, create kv cache, warmup model) took 61.55 s
+(APIServer pid=14935) INFO 11-30 06:40:07 [entry.py:140] Starting vLLM server on http://127.0.0.1:54145
+INFO:     Application startup complete.
+"""
+
+
+def test_startup_breakdown_from_log_timestamps():
+    from quantlab.engine_log import parse_engine_log, startup_breakdown
+
+    assert startup_breakdown(REAL_START) == {
+        "before the engine": 13.0, "initializing the engine": 6.0, "loading weights": 1.0,
+        "compiling and warming up": 60.0, "allocating the KV cache": 2.0, "starting the API server": 1.0}
+    assert parse_engine_log(REAL_START)["startup_phases_s"]["compiling and warming up"] == 60.0
+    assert startup_breakdown("no timestamps here\nStarting to load model") == {}

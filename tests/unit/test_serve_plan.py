@@ -127,3 +127,15 @@ def test_missing_engine_environment(tmp_path):
     spec = ServeSpec(python=str(tmp_path / "no-venv" / "bin" / "python"))
     with pytest.raises(EngineError, match="serving environment is missing.*scripts/setup.sh"):
         serving_python(spec)
+
+
+def test_settings_that_make_performance_figures_unrepresentative_are_named():
+    from quantlab.serving_plan import unrepresentative_settings
+
+    assert unrepresentative_settings({"max_model_len": 2048, "dtype": "bfloat16"}) == []
+    assert unrepresentative_settings(None) == []
+    [why] = unrepresentative_settings({"enforce_eager": True})
+    assert why.startswith("enforce_eager")
+    assert unrepresentative_settings({"compilation_config": '{"mode": 0}'})
+    assert unrepresentative_settings({"compilation_config": "0"})
+    assert unrepresentative_settings({"compilation_config": '{"mode": 3}'}) == []

@@ -12,7 +12,9 @@ Heavy imports (torch, transformers) happen only inside the functions that need t
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
+import io
 import json
 import os
 import re
@@ -108,7 +110,9 @@ def build_default_model(target: Path | None = None, *, progress=print) -> Resolv
     bars_were_on = hf_logging.is_progress_bar_enabled()
     hf_logging.disable_progress_bar()  # transformers' tqdm bars would clutter the terminal; a minute at most
     try:
-        return _convert_default(gguf, gguf_sha, pkg_version, folder)
+        # the GGUF loader draws its own tqdm bar on stderr, whatever the setting above
+        with contextlib.redirect_stderr(io.StringIO()):
+            return _convert_default(gguf, gguf_sha, pkg_version, folder)
     finally:
         if bars_were_on:
             hf_logging.enable_progress_bar()

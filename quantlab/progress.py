@@ -30,6 +30,7 @@ class StepHandle:
         self._lines = lines  # plain output: details are lines of their own
         self.done = 0
         self.note = ""
+        self._note_printed = False
         self.started = time.monotonic()
         self._lock = threading.Lock()
 
@@ -39,6 +40,7 @@ class StepHandle:
                 self.done = max(self.done, done)
             if note is not None:
                 self.note = note
+                self._note_printed = False
             self._changed()
 
     def advance(self, n: int = 1) -> None:
@@ -50,13 +52,15 @@ class StepHandle:
         self.update(done=done, note=msg)
         if self._lines is not None:
             self._lines(msg)
+            self._note_printed = True  # plain output: the heartbeat need not repeat it
 
     def elapsed(self) -> float:
         return time.monotonic() - self.started
 
-    def where(self) -> str:
+    def where(self, *, unprinted_only: bool = False) -> str:
         count = f"{self.done}/{self.total} {self.unit}".strip() if self.total else ""
-        return ", ".join(p for p in (count, self.note) if p)
+        note = "" if unprinted_only and self._note_printed else self.note
+        return ", ".join(p for p in (count, note) if p)
 
     def _changed(self) -> None:  # the terminal reporter redraws; plain output waits for the heartbeat
         pass
@@ -72,7 +76,7 @@ def _plain_step(progress: Progress, what: str, total: int | None, unit: str, hea
 
     def beat() -> None:
         while not stop.wait(heartbeat_s):
-            where = handle.where()
+            where = handle.where(unprinted_only=True)
             progress(f"{what}: {where + ', ' if where else ''}{handle.elapsed():.0f} s")
 
     ticker = threading.Thread(target=beat, daemon=True, name="quantlab-heartbeat")

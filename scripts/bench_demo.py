@@ -52,17 +52,20 @@ def engine_seconds(record: dict) -> dict[str, float]:
     for name, rec in record["stages"].items():
         r = rec.get("result") or {}
         if name == "quantize":
-            t = r.get("timings") or {}
-            out[name] = t.get("oneshot_and_save_s", 0) + t.get("load_model_s", 0)
+            t = r.get("timings") or {}  # a reused checkpoint's timings are the earlier run's
+            out[name] = 0.0 if r.get("reused_from_cache") else t.get("oneshot_and_save_s", 0) + t.get("load_model_s", 0)
         elif name == "serve":
-            out[name] = sum(e.get("startup_s") or 0 for e in r.get("engines", {}).values())
+            starts = [e.get("startup_s") or 0 for e in r.get("engines", {}).values()]
+            # side by side, the servers start at the same time: their start-ups overlap
+            out[name] = (max(starts, default=0) if r.get("side_by_side") else sum(starts))
         elif name == "quality":
             out[name] = sum((r.get("seconds") or {}).values())
         elif name == "performance":
             out[name] = sum(rep.get("wall_s") or 0 for p in r.get("points", [])
                             for rep in p.get("baseline_repeats", []) + p.get("candidate_repeats", []))
         elif name == "stability":
-            out[name] = sum(v.get("seconds") or 0 for v in (r.get("roles") or {}).values())
+            out[name] = sum(v.get("seconds") or 0 for role, v in (r.get("roles") or {}).items()
+                            if not (role == "baseline" and r.get("baseline_cached")))
         else:
             out[name] = 0.0
     return {k: round(v, 1) for k, v in out.items()}

@@ -22,9 +22,18 @@ def test_plain_steps_are_start_detail_heartbeat_and_end_lines():
         bar.advance()
     assert lines[0] == "quality candidate: lm-eval ..."
     assert lines[1] == "[1/3] ql_lastword 150 samples 13.9s"
-    beats = [x for x in lines[2:-1] if x.startswith("quality candidate: lm-eval: 1/3 tasks")]
-    assert beats, lines  # the heartbeat says how far and how long
+    beats = lines[2:-1]
+    assert beats and all(re.fullmatch(r"quality candidate: lm-eval: 1/3 tasks, \d+ s", b) for b in beats), lines
+    # the heartbeat says how far and how long, not the detail line again
     assert re.fullmatch(r"quality candidate: lm-eval: done \(2/3 tasks\) in \d+\.\d s", lines[-1]), lines[-1]
+
+
+def test_a_heartbeat_shows_a_note_that_was_not_printed():
+    lines: list[str] = []
+    with step(lines.append, "baseline server start", heartbeat_s=0.05, announce=False) as bar:
+        bar.update(note="compiling and warming up")
+        time.sleep(0.12)
+    assert any(re.fullmatch(r"baseline server start: compiling and warming up, \d+ s", x) for x in lines), lines
 
 
 def test_a_step_that_raises_says_stopped():

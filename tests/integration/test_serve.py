@@ -189,8 +189,11 @@ def test_quantlab_serve_recipe_baseline_foreground_and_ctrl_c(tiny_model_dir, tm
     recipe = write_recipe(tmp_path, data)
     before = serving_env_processes()
     errfile = open(tmp_path / "stderr.txt", "w")
+    # SIGINT as a terminal's Ctrl-C delivers it: a suite started in the background by a non-interactive
+    # shell inherits SIGINT ignored, and Python then installs no KeyboardInterrupt handler
     proc = subprocess.Popen([sys.executable, "-m", "quantlab", "serve", str(recipe), "--baseline",
-                             "--log-dir", str(tmp_path)], stdout=subprocess.PIPE, stderr=errfile, text=True, cwd=REPO)
+                             "--log-dir", str(tmp_path)], stdout=subprocess.PIPE, stderr=errfile, text=True, cwd=REPO,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     try:
         url, lines = None, []
         deadline = time.monotonic() + 600

@@ -156,8 +156,15 @@ def sections(record: RunRecord) -> list[tuple[str, list[str], list[list[str]], l
                 [[s.name, s.status, f"{s.duration_s:.1f}", (s.error or "").splitlines()[0][:160] if s.error else ""]
                  for s in record.stages.values()], []))
     verdicts = all_verdicts(r)
+    rel = r.get("release")
+    optional = {n for n, d in rel.targets.items() if not d.get("required", True)} \
+        if isinstance(rel, ReleaseResult) else set()
+
+    def label(v: GateVerdict) -> str:  # an optional target's failure blocks that target, not the release
+        return v.verdict.upper() + (" (optional target)" if v.verdict == "fail" and v.target in optional else "")
+
     out.append(("Gates", ["verdict", "stage", "gate", "scope", "value", "limit", "detail"],
-                [[v.verdict.upper(), v.stage, v.gate, v.scope, _fmt(v.value, 4), _fmt(v.limit, 4), v.detail]
+                [[label(v), v.stage, v.gate, v.scope, _fmt(v.value, 4), _fmt(v.limit, 4), v.detail]
                  for v in sorted(verdicts, key=lambda v: ({"fail": 0, "inconclusive": 1}.get(v.verdict, 2), v.scope))],
                 [] if verdicts else ["no gate configured"]))
     q = r.get("quantize")

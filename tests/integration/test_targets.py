@@ -66,6 +66,7 @@ def test_per_target_decisions_through_validate(tiny_w4a16_server, tiny_w4a16_che
     assert manifest["runtime"]["targets"]["cpu-eager"]["engines"]["candidate"]["linear_kernels"]
     report = (run_dir / "report.md").read_text()
     assert "### Serve targets" in report and "blocked for gpu (optional)" in report
+    assert "FAIL (optional target)" in report
     public = tmp_path / "cache" / "keys" / "quantlab-local-signing.pub.pem"
     v = subprocess.run([sys.executable, "-m", "quantlab", "verify", run_dir / "checkpoint", "--public-key", public],
                        capture_output=True, text=True, cwd=REPO, timeout=120)

@@ -146,7 +146,7 @@ def _run_stages(loaded: LoadedRecipe, run: RunDir, progress: Progress, verbose: 
         write_run_reports(run, progress)  # a failed run gets its report too
         raise
     ctx.close_engines()  # servers live across the check stages, never past the run
-    optional = {t.name for t in ctx.recipe.serve.targets if not t.required}
+    optional = ctx.recipe.serve.optional_targets
     blocked = [v for v in failed(all_verdicts({name: run.record.result(name) for name in run.record.stages}))
                if v.target not in optional]  # an optional target's failures block that target only
     run.record.status = "blocked" if blocked else "ok"

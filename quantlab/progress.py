@@ -145,14 +145,11 @@ class TerminalProgress:
 
         self.console.print(f"[bold cyan]{self.prefix}[/] {escape(msg)}", highlight=False, soft_wrap=True)
 
-    def _plain(self, msg: str) -> None:
-        self(msg)
-
     @contextlib.contextmanager
     def step(self, what: str, *, total: int | None = None, unit: str = "", heartbeat_s: float = 60,
              announce: bool = True) -> Iterator[StepHandle]:
         if not self.live:
-            with _plain_step(self._plain, what, total, unit, heartbeat_s, announce) as handle:
+            with _plain_step(self, what, total, unit, heartbeat_s, announce) as handle:
                 yield handle
             return
         from rich.markup import escape

@@ -325,6 +325,11 @@ class ServeSpec(_Strict):
                                  f"{first['msg'].removeprefix('Value error, ')}") from None
         return self
 
+    @property
+    def optional_targets(self) -> set[str]:
+        """Names of the serve targets whose decision does not decide the run (required: false)."""
+        return {t.name for t in self.targets if not t.required}
+
     def for_target(self, target: "ServeTarget") -> "ServeSpec":
         """The serve section as this target sees it: its overrides applied, engine_args and
         env merged (a null engine arg removes the key), no further targets."""

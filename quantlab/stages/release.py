@@ -86,7 +86,7 @@ def run(ctx: RunContext) -> ReleaseResult:
     baseline = ctx.baseline_model()
     extra = ctx.recipe.serve.targets
     decision = decide(verdicts, fallback=_fallback(ctx, baseline),
-                      optional_targets={t.name for t in extra if not t.required})
+                      optional_targets=ctx.recipe.serve.optional_targets)
     targets = decide_targets(verdicts, {PRIMARY_TARGET: True, **{t.name: t.required for t in extra}}) \
         if extra else {}
     if targets:

@@ -9,6 +9,8 @@ verdicts. Key material is read from files only and never printed or logged.
 
 from __future__ import annotations
 
+import functools
+import hashlib
 import json
 import os
 import subprocess
@@ -131,6 +133,18 @@ def folder_files(folder: Path) -> dict[str, dict[str, Any]]:
         if p.is_file() and rel not in (MANIFEST_FILE, SIGNATURE_FILE):
             out[rel] = {"size": p.stat().st_size, "sha256": sha256_file(p)}
     return out
+
+
+@functools.lru_cache(maxsize=1)
+def quantlab_code_sha256() -> str:
+    """sha256 over quantlab's own Python sources (path and content of each): what a
+    cached product of quantlab's code must match. Unlike the commit, it ignores changes to
+    docs, tests and recipes, and it sees uncommitted edits."""
+    package = Path(__file__).resolve().parent
+    digest = hashlib.sha256()
+    for path in sorted(package.rglob("*.py")):
+        digest.update(path.relative_to(package).as_posix().encode() + b"\0" + path.read_bytes() + b"\0")
+    return digest.hexdigest()
 
 
 def git_commit() -> str | None:

@@ -19,12 +19,13 @@ from types import ModuleType
 from typing import Any
 
 from quantlab.context import Progress, RunContext, inputs_hash
+from quantlab.engine_time import engine_seconds
 from quantlab.errors import EngineError, GateFailure, QuantlabError, RecipeError
 from quantlab.fsutil import write_text_atomic
 from quantlab.gates import all_verdicts, failed
 from quantlab.layout import CHECKPOINT_DIR, ERROR_DIR
 from quantlab.recipe import LoadedRecipe, ServeSpec
-from quantlab.run import RunDir, StageRecord, now_iso
+from quantlab.run import AttemptTime, RunDir, StageRecord, now_iso
 from quantlab.stages import checkpoint as checkpoint_stage
 from quantlab.stages import perf as perf_stage
 from quantlab.stages import quality as quality_stage
@@ -103,16 +104,30 @@ def run_pipeline(loaded: LoadedRecipe, runs_root: Path, *, resume: Path | None =
     """Run (or resume) the pipeline; with `checkpoint`, validate that existing checkpoint
     instead of quantizing. Any error raised after the run folder exists carries it as
     `.run_dir`, so the caller can summarise the run whatever its outcome."""
+    clock = (time.perf_counter(), engine_seconds())
     run = open_run(loaded, runs_root, resume)
     try:
-        return _run_stages(loaded, run, progress, verbose, checkpoint)
+        return _run_stages(loaded, run, progress, verbose, checkpoint, clock)
     except BaseException as err:
         err.run_dir = run.path  # type: ignore[attr-defined]
         raise
 
 
+def _attempt_time(clock: tuple[float, float]) -> AttemptTime:
+    return AttemptTime(wall_s=round(time.perf_counter() - clock[0], 3),
+                       engine_s=round(engine_seconds() - clock[1], 3))
+
+
+def _save_with_time(run: RunDir, clock: tuple[float, float], progress: Progress) -> None:
+    """Reports first (they are part of the attempt's time), then the record with the time."""
+    run.record.attempt = _attempt_time(clock)
+    write_run_reports(run, progress)
+    run.record.attempt = _attempt_time(clock)
+    run.save()
+
+
 def _run_stages(loaded: LoadedRecipe, run: RunDir, progress: Progress, verbose: bool,
-                checkpoint: Path | None) -> RunDir:
+                checkpoint: Path | None, clock: tuple[float, float]) -> RunDir:
     ctx = RunContext(loaded, run, progress, verbose=verbose, import_from=checkpoint,
                      stages=VALIDATE_STAGES if checkpoint is not None else STAGES)
     progress(f"run directory: {run.path}")
@@ -127,6 +142,7 @@ def _run_stages(loaded: LoadedRecipe, run: RunDir, progress: Progress, verbose: 
                 stage.preflight(ctx)
         ctx.needs_baseline = lambda: baseline_needed(ctx)
     except BaseException as err:
+        run.record.attempt = _attempt_time(clock)
         _finish(run, err)
         wrapped = _as_quantlab_error(err, run, "preflight")
         if wrapped is None:
@@ -143,15 +159,14 @@ def _run_stages(loaded: LoadedRecipe, run: RunDir, progress: Progress, verbose: 
             _run_stage(ctx, stage)
     except BaseException:
         ctx.close_engines()
-        write_run_reports(run, progress)  # a failed run gets its report too
+        _save_with_time(run, clock, progress)  # a failed run gets its report too
         raise
     ctx.close_engines()  # servers live across the check stages, never past the run
     optional = ctx.recipe.serve.optional_targets
     blocked = [v for v in failed(all_verdicts({name: run.record.result(name) for name in run.record.stages}))
                if v.target not in optional]  # an optional target's failures block that target only
     run.record.status = "blocked" if blocked else "ok"
-    run.save()
-    write_run_reports(run, progress)
+    _save_with_time(run, clock, progress)
     if blocked:
         release = run.record.result("release")
         fallback = f"; fallback: {release.fallback}" if release is not None and release.fallback else ""
@@ -176,12 +191,13 @@ def write_run_reports(run: RunDir, progress: Progress) -> dict[str, Path]:
 def _run_stage(ctx: RunContext, stage: ModuleType) -> None:
     run = ctx.run
     ctx.artifacts = []
-    started, t0 = now_iso(), time.perf_counter()
+    started, t0, e0 = now_iso(), time.perf_counter(), engine_seconds()
     digest = inputs_hash(stage.inputs(ctx))
 
     def record(status: str, **kw: Any) -> None:
         run.put_stage(StageRecord(name=stage.NAME, status=status, started_at=started, finished_at=now_iso(),
-                                  duration_s=round(time.perf_counter() - t0, 3), inputs_sha256=digest,
+                                  duration_s=round(time.perf_counter() - t0, 3),
+                                  engine_s=round(engine_seconds() - e0, 3), inputs_sha256=digest,
                                   artifacts=ctx.artifacts, **kw))
 
     try:

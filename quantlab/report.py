@@ -152,9 +152,10 @@ def sections(record: RunRecord) -> list[tuple[str, list[str], list[list[str]], l
     """(title, table header, table rows, notes) per section: one structure, two renderings."""
     r = _results(record)
     out = []
-    out.append(("Stages", ["stage", "status", "seconds", "error"],
-                [[s.name, s.status, f"{s.duration_s:.1f}", (s.error or "").splitlines()[0][:160] if s.error else ""]
-                 for s in record.stages.values()], []))
+    out.append(("Stages", ["stage", "status", "seconds", "engines at work (s)", "error"],
+                [[s.name, s.status, f"{s.duration_s:.1f}", "-" if s.engine_s is None else f"{s.engine_s:.1f}",
+                  (s.error or "").splitlines()[0][:160] if s.error else ""]
+                 for s in record.stages.values()], [time_line(record)] if record.attempt else []))
     verdicts = all_verdicts(r)
     rel = r.get("release")
     optional = {n for n, d in rel.targets.items() if not d.get("required", True)} \
@@ -332,10 +333,26 @@ def render_junit(record: RunRecord) -> str:
     return ET.tostring(suite, encoding="unicode", xml_declaration=True) + "\n"
 
 
+def _duration(seconds: float) -> str:
+    m, s = divmod(round(seconds), 60)
+    return f"{m} min {s} s" if m else f"{seconds:.1f} s"
+
+
+def time_line(record: RunRecord) -> str:
+    """The latest attempt's wall time split into the engines' and quantlab's own."""
+    a = record.attempt
+    share = a.own_s / a.wall_s if a.wall_s else 0.0
+    return (f"time: {_duration(a.wall_s)} in all (preflights and reports included), engines at work "
+            f"{_duration(a.engine_s)}, quantlab's own {a.own_s:.1f} s ({share:.1%})")
+
+
 def summary_lines(record: RunRecord, run_dir: Path) -> list[str]:
     """The few lines a run ends with on the terminal (failed gates and errors follow in
     the error message itself)."""
-    lines = [f"{s.name:<12} {s.status:<11} {s.duration_s:8.1f} s" for s in record.stages.values()]
+    lines = [f"{s.name:<12} {s.status:<11} {s.duration_s:8.1f} s"
+             + (f"   engines {s.engine_s:7.1f} s" if s.engine_s is not None else "") for s in record.stages.values()]
+    if record.attempt is not None:
+        lines.append(time_line(record))
     lines.append(f"decision: {decision_line(record)}")
     if (run_dir / MARKDOWN_FILE).is_file():
         lines.append(f"report: {run_dir / MARKDOWN_FILE} (also {HTML_FILE}, {JUNIT_FILE})")

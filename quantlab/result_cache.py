@@ -10,7 +10,8 @@ the seed and the request concurrency (batching can change greedy outputs), and t
 settings. Stability: the weights, the probe settings (not the gates), the prompts, the
 served max_model_len, the engine version and arguments, and the hardware. Checkpoints:
 the quantize stage's inputs (model files, quantization and calibration sections,
-calibration data) and the quantization libraries' versions.
+calibration data), quantlab's code (a hash of its sources) and the quantization
+libraries' versions.
 """
 
 from __future__ import annotations

@@ -48,11 +48,24 @@ class StageRecord(BaseModel):
     started_at: str
     finished_at: str
     duration_s: float
+    engine_s: float | None = Field(None, description="Of duration_s, the wall time an engine was at work "
+                                   "(llm-compressor, a vLLM server starting or answering, lm-eval); the rest "
+                                   "is quantlab's own.")
     inputs_sha256: str
     result: StageOutput | None = None
     artifacts: list[Artifact] = Field(default_factory=list)
     error: str | None = None
     error_log: str | None = Field(None, description="Traceback file of an unexpected error, relative to the run.")
+
+
+class AttemptTime(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    wall_s: float
+    engine_s: float
+
+    @property
+    def own_s(self) -> float:
+        return max(0.0, self.wall_s - self.engine_s)
 
 
 class RunRecord(BaseModel):
@@ -71,6 +84,8 @@ class RunRecord(BaseModel):
     # sha256 of each recipe this run was resumed with after the first (edits between tries)
     recipe_history: list[str] = Field(default_factory=list)
     stages: dict[str, StageRecord] = Field(default_factory=dict)
+    attempt: AttemptTime | None = Field(None, description="Wall and engine time of the latest run/validate "
+                                        "call on this record, preflights and reports included.")
 
     def result(self, stage: str) -> StageOutput | None:
         rec = self.stages.get(stage)

@@ -10,6 +10,7 @@ from typing import Any
 
 import httpx
 
+from quantlab.engine_time import engine_busy
 from quantlab.errors import CheckError
 
 
@@ -44,7 +45,8 @@ def top_logprobs(base_url: str, served_name: str, token_ids: list[int], *, top_k
 
 def distributions(base_url: str, served_name: str, texts: list[list[int]], *, top_k: int, timeout_s: float
                   ) -> list[list[dict[int, float]]]:
-    return [top_logprobs(base_url, served_name, ids, top_k=top_k, timeout_s=timeout_s) for ids in texts]
+    with engine_busy():
+        return [top_logprobs(base_url, served_name, ids, top_k=top_k, timeout_s=timeout_s) for ids in texts]
 
 
 def to_json(dists: list[list[dict[int, float]]]) -> list[list[dict[str, float]]]:

@@ -19,6 +19,7 @@ from typing import Any
 import yaml
 
 from quantlab.calibration import build_calibration_set
+from quantlab.engine_time import engine_busy
 from quantlab.errors import EngineError, RecipeError
 from quantlab.fsutil import (
     atomic_directory,
@@ -226,8 +227,9 @@ def _quantize_checkpoint(loaded: LoadedRecipe, model_ref: ResolvedModel, output:
     layout, targeted = check_layout(loaded, model_ref)
     t = lap("preflight_s", t0)
 
-    import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    with engine_busy():  # the engines' imports are their start-up cost
+        import torch
+        from transformers import AutoModelForCausalLM, AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(model_ref.path, trust_remote_code=recipe.model.trust_remote_code)
     calib = None
@@ -236,14 +238,15 @@ def _quantize_checkpoint(loaded: LoadedRecipe, model_ref: ResolvedModel, output:
         progress(f"calibration: {calib.num_samples} samples, {calib.num_tokens} tokens, sha256 {calib.sha256[:12]}")
     t = lap("calibration_data_s", t)
 
-    with output_to_file(log_file):  # transformers' loading bar
+    with output_to_file(log_file), engine_busy():  # transformers' loading bar
         model = AutoModelForCausalLM.from_pretrained(
             model_ref.path, dtype=getattr(torch, recipe.model.dtype),
             trust_remote_code=recipe.model.trust_remote_code, use_safetensors=True,
         )
     t = lap("load_model_s", t)
 
-    from llmcompressor import oneshot
+    with engine_busy():
+        from llmcompressor import oneshot
 
     from quantlab.engines.shims import (
         awq_pin_memory_without_accelerator,
@@ -277,7 +280,8 @@ def _quantize_checkpoint(loaded: LoadedRecipe, model_ref: ResolvedModel, output:
         layers = _decoder_layers(model)
         calibrating = calib is not None and layers is not None
         try:
-            with output_to_file(log_file), engine_warnings() as warnings, gptq_layer_losses(model) as losses, \
+            with output_to_file(log_file), engine_busy(), engine_warnings() as warnings, \
+                    gptq_layer_losses(model) as losses, \
                     step(progress, f"oneshot {q.method}", total=len(layers) if calibrating else None,
                          unit="layers calibrated", announce=False) as bar, \
                     _layer_progress(layers if calibrating else None, bar):

@@ -17,6 +17,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from quantlab.engine_time import engine_busy
 from quantlab.errors import EngineError
 
 PROGRESS = "QUANTLAB-EVAL "  # prefix of the child's progress lines on stdout
@@ -124,7 +125,7 @@ def run_tasks(*, tasks: list[str], chat: bool, base_url: str, served_name: str, 
         env.update(HF_DATASETS_OFFLINE="1", HF_HUB_OFFLINE="1")
     (out_dir / FAILED_FILE).unlink(missing_ok=True)
     started = time.monotonic()
-    with open(log_path, "a") as log:
+    with engine_busy(), open(log_path, "a") as log:
         proc = subprocess.Popen([sys.executable, "-m", "quantlab.engines.lmeval", str(spec_path)],
                                 cwd=suite_dir or out_dir, env=env, stdout=subprocess.PIPE, stderr=log, text=True,
                                 start_new_session=True)

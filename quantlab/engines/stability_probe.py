@@ -14,6 +14,8 @@ from typing import Any
 
 import httpx
 
+from quantlab.engine_time import engine_busy
+
 MAX_EXAMPLES = 5  # mismatch examples kept per probe
 
 
@@ -33,10 +35,11 @@ class Reply:
 def post(client: httpx.Client, url: str, *, body: Any = None, raw: bytes | None = None, timeout_s: float) -> Reply:
     t0 = time.perf_counter()
     try:
-        if raw is not None:
-            r = client.post(url, content=raw, headers={"content-type": "application/json"}, timeout=timeout_s)
-        else:
-            r = client.post(url, json=body, timeout=timeout_s)
+        with engine_busy():
+            if raw is not None:
+                r = client.post(url, content=raw, headers={"content-type": "application/json"}, timeout=timeout_s)
+            else:
+                r = client.post(url, json=body, timeout=timeout_s)
     except httpx.HTTPError as err:
         return Reply(None, error=f"{type(err).__name__}: {err}"[:300], seconds=time.perf_counter() - t0)
     seconds = time.perf_counter() - t0
@@ -52,7 +55,8 @@ def post(client: httpx.Client, url: str, *, body: Any = None, raw: bytes | None 
 
 def healthy(client: httpx.Client, base_url: str, timeout_s: float = 10) -> bool:
     try:
-        return client.get(f"{base_url}/health", timeout=timeout_s).status_code == 200
+        with engine_busy():
+            return client.get(f"{base_url}/health", timeout=timeout_s).status_code == 200
     except httpx.HTTPError:
         return False
 

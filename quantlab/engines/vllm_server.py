@@ -23,6 +23,7 @@ from typing import Any
 import httpx
 
 from quantlab.engine_log import startup_phase
+from quantlab.engine_time import engine_busy
 from quantlab.engines.vllm_probe import serving_python
 from quantlab.errors import EngineError, RecipeError
 from quantlab.models import cache_dir
@@ -141,7 +142,7 @@ class VLLMServer:
 
     def wait_ready(self, on_wait: Callable[[], None] | None = None) -> None:
         deadline = self.started_at + self.startup_timeout_s
-        with httpx.Client(timeout=5) as client:
+        with engine_busy(), httpx.Client(timeout=5) as client:
             while True:
                 self.ensure_alive("while starting")
                 if on_wait is not None:
@@ -172,20 +173,22 @@ class VLLMServer:
         proc, self.proc = self.proc, None
         if proc is None or proc.poll() is not None and not _group_alive(proc.pid):
             return
-        for sig, wait_s in ((signal.SIGTERM, self.shutdown_timeout_s), (signal.SIGKILL, 10)):
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.killpg(proc.pid, sig)
-            deadline = time.monotonic() + wait_s
-            while time.monotonic() < deadline:
-                if proc.poll() is not None and not _group_alive(proc.pid):
-                    return
-                time.sleep(0.2)
-        proc.poll()
+        with engine_busy():  # the engine's shutdown
+            for sig, wait_s in ((signal.SIGTERM, self.shutdown_timeout_s), (signal.SIGKILL, 10)):
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.killpg(proc.pid, sig)
+                deadline = time.monotonic() + wait_s
+                while time.monotonic() < deadline:
+                    if proc.poll() is not None and not _group_alive(proc.pid):
+                        return
+                    time.sleep(0.2)
+            proc.poll()
 
     # -- facts -----------------------------------------------------------------------
     def get_json(self, path: str, timeout: float = 30) -> Any:
         try:
-            r = httpx.get(f"{self.base_url}{path}", timeout=timeout)
+            with engine_busy():
+                r = httpx.get(f"{self.base_url}{path}", timeout=timeout)
             r.raise_for_status()
             return r.json()
         except httpx.HTTPError as err:
@@ -195,7 +198,8 @@ class VLLMServer:
     def complete(self, prompt: str, *, max_tokens: int = 8, timeout: float = 120, **extra) -> dict[str, Any]:
         body = {"model": self.served_name, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0, **extra}
         try:
-            r = httpx.post(f"{self.base_url}/v1/completions", json=body, timeout=timeout)
+            with engine_busy():
+                r = httpx.post(f"{self.base_url}/v1/completions", json=body, timeout=timeout)
             r.raise_for_status()
             return r.json()
         except httpx.HTTPError as err:

@@ -43,9 +43,10 @@ def preflight(ctx: RunContext) -> None:
 def _cache_parts(ctx: RunContext) -> dict[str, Any]:
     """What a checkpoint depends on, by content: the model files, the recipe's
     quantization (less the reuse switch) and calibration sections, the calibration data,
-    and the versions of quantlab and of the quantization libraries."""
+    and the versions of quantlab's code and of the quantization libraries."""
+    from quantlab import __version__
     from quantlab.engines.llmcompressor import library_versions
-    from quantlab.manifest import quantlab_identity
+    from quantlab.manifest import quantlab_code_sha256
 
     r = ctx.recipe
     return {"model": model_files_identity(ctx.baseline_model().path),
@@ -53,7 +54,8 @@ def _cache_parts(ctx: RunContext) -> dict[str, Any]:
             "calibration": r.calibration.model_dump(mode="json") if r.calibration else None,
             "calibration_files": [sha256_file(p) for p in ctx.loaded.calibration_paths()],
             "trust_remote_code": r.model.trust_remote_code, "dtype": r.model.dtype,
-            "versions": library_versions(), "quantlab": quantlab_identity(), "format": 1}
+            "versions": library_versions(), "quantlab": {"version": __version__, "code": quantlab_code_sha256()},
+            "format": 2}
 
 
 def run(ctx: RunContext) -> QuantizeResult:

@@ -91,6 +91,17 @@ def test_failed_serve_then_resume_with_an_edited_serve_section(tmp_path, tiny_mo
     assert all((run_dir / p).is_file() for p in perf["plots"])
     assert "starting" not in second.stderr.split("stage performance")[1]  # the serve stage's servers were reused
 
+    # where the time went: engine waits recorded per stage and for the whole attempt
+    timed = {n: st for n, st in record["stages"].items() if st["finished_at"] != quantized["finished_at"]}
+    for name, st in timed.items():
+        assert 0 <= st["engine_s"] <= st["duration_s"] + 0.01, (name, st["engine_s"], st["duration_s"])
+    assert timed["serve"]["engine_s"] > 0.8 * timed["serve"]["duration_s"]  # two servers starting
+    assert timed["performance"]["engine_s"] > 0  # (the release's is the servers' shutdown)
+    attempt = record["attempt"]
+    assert attempt["wall_s"] >= sum(st["duration_s"] for st in timed.values())
+    assert attempt["engine_s"] >= sum(st["engine_s"] for st in timed.values()) - 0.01
+    assert "quantlab's own" in second.stderr and "engines at work" in second.stderr
+
     # the release: a signed manifest inside the checkpoint, verified with the public key
     release = record["stages"]["release"]["result"]
     assert release["decision"] == "release" and release["signed"] and not release["local_development_key"]

@@ -61,3 +61,17 @@ def test_summary_names_stages_decision_and_report(record, tmp_path):
     assert [ln.split()[0] for ln in lines[:4]] == ["quantize", "serve", "performance", "release"]
     assert lines[4].startswith("decision: BLOCKED") and "fallback" in lines[4].lower()
     assert lines[-1].startswith(f"report: {tmp_path / 'report.md'}")
+
+
+def test_summary_splits_the_time_into_the_engines_and_quantlabs_own(record, tmp_path):
+    from quantlab.run import AttemptTime
+
+    timed = record.model_copy(deep=True)
+    timed.stages["serve"].engine_s = 70.5
+    timed.attempt = AttemptTime(wall_s=372.0, engine_s=353.4)
+    lines = summary_lines(timed, tmp_path)
+    assert lines[1].split()[-3:] == ["engines", "70.5", "s"]
+    assert "engines" not in lines[0]  # a stage recorded without engine time shows none
+    assert lines[4] == ("time: 6 min 12 s in all (preflights and reports included), engines at work 5 min 53 s, "
+                        "quantlab's own 18.6 s (5.0%)")
+    assert lines[5].startswith("decision: BLOCKED")

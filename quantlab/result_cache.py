@@ -20,9 +20,11 @@ import hashlib
 import json
 import shutil
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from quantlab.errors import RecipeError
 from quantlab.fsutil import write_text_atomic
 from quantlab.models import cache_dir
 
@@ -39,6 +41,15 @@ def cache_key(parts: dict[str, Any]) -> str:
 
 def cache_root(kind: str) -> Path:
     return cache_dir() / kind
+
+
+def lookup_parts(kind: str, parts: Callable[[], dict[str, Any]]) -> Path | None:
+    """`lookup` by the key of what `parts()` returns; None also when the parts cannot be
+    computed yet (a file a part hashes is missing, a recipe field is unusable)."""
+    try:
+        return lookup(kind, cache_key(parts()))
+    except (RecipeError, OSError):
+        return None
 
 
 def lookup(kind: str, key: str) -> Path | None:

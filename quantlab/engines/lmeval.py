@@ -70,17 +70,22 @@ def _child(spec_path: str) -> int:
     spec = json.loads(Path(spec_path).read_text())
     out = Path(spec["out_dir"])
     out.mkdir(parents=True, exist_ok=True)
-    lm = get_model(spec["model"]).create_from_arg_obj(spec["model_args"])
     tm = TaskManager(include_path=spec.get("include_path"), include_defaults=spec.get("include_defaults", False))
-    for i, task in enumerate(spec["tasks"], 1):
-        print(f"{PROGRESS}start {i}/{len(spec['tasks'])} {task}", flush=True)
+    # one process for both APIs: lm-eval's start-up (imports, task index) is paid once
+    work = [(part, task) for part in spec["parts"] for task in part["tasks"]]
+    models: dict[bool, Any] = {}
+    for i, (part, task) in enumerate(work, 1):
+        if part["chat"] not in models:
+            models[part["chat"]] = get_model(part["model"]).create_from_arg_obj(part["model_args"])
+        lm = models[part["chat"]]
+        print(f"{PROGRESS}start {i}/{len(work)} {task}", flush=True)
         t0 = time.monotonic()
         try:
             r = lm_eval.simple_evaluate(model=lm, tasks=[task], task_manager=tm, log_samples=True,
                                         limit=spec.get("limit"), random_seed=spec["seed"],
                                         numpy_random_seed=spec["seed"], torch_random_seed=spec["seed"],
                                         fewshot_random_seed=spec["seed"], bootstrap_iters=0,
-                                        apply_chat_template=spec["chat"], fewshot_as_multiturn=spec["chat"])
+                                        apply_chat_template=part["chat"], fewshot_as_multiturn=part["chat"])
         except BaseException as err:  # noqa: BLE001 (reported to the parent, then re-raised)
             (out / FAILED_FILE).write_text(json.dumps({"task": task, "error": f"{type(err).__name__}: {err}"}))
             raise
@@ -93,30 +98,37 @@ def _child(spec_path: str) -> int:
                    "n_samples": len(rows), "seconds": time.monotonic() - t0,
                    "lm_eval": lm_eval.__version__ if hasattr(lm_eval, "__version__") else None}
         (out / f"{task}.summary.json").write_text(json.dumps(summary, default=str))
-        print(f"{PROGRESS}done {i}/{len(spec['tasks'])} {task} {len(rows)} samples "
+        print(f"{PROGRESS}done {i}/{len(work)} {task} {len(rows)} samples "
               f"{time.monotonic() - t0:.1f}s", flush=True)
     return 0
 
 
-def run_tasks(*, tasks: list[str], chat: bool, base_url: str, served_name: str, tokenizer: str | None,
-              suite_dir: Path | None, out_dir: Path, log_path: Path, seed: int, limit: int | None,
-              num_concurrent: int, request_timeout_s: float, max_retries: int, deadline_s: float,
-              offline: bool, trust_remote_code: bool, progress: Callable[[str], None],
+def run_tasks(*, tasks: list[str], chat_tasks: list[str] | None = None, base_url: str, served_name: str,
+              tokenizer: str | None, suite_dir: Path | None, out_dir: Path, log_path: Path, seed: int,
+              limit: int | None, num_concurrent: int, request_timeout_s: float, max_retries: int,
+              deadline_s: float, offline: bool, trust_remote_code: bool, progress: Callable[[str], None],
               is_alive: Callable[[], bool] = lambda: True) -> None:
-    """Run `tasks` against a served model; per-task sample files land in out_dir."""
+    """Run `tasks` (completions API) then `chat_tasks` (chat completions API, the model's
+    chat template) against a served model, in one lm-eval process; per-task sample files
+    land in out_dir."""
     # the child runs in the suite folder (task YAML name their data relative to it): absolute paths only
     out_dir, log_path = Path(out_dir).resolve(), Path(log_path).resolve()
     out_dir.mkdir(parents=True, exist_ok=True)
-    model_args: dict[str, Any] = {
-        "base_url": f"{base_url}/v1/{'chat/completions' if chat else 'completions'}",
-        "model": served_name, "num_concurrent": num_concurrent, "max_retries": max_retries,
-        "timeout": request_timeout_s, "seed": seed,
-    }
-    if not chat:
-        model_args.update(tokenizer=tokenizer, tokenizer_backend="huggingface",
-                          trust_remote_code=trust_remote_code)
-    spec = {"model": "local-chat-completions" if chat else "local-completions", "model_args": model_args,
-            "tasks": tasks, "chat": chat, "seed": seed, "limit": limit, "out_dir": str(out_dir),
+
+    def part(names: list[str], chat: bool) -> dict[str, Any]:
+        model_args: dict[str, Any] = {
+            "base_url": f"{base_url}/v1/{'chat/completions' if chat else 'completions'}",
+            "model": served_name, "num_concurrent": num_concurrent, "max_retries": max_retries,
+            "timeout": request_timeout_s, "seed": seed,
+        }
+        if not chat:
+            model_args.update(tokenizer=tokenizer, tokenizer_backend="huggingface",
+                              trust_remote_code=trust_remote_code)
+        return {"model": "local-chat-completions" if chat else "local-completions", "model_args": model_args,
+                "tasks": list(names), "chat": chat}
+
+    spec = {"parts": [part(names, chat) for names, chat in ((tasks, False), (chat_tasks or [], True)) if names],
+            "seed": seed, "limit": limit, "out_dir": str(out_dir),
             "include_path": str(suite_dir) if suite_dir else None, "include_defaults": suite_dir is None}
     spec_path = out_dir / "lmeval-spec.json"
     spec_path.write_text(json.dumps(spec, indent=2))

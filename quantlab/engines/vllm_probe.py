@@ -1,16 +1,25 @@
 """What the serving environment is: vLLM, torch and compressed-tensors versions, GPUs
 (name, compute capability, driver) or the CPU (model, ISA flags). Run in the serving
-environment's own Python, because that is the environment that serves."""
+environment's own Python, because that is the environment that serves.
+
+A probe starts that Python and imports torch (seconds), so its answer is kept on disk,
+keyed by what can change it: the environment's installed packages (its site-packages
+folders' modification times change with every install or removal), the machine and its
+boot (a new driver or device needs one), and the variables that hide or show devices."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
+import platform
 import subprocess
 from pathlib import Path
 from typing import Any
 
 from quantlab.errors import EngineError
+from quantlab.fsutil import write_json_atomic
+from quantlab.models import cache_dir
 from quantlab.recipe import ServeSpec
 
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
@@ -68,8 +77,50 @@ def serving_python(spec: ServeSpec) -> Path:
     )
 
 
+DEVICE_VARIABLES = ("CUDA_VISIBLE_DEVICES", "NVIDIA_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES",
+                    "ROCR_VISIBLE_DEVICES", "CUDA_DEVICE_ORDER")
+PROBE_FORMAT = 1
+
+
+def _probe_key(python: Path) -> str | None:
+    """None where the environment's packages cannot be watched (not a virtual environment)."""
+    root = python.parent.parent
+    if not (root / "pyvenv.cfg").is_file():
+        return None
+    site = sorted(root.glob("lib/python*/site-packages")) + sorted(root.glob("lib64/python*/site-packages"))
+    if not site:
+        return None
+    try:
+        boot = Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+    except OSError:
+        return None  # no way to tell a reboot (new driver, new device): probe every time
+    parts = {"python": str(python), "real": str(python.resolve()), "format": PROBE_FORMAT, "boot": boot,
+             "host": platform.node(), "site": [(str(p), p.stat().st_mtime_ns) for p in site],
+             "probe": hashlib.sha256(PROBE.encode()).hexdigest(),
+             "env": {v: os.environ.get(v) for v in DEVICE_VARIABLES}}
+    return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()
+
+
 def probe_serving_env(python: Path, *, timeout: float = 180) -> dict[str, Any]:
-    """Versions and hardware as the serving environment sees them."""
+    """Versions and hardware as the serving environment sees them (from the on-disk
+    probe cache when nothing that could change the answer has changed)."""
+    key = _probe_key(python)
+    cached = cache_dir() / "probes" / f"{key}.json" if key else None
+    if cached is not None and cached.is_file():
+        try:
+            return json.loads(cached.read_text())
+        except (OSError, ValueError):
+            pass  # unreadable: probe again and rewrite it
+    probe = _run_probe(python, timeout=timeout)
+    if cached is not None:
+        try:
+            write_json_atomic(cached, probe)
+        except OSError:
+            pass  # a read-only cache only costs the next run a probe
+    return probe
+
+
+def _run_probe(python: Path, *, timeout: float) -> dict[str, Any]:
     try:
         r = subprocess.run([str(python), "-c", PROBE], capture_output=True, text=True, timeout=timeout)
     except subprocess.TimeoutExpired:

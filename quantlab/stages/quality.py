@@ -111,22 +111,24 @@ def _evaluate(ctx: RunContext, role: str, work: list[tuple[Suite, Any]], out: Pa
     spec: QualitySpec = ctx.recipe.quality
     server = ctx.engine(role)
     started = time.monotonic()
-    groups: dict[tuple[str, bool], list[str]] = {}
+    groups: dict[str, dict[bool, list[str]]] = {}  # suite -> chat API? -> tasks: one lm-eval process per suite
     folders = {}
     for suite, task in work:
-        groups.setdefault((suite.name, task.api == "chat"), []).append(task.task)
+        groups.setdefault(suite.name, {False: [], True: []})[task.api == "chat"].append(task.task)
         folders[suite.name] = suite.folder
     total = len(work)
     done = 0
     with step(ctx.progress, f"quality {role}: lm-eval", total=total, unit="tasks", announce=False) as bar:
-        for (suite_name, chat), tasks in groups.items():
+        for suite_name, by_api in groups.items():
             def progress(line: str, _role=role) -> None:
                 nonlocal done
                 if line.startswith("done"):
                     done += 1
                     bar.detail(f"quality {_role}: [{done}/{total}] {line.split(' ', 2)[2]}", done=done)
 
-            run_tasks(tasks=tasks, chat=chat, base_url=server.base_url, served_name=server.served_name,
+            tasks = by_api[False] + by_api[True]
+            run_tasks(tasks=by_api[False], chat_tasks=by_api[True], base_url=server.base_url,
+                      served_name=server.served_name,
                       tokenizer=str(_tokenizer_dir(ctx, role)), suite_dir=folders[suite_name], out_dir=out,
                       log_path=ctx.run.path / OUT_DIR / f"{role}-lmeval.log", seed=spec.seed, limit=spec.limit,
                       num_concurrent=spec.num_concurrent, request_timeout_s=spec.request_timeout_s,
@@ -331,11 +333,10 @@ def baseline_cached(ctx: RunContext) -> bool:
     spec: QualitySpec | None = ctx.recipe.quality
     if spec is None or not spec.baseline_cache:
         return False
-    try:
+
+    def parts() -> dict[str, Any]:
         suites = _suites(ctx)
         work, _ = _runnable(suites, ctx.served_max_model_len())
-        plan = ctx.serving_plan()
-        key = result_cache.cache_key(_cache_parts(ctx, suites, [t.task for _, t in work], plan))
-        return result_cache.lookup(result_cache.QUALITY, key) is not None
-    except (RecipeError, OSError):
-        return False
+        return _cache_parts(ctx, suites, [t.task for _, t in work], ctx.serving_plan())
+
+    return result_cache.lookup_parts(result_cache.QUALITY, parts) is not None

@@ -86,7 +86,7 @@ def test_server_errors_during_evaluation_fail_clearly_naming_the_task(tiny_w4a16
     server, _, _ = tiny_w4a16_server
     monkeypatch.chdir(tmp_path)  # relative output paths, as `--runs-dir runs` gives them
     with pytest.raises(EngineError, match="lm-eval failed on task 'ql_lastword'.*404") as err:
-        run_tasks(tasks=["ql_lastword"], chat=False, base_url=server.base_url, served_name="no-such-model",
+        run_tasks(tasks=["ql_lastword"], base_url=server.base_url, served_name="no-such-model",
                   tokenizer=str(tiny_w4a16_checkpoint),
                   suite_dir=SHIPPED / "default", out_dir=Path("out"), log_path=Path("lmeval.log"),
                   seed=1, limit=3, num_concurrent=2, request_timeout_s=30, max_retries=1, deadline_s=300,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import subprocess
 import sys
 from pathlib import Path
 
@@ -33,6 +34,16 @@ def tiny_model_dir(tmp_path_factory, default_model_dir) -> Path:
     from tiny_model import build_tiny_llama
 
     return build_tiny_llama(tmp_path_factory.mktemp("tiny-llama"), default_model_dir)
+
+
+def validate(recipe: Path, checkpoint: Path, tmp_path: Path, *, timeout: float = 900
+             ) -> subprocess.CompletedProcess:
+    """`quantlab validate` in a child process, runs under tmp_path/runs, with a cache
+    folder of its own (tmp_path/cache): nothing cached by other tests is reused."""
+    env = {**os.environ, "QUANTLAB_CACHE_DIR": str(tmp_path / "cache")}
+    return subprocess.run([sys.executable, "-m", "quantlab", "validate", recipe, "--checkpoint", checkpoint,
+                           "--runs-dir", tmp_path / "runs"], capture_output=True, text=True, cwd=REPO,
+                          timeout=timeout, env=env)
 
 
 def write_recipe(folder: Path, data: dict, name: str = "recipe.yaml") -> Path:

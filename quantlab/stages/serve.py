@@ -10,7 +10,7 @@ from quantlab.context import RunContext
 from quantlab.layout import SERVE_LOG_DIR
 from quantlab.models import source_fingerprint
 from quantlab.results import CheckpointResult, CompatRecord, QuantizeResult, ServeResult
-from quantlab.serving_compat import kernel_warnings
+from quantlab.serving_compat import CompatReport, kernel_warnings
 
 NAME = "serve"
 
@@ -29,6 +29,15 @@ def preflight(ctx: RunContext) -> None:
     ctx.serving_plan(predicted="quantize" in ctx.will_run or not (ctx.checkpoint_dir / "config.json").is_file())
 
 
+def compat_record(report: CompatReport, engine_log: dict[str, Any] | None) -> CompatRecord:
+    """What the serving plan predicted for a role, plus warnings where the kernels the
+    engine's log names are not the ones the plan expected."""
+    record = CompatRecord(**report.as_record())
+    if engine_log is not None:
+        record.warnings += kernel_warnings(report.expected_kernels, engine_log)
+    return record
+
+
 def run(ctx: RunContext) -> ServeResult:
     """Start each server (kept up for the checks after this stage) and record its facts."""
     from quantlab.engines.vllm_facts import collect_facts
@@ -43,12 +52,8 @@ def run(ctx: RunContext) -> ServeResult:
     ctx.start_engines([t.role for t in roles])
     facts = {t.role: collect_facts(ctx.engine(t.role), t, device=plan.device) for t in roles}
     log_dir = ctx.run.path / SERVE_LOG_DIR
-    compat = {}
-    for role, report in plan.compat.items():
-        record = CompatRecord(**report.as_record())
-        if role in facts:
-            record.warnings += kernel_warnings(report.expected_kernels, facts[role].log)
-        compat[role] = record
+    compat = {role: compat_record(report, facts[role].log if role in facts else None)
+              for role, report in plan.compat.items()}
     for role in facts:
         if (log_dir / f"{role}-server.log").is_file():
             ctx.add_artifact(f"{SERVE_LOG_DIR}/{role}-server.log", f"{role}-server-log")

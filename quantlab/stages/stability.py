@@ -17,7 +17,7 @@ from quantlab.errors import CheckError, EngineError, RecipeError
 from quantlab.eval_suites import SHIPPED
 from quantlab.fsutil import sha256_file, write_text_atomic
 from quantlab.progress import step
-from quantlab.result_cache import STABILITY, cache_key, lookup, store
+from quantlab.result_cache import STABILITY, cache_key, lookup, lookup_parts, store
 from quantlab.results import GateVerdict, PerfResult, StabilityResult
 from quantlab.stability_spec import StabilitySpec
 from quantlab.stages import serve as serve_stage
@@ -51,7 +51,7 @@ def _cache_parts(ctx: RunContext, tokenizer_dir: Path, max_len: int | None) -> d
             "hardware": {"cpu": plan.probe.get("cpu"), "gpus": plan.probe.get("gpus")}, "format": 1}
 
 
-def _tokenizer_dir(ctx: RunContext) -> Path:
+def tokenizer_dir(ctx: RunContext) -> Path:
     return ctx.checkpoint_dir if (ctx.checkpoint_dir / "tokenizer_config.json").is_file() \
         else ctx.baseline_model().path
 
@@ -60,11 +60,7 @@ def _cached(ctx: RunContext) -> Path | None:
     spec: StabilitySpec | None = ctx.recipe.stability
     if spec is None or not spec.baseline_cache:
         return None
-    try:
-        key = cache_key(_cache_parts(ctx, _tokenizer_dir(ctx), ctx.served_max_model_len()))
-    except (RecipeError, OSError):
-        return None
-    return lookup(STABILITY, key)
+    return lookup_parts(STABILITY, lambda: _cache_parts(ctx, tokenizer_dir(ctx), ctx.served_max_model_len()))
 
 
 def inputs(ctx: RunContext) -> dict[str, Any]:
@@ -86,7 +82,7 @@ def _served_max_len(ctx: RunContext) -> int:
     return found
 
 
-def _prompts(tokenizer, n: int) -> tuple[list[list[int]], list[int]]:
+def probe_prompts(tokenizer, n: int) -> tuple[list[list[int]], list[int]]:
     rows = [json.loads(x)["text"] for x in PROMPT_TEXTS.read_text().splitlines() if x.strip()]
     ids = [tokenizer(t).input_ids for t in rows]
     prompts = [x[:PROMPT_TOKENS] for x in ids]
@@ -109,7 +105,7 @@ def _rss_sampler(server):
     return sample
 
 
-def _probe(ctx: RunContext, role: str, server, name: str, fn, *args, bar=None, **kwargs):
+def run_probe(ctx: RunContext, role: str, server, name: str, fn, *args, bar=None, **kwargs):
     """Run one probe; a server that died meanwhile fails the stage naming the probe. `bar`:
     the step it belongs to (advanced when the probe is done)."""
     if bar is not None:
@@ -141,25 +137,25 @@ def _run_role(ctx: RunContext, role: str, spec: StabilitySpec, prompts, pool, ma
     probes = sum(bool(x) for x in (spec.batch, spec.lengths, spec.determinism, spec.bad_requests, spec.soak))
     with step(ctx.progress, f"stability {role}", total=probes, unit="probes", announce=False) as bar:
         if spec.batch:
-            out["batch"] = _probe(ctx, role, server, f"batch sweep {spec.batch.concurrency}", sp.batch_sweep, url,
+            out["batch"] = run_probe(ctx, role, server, f"batch sweep {spec.batch.concurrency}", sp.batch_sweep, url,
                                   name, prompts, max_tokens=spec.max_tokens, levels=spec.batch.concurrency,
                                   timeout_s=t, bar=bar)
         if spec.lengths:
-            out["lengths"] = _probe(ctx, role, server, f"length sweep up to max_model_len {max_len}",
+            out["lengths"] = run_probe(ctx, role, server, f"length sweep up to max_model_len {max_len}",
                                     sp.length_sweep, url, name, pool, max_model_len=max_len,
                                     fractions=spec.lengths.fractions, past_limit=spec.lengths.past_limit,
                                     max_tokens=spec.max_tokens, timeout_s=t, bar=bar)
         if spec.determinism:
             d = spec.determinism
-            out["determinism"] = _probe(ctx, role, server, f"determinism x{d.repeats}", sp.determinism, url, name,
+            out["determinism"] = run_probe(ctx, role, server, f"determinism x{d.repeats}", sp.determinism, url, name,
                                         prompts, max_tokens=spec.max_tokens, repeats=d.repeats,
                                         temperature=d.sampled_temperature, seed=d.seed, timeout_s=t, bar=bar)
         if spec.bad_requests:
-            out["bad_requests"] = _probe(ctx, role, server, "bad requests", sp.bad_requests, url, name,
+            out["bad_requests"] = run_probe(ctx, role, server, "bad requests", sp.bad_requests, url, name,
                                          vocab_size=vocab, timeout_s=t, bar=bar)
         if spec.soak:
             s = spec.soak
-            out["soak"] = _probe(ctx, role, server, f"soak {s.requests} requests at concurrency {s.concurrency}",
+            out["soak"] = run_probe(ctx, role, server, f"soak {s.requests} requests at concurrency {s.concurrency}",
                                  sp.soak, url, name, prompts, requests=s.requests, concurrency=s.concurrency,
                                  max_tokens=s.max_tokens, timeout_s=t, sample_rss=_rss_sampler(server), bar=bar)
     out["seconds"] = round(time.monotonic() - started, 1)
@@ -272,9 +268,9 @@ def run(ctx: RunContext) -> StabilityResult:
     spec: StabilitySpec = ctx.recipe.stability
     out = ctx.run.path / OUT_DIR
     out.mkdir(parents=True, exist_ok=True)
-    folder = _tokenizer_dir(ctx)
+    folder = tokenizer_dir(ctx)
     tok = AutoTokenizer.from_pretrained(folder, trust_remote_code=ctx.recipe.model.trust_remote_code)
-    prompts, pool = _prompts(tok, spec.prompts)
+    prompts, pool = probe_prompts(tok, spec.prompts)
     max_len = _served_max_len(ctx)
     parts = _cache_parts(ctx, folder, max_len)
     key = cache_key(parts)

@@ -14,10 +14,10 @@ from typing import Any
 from quantlab.context import RunContext
 from quantlab.errors import EngineError
 from quantlab.recipe import PRIMARY_TARGET
-from quantlab.results import CompatRecord, GateVerdict, TargetOutcome, TargetsResult
+from quantlab.results import GateVerdict, TargetOutcome, TargetsResult
 from quantlab.stability_spec import StabilitySpec
 from quantlab.stages import serve as serve_stage
-from quantlab.stages.stability import _probe, _prompts
+from quantlab.stages.stability import probe_prompts, run_probe, tokenizer_dir
 
 NAME = "targets"
 
@@ -93,18 +93,15 @@ def run(ctx: RunContext) -> TargetsResult:
 
     from quantlab.engines import stability_probe as sp
     from quantlab.engines.vllm_facts import collect_facts
-    from quantlab.serving_compat import kernel_warnings
 
     spec = ctx.recipe.stability or StabilitySpec()
     levels, timeout = _levels(spec), spec.request_timeout_s
-    folder = ctx.checkpoint_dir if (ctx.checkpoint_dir / "tokenizer_config.json").is_file() \
-        else ctx.baseline_model().path
-    tok = AutoTokenizer.from_pretrained(folder, trust_remote_code=ctx.recipe.model.trust_remote_code)
-    prompts, _ = _prompts(tok, spec.prompts)
+    tok = AutoTokenizer.from_pretrained(tokenizer_dir(ctx), trust_remote_code=ctx.recipe.model.trust_remote_code)
+    prompts, _ = probe_prompts(tok, spec.prompts)
     plans = ctx.target_plans()
 
     def sweep(label: str, server) -> dict[str, Any]:
-        return _probe(ctx, label, server, f"greedy prompts alone and in batches {levels}", sp.batch_sweep,
+        return run_probe(ctx, label, server, f"greedy prompts alone and in batches {levels}", sp.batch_sweep,
                       server.base_url, server.served_name, prompts, max_tokens=spec.max_tokens, levels=levels,
                       timeout_s=timeout)
 
@@ -138,10 +135,7 @@ def run(ctx: RunContext) -> TargetsResult:
                 break
             facts = collect_facts(server, plan.target(role), device=plan.device)
             outcome.engines[role] = facts
-            report = plan.compat[role]
-            record = CompatRecord(**report.as_record())
-            record.warnings += kernel_warnings(report.expected_kernels, facts.log)
-            outcome.compat[role] = record
+            outcome.compat[role] = serve_stage.compat_record(plan.compat[role], facts.log)
             result = sweep(label, server)
             ctx.stop_engine(role, name)  # one extra target's server at a time
             outcome.batch_mismatch_rate[role] = result["mismatch_rate"]

@@ -7,19 +7,17 @@ from __future__ import annotations
 import json
 import os
 import signal
-import subprocess
-import sys
 import threading
 import types
 
 import pytest
 import yaml
-from conftest import REPO, quiet, write_recipe
+from conftest import quiet, validate, write_recipe
 from transformers import AutoTokenizer
 
 from quantlab.engines import stability_probe as sp
 from quantlab.errors import EngineError
-from quantlab.stages.stability import _prompts, _rss_sampler
+from quantlab.stages.stability import _rss_sampler, probe_prompts
 
 pytestmark = pytest.mark.slow
 
@@ -27,7 +25,7 @@ pytestmark = pytest.mark.slow
 @pytest.fixture(scope="module")
 def prompts(tiny_w4a16_checkpoint):
     tok = AutoTokenizer.from_pretrained(tiny_w4a16_checkpoint)
-    return (*_prompts(tok, 6), len(tok))
+    return (*probe_prompts(tok, 6), len(tok))
 
 
 def test_bad_requests_get_4xx_and_the_server_stays_healthy(tiny_w4a16_server, prompts):
@@ -80,17 +78,14 @@ def test_stability_stage_self_check_through_validate(tiny_w4a16_server, tiny_w4a
         "stability": {"prompts": 4, "max_tokens": 8, "batch": {"concurrency": [4]},
                       "determinism": {"repeats": 2}, "soak": {"requests": 16, "concurrency": 4, "max_tokens": 8}},
     })
-    env = {**os.environ, "QUANTLAB_CACHE_DIR": str(tmp_path / "cache")}
 
-    def validate(path):
-        r = subprocess.run([sys.executable, "-m", "quantlab", "validate", path, "--checkpoint",
-                            tiny_w4a16_checkpoint, "--runs-dir", tmp_path / "runs"], capture_output=True, text=True,
-                           cwd=REPO, timeout=600, env=env)
+    def validated(path):
+        r = validate(path, tiny_w4a16_checkpoint, tmp_path, timeout=600)
         assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
         run_dir = sorted((tmp_path / "runs" / "tiny-stability").iterdir())[-1]
         return r, run_dir, json.loads((run_dir / "run.json").read_text())
 
-    r, run_dir, record = validate(recipe)
+    r, run_dir, record = validated(recipe)
     st = record["stages"]["stability"]["result"]
     assert not st["baseline_cached"]
     verdicts = {g["gate"]: g["verdict"] for g in st["gates"]}
@@ -104,7 +99,7 @@ def test_stability_stage_self_check_through_validate(tiny_w4a16_server, tiny_w4a
     assert "### Stability" in (run_dir / "report.md").read_text()
 
     # again: the baseline's probe results come from the cache, and no check needs the baseline server
-    r2, run_dir2, record2 = validate(recipe)
+    r2, run_dir2, record2 = validated(recipe)
     st2 = record2["stages"]["stability"]["result"]
     assert st2["baseline_cached"] and "reusing cached results" in r2.stdout + r2.stderr
     assert st2["roles"]["baseline"] == st["roles"]["baseline"]
@@ -113,7 +108,7 @@ def test_stability_stage_self_check_through_validate(tiny_w4a16_server, tiny_w4a
     # another probe setting is another baseline result: the cache misses
     data = yaml.safe_load(recipe.read_text())
     data["stability"]["soak"]["requests"] = 17
-    _, _, record3 = validate(write_recipe(tmp_path, data, "soak17.yaml"))
+    _, _, record3 = validated(write_recipe(tmp_path, data, "soak17.yaml"))
     assert not record3["stages"]["stability"]["result"]["baseline_cached"]
     assert record3["stages"]["stability"]["result"]["roles"]["baseline"]["soak"]["requests"] == 17
 

@@ -6,12 +6,11 @@ target this machine cannot serve is optional: released for three, blocked for on
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 
 import pytest
-from conftest import REPO, tiny_variant, write_recipe
+from conftest import REPO, tiny_variant, validate, write_recipe
 
 pytestmark = pytest.mark.slow
 
@@ -33,10 +32,7 @@ def test_per_target_decisions_through_validate(tiny_w4a16_server, tiny_w4a16_che
         "stability": {"prompts": 4, "max_tokens": 8, "batch": {"concurrency": [4]}, "lengths": None,
                       "determinism": None, "bad_requests": False, "soak": None},
     })
-    env = {**os.environ, "QUANTLAB_CACHE_DIR": str(tmp_path / "cache")}  # nothing cached from earlier runs
-    r = subprocess.run([sys.executable, "-m", "quantlab", "validate", recipe, "--checkpoint", tiny_w4a16_checkpoint,
-                        "--runs-dir", tmp_path / "runs"], capture_output=True, text=True, cwd=REPO, timeout=900,
-                       env=env)
+    r = validate(recipe, tiny_w4a16_checkpoint, tmp_path)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     assert "released for primary, replica, cpu-eager; blocked for gpu (optional)" in r.stdout + r.stderr
     [run_dir] = list((tmp_path / "runs" / "tiny-targets").iterdir())

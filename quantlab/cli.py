@@ -183,12 +183,16 @@ def _print_plan(loaded, runs_dir: Path, checkpoint: Path | None = None) -> None:
     total, unknown = 0.0, []
     for step in plan:
         est = step["estimate_s"]
-        if est is None:
+        if step["stage"] == "quantize" and step["reuses"]:
+            est, when = 0.0, "~0 s (cached)"  # a copy of the cached checkpoint
+        elif est is None:
             unknown.append(step["stage"])
+            when = "no estimate (not run ok before)"
         else:
-            total += est
-        when = f"~{est:.0f} s (run {step['from_run']})" if est is not None else "no estimate (not run ok before)"
-        typer.echo(f"  {step['stage']:<12} {when:<44} {step['why']}")
+            when = f"~{est:.0f} s (run {step['from_run']})"
+        total += est or 0.0
+        why = step["why"] + (f"; {step['reuses']}" if step["reuses"] else "")
+        typer.echo(f"  {step['stage']:<12} {when:<44} {why}")
     typer.echo(f"  estimated total: ~{total:.0f} s" + (f" plus {', '.join(unknown)}" if unknown else ""))
 
 

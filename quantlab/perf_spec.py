@@ -45,7 +45,7 @@ class Workload(_Strict):
     duration_s: float | None = Field(None, gt=0, description="Stop sending after this long (whichever of "
                                      "num_requests and duration_s comes first).")
     warmup_requests: int = Field(2, ge=0, le=1000, description="Requests sent to each server before its first "
-                                 "measured point of this workload, not counted; "
+                                 "measured point of this workload (at most 16 output tokens each), not counted; "
                                  "at least one full batch at the highest concurrency (0 = no warm-up).")
     request_timeout_s: float = Field(300, gt=0, le=3600, description="A request slower than this is timed out.")
     seed: int = 0

@@ -243,8 +243,9 @@ def dry_run(loaded: LoadedRecipe, runs_root: Path, *, progress: Progress,
             checkpoint: Path | None = None) -> list[dict[str, Any]]:
     """`quantlab run --dry-run`: validate, run every stage's preflight (model layout,
     serving compatibility of the scheme the recipe will export, suites, data files) in
-    a throw-away run folder, and return the plan: each stage, why it would run, and an
-    estimate in seconds from the newest earlier run of this recipe that ran it ok."""
+    a throw-away run folder, and return the plan: each stage, why it would run, what it
+    would take from the cache, and an estimate in seconds from the newest earlier run of
+    this recipe that ran it ok."""
     import shutil
     import tempfile
 
@@ -258,6 +259,7 @@ def dry_run(loaded: LoadedRecipe, runs_root: Path, *, progress: Progress,
         for stage in ctx.stages:
             if stage.NAME in todo:
                 stage.preflight(ctx)
+        reused = {s.NAME: s.reuses(ctx) for s in ctx.stages if s.NAME in todo and hasattr(s, "reuses")}
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     estimates: dict[str, tuple[float, str]] = {}
@@ -271,7 +273,8 @@ def dry_run(loaded: LoadedRecipe, runs_root: Path, *, progress: Progress,
             if st.status == "ok" and name not in estimates:
                 estimates[name] = (st.duration_s, record.run_id)
     return [{"stage": name, "why": why, "estimate_s": estimates.get(name, (None, None))[0],
-             "from_run": estimates.get(name, (None, None))[1]} for name, why in todo.items()]
+             "from_run": estimates.get(name, (None, None))[1], "reuses": reused.get(name)}
+            for name, why in todo.items()]
 
 
 

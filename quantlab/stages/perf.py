@@ -25,6 +25,7 @@ NAME = "performance"
 OUT_DIR = "perf"
 ROLES = ("baseline", "candidate")
 NEAR_CEILING = 0.5  # a point asking more than half the client's ceiling measures the client too
+WARMUP_OUTPUT_TOKENS = 16
 
 
 def enabled(ctx: RunContext) -> bool:
@@ -172,8 +173,8 @@ def run(ctx: RunContext) -> PerfResult:
                     # for (a CPU engine's first batch of a new size, first-use allocations) happens once
                     top = max(w.concurrency or [1])
                     with engine_busy():
-                        run_point(server.base_url, (reqs * top)[:max(w.warmup_requests, top)], concurrency=top,
-                                  timeout_s=w.request_timeout_s)
+                        run_point(server.base_url, [_short(r) for r in (reqs * top)[:max(w.warmup_requests, top)]],
+                                  concurrency=top, timeout_s=w.request_timeout_s)
                     warmed.add((role, w.name))
                 for point, conc, rate in _points(w):
                     bar.detail(f"performance [{block}/{total_blocks}] {role} repeat {rep + 1}: {w.name} {point}, "
@@ -219,6 +220,17 @@ def run(ctx: RunContext) -> PerfResult:
         workload_context=context,
     )
     return result
+
+
+def _short(req, tokens: int = WARMUP_OUTPUT_TOKENS):
+    """A warm-up copy of a request: the same prompt, fewer output tokens. The batch shapes
+    (prefill and decode at the batch size) are what a first use costs; more decode steps
+    of the same shape warm nothing more."""
+    from quantlab.engines.loadgen import PreparedRequest
+
+    n = min(tokens, req.requested_output_tokens)
+    body = {**req.body, "max_tokens": n} | ({"min_tokens": n} if "min_tokens" in req.body else {})
+    return PreparedRequest(req.path, body, n)
 
 
 def _for_server(req, served_name: str):

@@ -329,6 +329,10 @@ def needs_baseline(ctx: RunContext) -> bool:
     return not baseline_cached(ctx)
 
 
+def reuses(ctx: RunContext) -> str | None:
+    return "the baseline's results are cached: only the candidate is evaluated" if baseline_cached(ctx) else None
+
+
 def baseline_cached(ctx: RunContext) -> bool:
     spec: QualitySpec | None = ctx.recipe.quality
     if spec is None or not spec.baseline_cache:

@@ -5,10 +5,12 @@ from __future__ import annotations
 
 import json
 import shutil
+from pathlib import Path
 from typing import Any
 
 from quantlab import result_cache
 from quantlab.context import RunContext, model_files_identity
+from quantlab.errors import RecipeError
 from quantlab.fsutil import atomic_directory, sha256_file
 from quantlab.layout import CHECKPOINT_DIR, LOG_DIR, QUANTIZE_RESULT_FILE
 from quantlab.models import source_fingerprint
@@ -36,8 +38,28 @@ def _log_file(ctx: RunContext):
 def preflight(ctx: RunContext) -> None:
     from quantlab.engines.llmcompressor import check_layout, llmcompressor_log
 
+    if reuses(ctx):  # these inputs passed this check and quantized before: skip llm-compressor's import
+        return
     with llmcompressor_log(_log_file(ctx)):
         check_layout(ctx.loaded, ctx.baseline_model())
+
+
+def _cache_hit(ctx: RunContext) -> tuple[dict[str, Any] | None, str | None, Path | None]:
+    """(key parts, key, cached checkpoint folder); all None when reuse is off."""
+    if not ctx.recipe.quantization.reuse_checkpoint:
+        return None, None, None
+    parts = _cache_parts(ctx)
+    key = result_cache.cache_key(parts)
+    return parts, key, result_cache.lookup(result_cache.CHECKPOINTS, key)
+
+
+def reuses(ctx: RunContext) -> str | None:
+    """What the stage will take from the cache instead of doing, if anything."""
+    try:
+        _, key, cached = _cache_hit(ctx)
+    except (RecipeError, OSError):
+        return None
+    return f"reuses the checkpoint cached from the same inputs ({key[:12]})" if cached else None
 
 
 def _cache_parts(ctx: RunContext) -> dict[str, Any]:
@@ -61,10 +83,7 @@ def _cache_parts(ctx: RunContext) -> dict[str, Any]:
 def run(ctx: RunContext) -> QuantizeResult:
     from quantlab.engines.llmcompressor import quantize_checkpoint
 
-    reuse = ctx.recipe.quantization.reuse_checkpoint
-    parts = _cache_parts(ctx) if reuse else None
-    key = result_cache.cache_key(parts) if parts else None
-    cached = result_cache.lookup(result_cache.CHECKPOINTS, key) if key else None
+    parts, key, cached = _cache_hit(ctx)
     if cached is not None:
         ctx.progress(f"quantize: reusing the checkpoint quantized earlier from the same inputs ({key[:12]}; "
                      "quantization.reuse_checkpoint: false quantizes again)")

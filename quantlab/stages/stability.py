@@ -56,6 +56,10 @@ def tokenizer_dir(ctx: RunContext) -> Path:
         else ctx.baseline_model().path
 
 
+def reuses(ctx: RunContext) -> str | None:
+    return "the baseline's probe results are cached: only the candidate is probed" if _cached(ctx) else None
+
+
 def _cached(ctx: RunContext) -> Path | None:
     spec: StabilitySpec | None = ctx.recipe.stability
     if spec is None or not spec.baseline_cache:

@@ -231,17 +231,23 @@ def test_the_quantize_stage_reuses_a_checkpoint_made_from_the_same_inputs(tiny_m
     def quantize(name):
         loaded = load_recipe(write_recipe(tmp_path, data, name))
         ctx = RunContext(loaded, RunDir.create(loaded, tmp_path / "runs"), progress=lines.append)
-        return ctx, quantize_stage.run(ctx)
+        reuses = quantize_stage.reuses(ctx)
+        quantize_stage.preflight(ctx)
+        preflight_log = (ctx.run.path / "logs" / "llmcompressor.log").is_file()  # llm-compressor imported
+        return ctx, quantize_stage.run(ctx), reuses, preflight_log
 
     lines: list[str] = []
-    ctx1, first = quantize("a.yaml")
-    assert first.reused_from_cache is None and (ctx1.run.path / "logs" / "llmcompressor.log").is_file()
-    ctx2, second = quantize("b.yaml")  # another run, the same inputs: the same checkpoint, not quantized again
+    ctx1, first, reuses, checked = quantize("a.yaml")
+    assert first.reused_from_cache is None and reuses is None and checked
+    assert (ctx1.run.path / "logs" / "llmcompressor.log").is_file()
+    ctx2, second, reuses, checked = quantize("b.yaml")  # another run, the same inputs: not quantized again
     assert second.reused_from_cache and any("reusing the checkpoint" in x for x in lines)
+    assert reuses.startswith("reuses the checkpoint cached") and second.reused_from_cache[:12] in reuses
+    assert not checked  # the preflight that passed for these inputs before is not redone
     assert second.files == first.files and second.quantization_config == first.quantization_config
     assert not (ctx2.run.path / "logs" / "llmcompressor.log").exists()
     names = [sorted(p.name for p in c.checkpoint_dir.iterdir()) for c in (ctx1, ctx2)]
     assert names[0] == names[1]
     data["calibration"]["num_samples"] = 7  # other calibration: another checkpoint
-    _, third = quantize("c.yaml")
-    assert third.reused_from_cache is None and third.calibration["num_samples"] == 7
+    _, third, reuses, checked = quantize("c.yaml")
+    assert third.reused_from_cache is None and reuses is None and checked and third.calibration["num_samples"] == 7

@@ -117,7 +117,7 @@ def test_a_server_that_dies_during_a_probe_fails_naming_the_probe(tiny_w4a16_che
     from quantlab.engines.vllm_probe import probe_serving_env, serving_python
     from quantlab.recipe import ServeSpec
     from quantlab.serving_plan import EngineTarget, plan_serving
-    from quantlab.stages.stability import _probe
+    from quantlab.stages.stability import run_probe
 
     spec = ServeSpec(engine_args={"max_model_len": 512}, startup_timeout_s=600)
     plan = plan_serving(spec, [EngineTarget("candidate", tiny_w4a16_checkpoint, "candidate")], dtype="bfloat16",
@@ -128,7 +128,7 @@ def test_a_server_that_dies_during_a_probe_fails_naming_the_probe(tiny_w4a16_che
         threading.Timer(3.0, lambda: os.killpg(server.proc.pid, signal.SIGKILL)).start()
         ctx = types.SimpleNamespace(progress=quiet)
         with pytest.raises(EngineError) as err:
-            _probe(ctx, "candidate", server, "soak 100000 requests", sp.soak, server.base_url, server.served_name,
+            run_probe(ctx, "candidate", server, "soak 100000 requests", sp.soak, server.base_url, server.served_name,
                    prompts[0], requests=100_000, concurrency=4, max_tokens=8, timeout_s=30,
                    sample_rss=_rss_sampler(server))
     msg = str(err.value)

@@ -69,3 +69,16 @@ def test_perf_gate_verdicts():
     assert v["min_throughput_ratio"].verdict == "fail" and "within the run-to-run spread" in \
         v["min_throughput_ratio"].detail
     assert v["max_p99_ttft_ms"].verdict == "fail" and v["max_error_rate"].verdict == "fail"
+
+
+def test_warm_up_requests_keep_the_prompt_and_shorten_the_answer():
+    from quantlab.engines.loadgen import PreparedRequest
+    from quantlab.stages.perf import _short
+
+    long = PreparedRequest("/v1/completions", {"prompt": [1, 2, 3], "max_tokens": 64, "min_tokens": 64,
+                                               "ignore_eos": True}, 64)
+    short = _short(long)
+    assert short.body == {"prompt": [1, 2, 3], "max_tokens": 16, "min_tokens": 16, "ignore_eos": True}
+    assert short.requested_output_tokens == 16 and long.body["max_tokens"] == 64  # the original is untouched
+    tiny = PreparedRequest("/v1/chat/completions", {"messages": [], "max_tokens": 8}, 8)
+    assert _short(tiny).body == {"messages": [], "max_tokens": 8}

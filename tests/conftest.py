@@ -36,14 +36,17 @@ def tiny_model_dir(tmp_path_factory, default_model_dir) -> Path:
     return build_tiny_llama(tmp_path_factory.mktemp("tiny-llama"), default_model_dir)
 
 
-def validate(recipe: Path, checkpoint: Path, tmp_path: Path, *, timeout: float = 900
-             ) -> subprocess.CompletedProcess:
+def validate(recipe: Path, checkpoint: Path, tmp_path: Path, *, timeout: float = 900,
+             relative_runs: bool = False) -> subprocess.CompletedProcess:
     """`quantlab validate` in a child process, runs under tmp_path/runs, with a cache
-    folder of its own (tmp_path/cache): nothing cached by other tests is reused."""
+    folder of its own (tmp_path/cache): nothing cached by other tests is reused. With
+    relative_runs, `--runs-dir runs` as users type it, from tmp_path (lm-eval runs in
+    another folder and must be handed absolute paths)."""
     env = {**os.environ, "QUANTLAB_CACHE_DIR": str(tmp_path / "cache")}
+    runs = "runs" if relative_runs else tmp_path / "runs"
     return subprocess.run([sys.executable, "-m", "quantlab", "validate", recipe, "--checkpoint", checkpoint,
-                           "--runs-dir", tmp_path / "runs"], capture_output=True, text=True, cwd=REPO,
-                          timeout=timeout, env=env)
+                           "--runs-dir", runs], capture_output=True, text=True,
+                          cwd=tmp_path if relative_runs else REPO, timeout=timeout, env=env)
 
 
 def write_recipe(folder: Path, data: dict, name: str = "recipe.yaml") -> Path:

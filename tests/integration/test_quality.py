@@ -6,12 +6,10 @@ from __future__ import annotations
 
 import json
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
-from conftest import write_recipe
+from conftest import validate, write_recipe
 
 from quantlab.errors import EngineError, RecipeError
 
@@ -31,12 +29,9 @@ def self_check_recipe(tmp_path, server, model_dir):
     })
 
 
-def validate(recipe, checkpoint, runs, cache):
-    # a relative --runs-dir, as users type it: lm-eval runs elsewhere and must get absolute paths
-    r = subprocess.run([sys.executable, "-m", "quantlab", "validate", recipe, "--checkpoint", checkpoint,
-                        "--runs-dir", runs.name], capture_output=True, text=True, cwd=runs.parent, timeout=900,
-                       env={**__import__("os").environ, "QUANTLAB_CACHE_DIR": str(cache)})
-    run_dir = sorted((runs / "tiny-self-check").iterdir())[-1]
+def validated(recipe, checkpoint, tmp_path):
+    r = validate(recipe, checkpoint, tmp_path, relative_runs=True)
+    run_dir = sorted((tmp_path / "runs" / "tiny-self-check").iterdir())[-1]
     return r, json.loads((run_dir / "run.json").read_text()), run_dir
 
 
@@ -44,9 +39,8 @@ def test_self_validation_passes_every_gate_then_reuses_the_cached_baseline(tiny_
                                                                             tmp_path):
     server, _, _ = tiny_w4a16_server
     recipe = self_check_recipe(tmp_path, server, tiny_w4a16_checkpoint)
-    cache = tmp_path / "cache"
     # the model source is the checkpoint itself: baseline and candidate are the same weights on the same server
-    r, record, run_dir = validate(recipe, tiny_w4a16_checkpoint, tmp_path / "runs", cache)
+    r, record, run_dir = validated(recipe, tiny_w4a16_checkpoint, tmp_path)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     q = record["stages"]["quality"]["result"]
     assert sorted(t["task"] for t in q["tasks"]) == sorted(TASKS) and all(t["n"] == 20 for t in q["tasks"])
@@ -62,7 +56,7 @@ def test_self_validation_passes_every_gate_then_reuses_the_cached_baseline(tiny_
     junit = (run_dir / "junit.xml").read_text()
     assert "ql_code" in junit and "non_inferiority" in junit
 
-    r2, record2, _ = validate(recipe, tiny_w4a16_checkpoint, tmp_path / "runs", cache)
+    r2, record2, _ = validated(recipe, tiny_w4a16_checkpoint, tmp_path)
     assert r2.returncode == 0, r2.stderr[-3000:]
     q2 = record2["stages"]["quality"]["result"]
     assert q2["baseline_cached"] and set(q2["seconds"]) == {"candidate"}
@@ -73,8 +67,7 @@ def test_self_validation_passes_every_gate_then_reuses_the_cached_baseline(tiny_
     # a different sample limit is a different baseline: the cache must miss
     data = __import__("yaml").safe_load(recipe.read_text())
     data["quality"]["limit"] = 21
-    r3, record3, _ = validate(write_recipe(tmp_path, data, "limit21.yaml"), tiny_w4a16_checkpoint,
-                              tmp_path / "runs", cache)
+    r3, record3, _ = validated(write_recipe(tmp_path, data, "limit21.yaml"), tiny_w4a16_checkpoint, tmp_path)
     assert r3.returncode == 0 and not record3["stages"]["quality"]["result"]["baseline_cached"]
 
 

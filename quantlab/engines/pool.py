@@ -68,9 +68,7 @@ class EnginePool:
         from concurrent.futures import ThreadPoolExecutor
 
         servers = [self._servers.pop(key) for key in list(self._servers)]
-        if len(servers) <= 1:
-            for server in servers:
-                server.stop()
+        if not servers:
             return
         with ThreadPoolExecutor(max_workers=len(servers)) as pool:
             for done in [pool.submit(server.stop) for server in servers]:

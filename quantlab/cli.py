@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import datetime as dt
 import json
+import os
 import sys
 import traceback
 from collections.abc import Iterator
@@ -21,7 +22,7 @@ import typer
 from rich.console import Console
 from rich.markup import escape
 
-from quantlab import __version__
+from quantlab import __version__, cpu_emulation
 from quantlab.errors import QuantlabError, RecipeError
 from quantlab.progress import TerminalProgress
 
@@ -91,6 +92,8 @@ def _sigterm_as_interrupt() -> None:
 def main(version: Annotated[bool, typer.Option("--version", callback=_version, is_eager=True,
                                                help="Print the version and exit.")] = False) -> None:
     _sigterm_as_interrupt()  # a stopped CI job still stops the servers it started
+    with exit_codes():  # QUANTLAB_EMULATE_CPU=avx2: torch's limits must be set before torch loads
+        cpu_emulation.apply(os.environ)
 
 
 @app.command()

@@ -161,3 +161,44 @@ def startup_breakdown(text: str) -> dict[str, float]:
     for (t0, phase), (t1, _) in zip(marks, marks[1:], strict=False):
         out[phase] = out.get(phase, 0.0) + float(t1 - t0)
     return out
+
+
+# Why a server died while starting, from its log: the first pattern that matches names the
+# cause in one line (the log tail still follows in the error for the details).
+FAILURE_CAUSES: tuple[tuple[re.Pattern[str], str], ...] = (
+    (re.compile(r"'_OpNamespace' '(\w+)' object has no attribute '(\w+)'"),
+     "the engine build loaded on this host has no kernel op '{1}' (torch.ops.{0}): this scheme's kernel is "
+     "missing from it"),
+    (re.compile(r"Failed to find a kernel that can implement the (\w+) linear layer"),
+     "vLLM has no kernel for the {0} linear layers of this checkpoint on this device"),
+    (re.compile(r"Illegal instruction|SIGILL"),
+     "the engine used a CPU instruction this host lacks (illegal instruction)"),
+    (re.compile(r"(?:OutOfMemoryError|CUDA out of memory|Cannot allocate memory|std::bad_alloc|MemoryError\b)"),
+     "out of memory while loading or warming up"),
+    (re.compile(r"No available memory for the cache blocks|(?:KV cache|cache blocks).{0,80}(?:not enough|insufficient)",
+                re.IGNORECASE),
+     "no memory left for the KV cache (raise VLLM_CPU_KVCACHE_SPACE / gpu_memory_utilization, or lower "
+     "max_model_len)"),
+    (re.compile(r"Model architectures? \[?'?([\w, ']+?)'?\]? (?:are|is) not supported"),
+     "vLLM does not support the model architecture {0}"),
+    (re.compile(r"max_model_len.{0,80}(?:greater than|exceeds).{0,80}"),
+     "max_model_len is larger than the model's context length (max_position_embeddings)"),
+    (re.compile(r"(?:[Aa]ddress already in use|Errno 98)"), "the port is already in use"),
+    (re.compile(r"pass the argument .?trust_remote_code=True"), "the model needs trust_remote_code, which the recipe does not allow"),
+    (re.compile(r"There is no module or parameter named '([\w.]+)'"),
+     "the checkpoint has a tensor the architecture does not know ('{0}'): not a checkpoint of this model"),
+)
+EXCEPTION_LINE = re.compile(r"^(?:\(\w+ pid=\d+\)\s*)?([A-Z]\w*(?:Error|Exception)): (.{1,300})$")
+
+
+def diagnose_failure(text: str) -> str | None:
+    """One line saying why a server died, from its log; None when the log does not say.
+    A named pattern wins; otherwise the last Python exception line."""
+    for pattern, cause in FAILURE_CAUSES:
+        if m := pattern.search(text):
+            return cause.format(*(g.strip(" '") for g in m.groups()))
+    last = None
+    for line in text.splitlines():
+        if m := EXCEPTION_LINE.match(line.strip()):
+            last = f"{m.group(1)}: {m.group(2).strip()}"
+    return last

@@ -25,9 +25,15 @@ class RecipeError(QuantlabError):
 
 
 class EngineError(QuantlabError):
-    """An engine (llm-compressor, vLLM, lm-eval) failed while running."""
+    """An engine (llm-compressor, vLLM, lm-eval) failed while running. `cause` is the
+    one-line reason where it could be told (a server's log diagnosed), for the record
+    and the report; the message carries it too, with the details."""
 
     exit_code = 3
+
+    def __init__(self, message: str, *, cause: str | None = None):
+        self.cause = cause
+        super().__init__(message)
 
 
 class CheckError(QuantlabError):

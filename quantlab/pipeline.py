@@ -207,6 +207,7 @@ def _run_stage(ctx: RunContext, stage: ModuleType) -> None:
         wrapped = _as_quantlab_error(err, run, stage.NAME)
         record("interrupted" if isinstance(err, KeyboardInterrupt) else "failed",
                error=str(wrapped) if wrapped is not None else "interrupted",
+               cause=getattr(wrapped, "cause", None),
                error_log=_relative(run, getattr(wrapped, "traceback_file", None)))
         _finish(run, err)
         if wrapped is None:

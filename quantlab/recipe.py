@@ -127,6 +127,10 @@ class QuantizationSpec(_Strict):
     awq: AWQOptions | None = None
     smoothquant: SmoothQuantOptions | None = None
     kv_cache: KVCacheSpec | None = Field(None, description="Quantize the KV cache with calibrated scales.")
+    calibration_dtype: Literal["auto", "bfloat16", "float16", "float32"] = Field(
+        "auto", description="dtype the model is loaded in for calibration and quantization; the checkpoint is "
+        "exported in model.dtype either way. auto: model.dtype, except on a CPU whose 16-bit matmul measures "
+        "slower than float32 (no native bf16): float32 there, which is also at least as precise.")
     reuse_checkpoint: bool = Field(True, description="Reuse a checkpoint quantized earlier (on this machine) from "
                                    "the same model files, quantization and calibration sections, calibration data "
                                    "and library versions, instead of quantizing again.")
@@ -278,6 +282,10 @@ class ServeSpec(_Strict):
         description="vLLM server arguments without the leading dashes (max_model_len: 2048, "
         "kv_cache_dtype: fp8, tensor_parallel_size: 2, ...). true -> a bare flag, false/null -> omitted.",
     )
+    dtype: Literal["auto", "bfloat16", "float16", "float32"] = Field(
+        "auto", description="dtype both servers compute in. auto: model.dtype, except on a CPU whose 16-bit "
+        "matmul measures slower than float32 (torch emulates bf16 without AVX-512 BF16/AMX): float32 there. "
+        "engine_args.dtype, if set, wins.")
     env: dict[str, str] = Field(default_factory=dict, description="Extra environment for the server process.")
     cpu_kv_cache_space_gib: float = Field(
         1, gt=0, description="CPU only: KV cache size (VLLM_CPU_KVCACHE_SPACE) in GiB.")

@@ -27,6 +27,7 @@ from quantlab.results import (
     TargetsResult,
 )
 from quantlab.run import RunRecord
+from quantlab.serving_compat import engine_build
 
 MARKDOWN_FILE = "report.md"
 HTML_FILE = "report.html"
@@ -148,13 +149,20 @@ def _targets_section(t: TargetsResult, release: Any) -> tuple[str, list[str], li
                               "candidate differs", "candidate batch mismatch", "decision"], rows, notes)
 
 
+def _stage_error(s) -> str:
+    """A failed stage's one-line cause where the engine's log told it, else its error's first line."""
+    if s.cause:
+        return s.cause[:300]
+    return (s.error or "").splitlines()[0][:160] if s.error else ""
+
+
 def sections(record: RunRecord) -> list[tuple[str, list[str], list[list[str]], list[str]]]:
     """(title, table header, table rows, notes) per section: one structure, two renderings."""
     r = _results(record)
     out = []
     out.append(("Stages", ["stage", "status", "seconds", "engines at work (s)", "error"],
                 [[s.name, s.status, f"{s.duration_s:.1f}", "-" if s.engine_s is None else f"{s.engine_s:.1f}",
-                  (s.error or "").splitlines()[0][:160] if s.error else ""]
+                  _stage_error(s)]
                  for s in record.stages.values()], [time_line(record)] if record.attempt else []))
     verdicts = all_verdicts(r)
     rel = r.get("release")
@@ -176,6 +184,9 @@ def sections(record: RunRecord) -> list[tuple[str, list[str], list[list[str]], l
                       f"{cal.get('num_samples', '-')} samples, {cal.get('num_tokens', '-')} tokens, sha256 "
                       f"{str(cal.get('sha256', '-'))[:12]}" if cal else "none (data-free)", _fmt(q.gptq_max_loss)]],
                     [f"llm-compressor {q.versions.get('llmcompressor')}, torch {q.versions.get('torch')}"]
+                    + ([f"calibrated in {q.compute_dtype['dtype']}, exported in {q.compute_dtype['model_dtype']}: "
+                        f"{q.compute_dtype['reason']}"] if q.compute_dtype and q.compute_dtype["dtype"]
+                       != q.compute_dtype["model_dtype"] else [])
                     + ([f"reused the checkpoint quantized earlier from the same inputs (cache "
                         f"{q.reused_from_cache[:12]}); the timings are that run's"] if q.reused_from_cache else [])))
     ck = r.get("checkpoint")
@@ -191,7 +202,11 @@ def sections(record: RunRecord) -> list[tuple[str, list[str], list[list[str]], l
             rows.append([role, f.vllm_version or "-", ", ".join(kernels) or "(unquantized)",
                          f"{log.get('kv_cache_dtype') or 'model dtype'}, {_fmt(log.get('kv_cache_tokens'))} tokens",
                          _fmt(f.startup_s), f.smoke_completion.text.strip()[:60]])
-        notes = [f"device {s.device}; engine args {s.engine_args}"]
+        notes = [f"device {s.device}; engine build {engine_build(s.probe)}; engine args {s.engine_args}"]
+        if s.dtype and s.dtype["dtype"] != s.dtype["model_dtype"]:
+            notes.append(f"**served in {s.dtype['dtype']}, not the model's {s.dtype['model_dtype']}**: "
+                         f"{s.dtype['reason']}. Both roles alike, so the comparison holds; absolute speeds are "
+                         "this CPU's, not a bf16-capable one's")
         for role, f in s.engines.items():
             phases = (f.log or {}).get("startup_phases_s")
             if phases:
@@ -328,7 +343,8 @@ def render_junit(record: RunRecord) -> str:
             ET.SubElement(case, "skipped", message=v.detail)
     for s in failed_stages:
         case = ET.SubElement(suite, "testcase", classname=f"{record.recipe_name}.stages", name=s.name)
-        ET.SubElement(case, "error", message=(s.error or s.status).splitlines()[0], type=s.status).text = s.error
+        ET.SubElement(case, "error", message=s.cause or (s.error or s.status).splitlines()[0],
+                      type=s.status).text = s.error
     ET.indent(suite)
     return ET.tostring(suite, encoding="unicode", xml_declaration=True) + "\n"
 

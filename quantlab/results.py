@@ -38,6 +38,9 @@ class QuantizeResult(_Result):
     versions: dict[str, str | None]
     model: dict[str, Any]
     gptq_max_loss: float | None = None
+    compute_dtype: dict[str, Any] | None = Field(
+        None, description="The dtype calibration ran in and why (dtype, requested, model_dtype, reason); the "
+        "checkpoint is exported in model_dtype either way.")
     engine_warnings: list[str] = Field(default_factory=list)
     shims: list[str] = Field(default_factory=list)
     reused_from_cache: str | None = Field(None, description="Cache key of the earlier checkpoint reused (same "
@@ -105,6 +108,9 @@ class ServeResult(_Result):
     probe: dict[str, Any]
     compat: dict[str, CompatRecord]
     engines: dict[str, EngineFacts]
+    dtype: dict[str, Any] | None = Field(
+        None, description="What both servers computed in and why (dtype, requested, model_dtype, reason); "
+        "float32 on a CPU without native bf16. None for an external endpoint.")
 
 
 class GateVerdict(_Result):

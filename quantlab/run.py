@@ -55,6 +55,8 @@ class StageRecord(BaseModel):
     result: StageOutput | None = None
     artifacts: list[Artifact] = Field(default_factory=list)
     error: str | None = None
+    cause: str | None = Field(None, description="Why the stage failed, in one line, where an engine's log told "
+                              "(for instance a kernel op missing from the serving engine's build).")
     error_log: str | None = Field(None, description="Traceback file of an unexpected error, relative to the run.")
 
 

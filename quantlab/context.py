@@ -101,7 +101,6 @@ class RunContext:
     def serving_plan(self, *, predicted: bool = False):
         """Targets, device, engine args and compatibility, checked before any server starts.
         predicted=True judges the scheme the recipe will export (the checkpoint may not exist yet)."""
-        from quantlab.serving_compat import predict_quant_config
         from quantlab.serving_plan import plan_serving, serve_targets
 
         if not predicted and self._plan is not None:
@@ -110,8 +109,9 @@ class RunContext:
         targets = serve_targets(spec, baseline_dir=self.baseline_model().path, candidate_dir=self.checkpoint_dir)
         overrides = None
         if predicted:
-            overrides = {"candidate": predict_quant_config(self.recipe.quantization)}
-            if overrides["candidate"] is None:  # a raw recipe: only the checkpoint will tell
+            known, config = self.predicted_quant_config()
+            overrides = {"candidate": config}
+            if not known:  # a raw recipe: only the checkpoint will tell
                 targets, overrides = [t for t in targets if t.role != "candidate"], {}
         plan = plan_serving(spec, targets, dtype=self.recipe.model.dtype, probe=self.serving_probe(),
                             quant_configs=overrides)
@@ -119,11 +119,23 @@ class RunContext:
             self._plan = plan
         return plan
 
+    def predicted_quant_config(self) -> tuple[bool, dict[str, Any] | None]:
+        """(known, quantization_config) of the candidate before its folder is in the run:
+        the config of the checkpoint `quantlab validate` was given (None: unquantized; the
+        recipe's quantization section is not what is validated then), else the one the
+        recipe will export (unknown for a raw recipe: only its checkpoint will tell)."""
+        from quantlab.serving_compat import predict_quant_config
+        from quantlab.serving_plan import read_quant_config
+
+        if self.import_from is not None:
+            return True, read_quant_config(self.import_from)
+        config = predict_quant_config(self.recipe.quantization)
+        return config is not None, config
+
     def target_plans(self, *, predicted: bool = False) -> dict[str, Any]:
         """serve.targets planned like the primary target (TargetPlan per name). A required
         target that cannot serve raises RecipeError; an optional one is marked unservable."""
         from quantlab.engines.vllm_probe import probe_for
-        from quantlab.serving_compat import predict_quant_config
         from quantlab.serving_plan import plan_extra_target
 
         if not predicted and self._target_plans is not None:
@@ -131,8 +143,8 @@ class RunContext:
         primary = self.recipe.serve
         overrides = None
         if predicted:
-            scheme = predict_quant_config(self.recipe.quantization)
-            overrides = {"candidate": scheme} if scheme is not None else {}
+            known, scheme = self.predicted_quant_config()
+            overrides = {"candidate": scheme} if known else {}
         plans = {}
         for t in primary.targets:
             spec = primary.for_target(t)

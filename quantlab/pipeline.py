@@ -301,26 +301,52 @@ def preflight_recipe(loaded: LoadedRecipe, *, progress: Progress) -> list[str]:
     and, where the serving environment is installed, the scheme it will export against
     the serving rules. Returns notes on what was not checked."""
     from quantlab.engines.llmcompressor import check_layout
-    from quantlab.engines.vllm_probe import probe_for
     from quantlab.models import resolve_recipe_model
-    from quantlab.serving_compat import predict_quant_config
-    from quantlab.serving_plan import plan_serving, serve_targets
 
     baseline = resolve_recipe_model(loaded, progress=progress)
     check_layout(loaded, baseline)
+    try:
+        plan = plan_predicted_serving(loaded, baseline.path)
+    except EngineError as e:  # e.g. no serving environment on a quantize-only machine
+        return [f"serving compatibility not checked: {e}"]
+    if plan is None:
+        return ["a raw recipe's scheme is known only after quantizing: serving compatibility not checked"]
+    return plan.compat["candidate"].warnings + plan.compat["candidate"].notes
+
+
+def plan_predicted_serving(loaded: LoadedRecipe, baseline_dir: Path):
+    """The serving plan of the scheme this recipe will export, judged by the serving
+    environment's probe (RecipeError when it cannot be served here); None for a raw
+    recipe, whose scheme only the checkpoint tells. EngineError: no serving environment."""
+    from quantlab.engines.vllm_probe import probe_for
+    from quantlab.serving_compat import predict_quant_config
+    from quantlab.serving_plan import plan_serving, serve_targets
+
     spec = loaded.recipe.serve
     predicted = predict_quant_config(loaded.recipe.quantization)
     if predicted is None:
-        return ["a raw recipe's scheme is known only after quantizing: serving compatibility not checked"]
-    try:
-        probe = probe_for(spec)
-    except EngineError as e:  # e.g. no serving environment on a quantize-only machine
-        return [f"serving compatibility not checked: {e}"]
-    targets = [t for t in serve_targets(spec, baseline_dir=baseline.path, candidate_dir=Path("."))
+        return None
+    targets = [t for t in serve_targets(spec, baseline_dir=baseline_dir, candidate_dir=Path("."))
                if t.role == "candidate"]
-    plan = plan_serving(spec, targets, dtype=loaded.recipe.model.dtype, probe=probe,
+    return plan_serving(spec, targets, dtype=loaded.recipe.model.dtype, probe=probe_for(spec),
                         quant_configs={"candidate": predicted})
-    return plan.compat["candidate"].warnings + plan.compat["candidate"].notes
+
+
+def first_servable(files: list[Path]) -> tuple[Path | None, dict[Path, str]]:
+    """The first recipe whose scheme the serving environment here can serve, and why each
+    one before it was passed over (only the serving rules are asked: no model is read)."""
+    from quantlab.recipe import load_recipe
+
+    refused: dict[Path, str] = {}
+    for f in files:
+        loaded = load_recipe(f)
+        try:
+            plan_predicted_serving(loaded, Path("."))
+        except RecipeError as err:
+            refused[f] = err.message
+            continue
+        return f, refused
+    return None, refused
 
 
 def latest_checkpoint(runs_root: Path, loaded: LoadedRecipe) -> Path:

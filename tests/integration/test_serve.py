@@ -50,29 +50,29 @@ def _pgid(pid: int) -> int | None:
         return None
 
 
-def test_ready_and_facts(tiny_w4a16_server, tiny_w4a16_checkpoint):
-    server, facts, plan = tiny_w4a16_server
+def test_ready_and_facts(tiny_server, tiny_served_checkpoint, served_format):
+    server, facts, plan = tiny_server
     assert facts.vllm_version == "0.32.0" and facts.max_model_len == 512
-    assert facts.served_model_name == TINY_SERVED_NAME and facts.model_dir == str(tiny_w4a16_checkpoint)
-    assert facts.log["linear_kernels"]["CompressedTensorsWNA16"] == ["CPUWNA16LinearKernel"]
+    assert facts.served_model_name == TINY_SERVED_NAME and facts.model_dir == str(tiny_served_checkpoint)
+    assert facts.log["linear_kernels"][served_format.layer] == [served_format.kernel]
     assert facts.log["kv_cache_tokens"] > 0 and facts.log["max_concurrency"] > 0
     assert facts.log_missing == []
-    assert plan.compat["candidate"].schemes == ["w4a16"]
-    assert plan.compat["candidate"].expected_kernels == ["CPUWNA16LinearKernel"]
+    assert plan.compat["candidate"].schemes == [served_format.compat_scheme]
+    assert plan.compat["candidate"].expected_kernels == [served_format.kernel]
     # the smoke completion really ran: 8 greedy tokens were asked for and the engine stopped on length
     assert facts.smoke_completion.finish_reason == "length" and facts.smoke_completion.text
 
 
-def test_greedy_completion_is_deterministic(tiny_w4a16_server):
-    server, _, _ = tiny_w4a16_server
+def test_greedy_completion_is_deterministic(tiny_server):
+    server, _, _ = tiny_server
     a = server.complete("Once upon a time", max_tokens=12)
     b = server.complete("Once upon a time", max_tokens=12)
     assert a["choices"][0]["text"] == b["choices"][0]["text"]
     assert a["usage"]["completion_tokens"] == 12
 
 
-def test_echo_and_logprobs_for_loglikelihood_tasks(tiny_w4a16_server):
-    server, _, _ = tiny_w4a16_server
+def test_echo_and_logprobs_for_loglikelihood_tasks(tiny_server):
+    server, _, _ = tiny_server
     r = server.complete("The quick brown fox", max_tokens=1, echo=True, logprobs=1)
     lp = r["choices"][0]["logprobs"]
     prompt_tokens = r["usage"]["prompt_tokens"]
@@ -82,12 +82,12 @@ def test_echo_and_logprobs_for_loglikelihood_tasks(tiny_w4a16_server):
     assert all(x <= 0 for x in lp["token_logprobs"][1:])
 
 
-def test_external_endpoint_under_its_own_model_name(tiny_w4a16_server, tiny_w4a16_checkpoint, tmp_path):
+def test_external_endpoint_under_its_own_model_name(tiny_server, tiny_served_checkpoint, tmp_path):
     """An endpoint serving its own model name: discovered when the recipe names none, a
     clear error when the recipe names another; attaching never stops the server."""
-    server, _, _ = tiny_w4a16_server
+    server, _, _ = tiny_server
     spec = ServeSpec(mode="endpoint", endpoint=server.base_url, allow_same_endpoint=True, startup_timeout_s=10)
-    [target] = [t for t in serve_targets(spec, baseline_dir=None, candidate_dir=tiny_w4a16_checkpoint)
+    [target] = [t for t in serve_targets(spec, baseline_dir=None, candidate_dir=tiny_served_checkpoint)
                 if t.role == "candidate"]
     plan = plan_serving(spec, [target], dtype="bfloat16", probe={"device": "unknown", "versions": {}, "gpus": []})
     assert plan.device == "unknown" and plan.engine_args is None
@@ -109,10 +109,10 @@ def test_external_endpoint_under_its_own_model_name(tiny_w4a16_server, tiny_w4a1
     assert server.proc.poll() is None, "detaching from an endpoint must not stop it"
 
 
-def test_clean_shutdown_leaves_no_process(tiny_w4a16_checkpoint, probe, tmp_path):
+def test_clean_shutdown_leaves_no_process(tiny_served_checkpoint, probe, tmp_path):
     """Start, kill the API server from outside (a crash), see the error, then stop():
     the engine's orphaned children must be gone too."""
-    plan = candidate_plan(SPEC, tiny_w4a16_checkpoint, probe)
+    plan = candidate_plan(SPEC, tiny_served_checkpoint, probe)
     with open_engine(plan, "candidate", log_dir=tmp_path, progress=quiet) as server:
         pgid = server.proc.pid
         pids = group_pids(pgid)
@@ -129,9 +129,9 @@ def test_clean_shutdown_leaves_no_process(tiny_w4a16_checkpoint, probe, tmp_path
     assert group_pids(pgid) == []
 
 
-def test_broken_checkpoint_fails_within_deadline_with_log_tail(tiny_w4a16_checkpoint, probe, tmp_path):
+def test_broken_checkpoint_fails_within_deadline_with_log_tail(tiny_served_checkpoint, probe, tmp_path):
     broken = tmp_path / "broken"
-    shutil.copytree(tiny_w4a16_checkpoint, broken)
+    shutil.copytree(tiny_served_checkpoint, broken)
     with open(broken / "model.safetensors", "r+b") as f:
         f.truncate(4096)  # a torn download
     spec = ServeSpec(engine_args={"max_model_len": 512}, startup_timeout_s=300)
@@ -155,13 +155,13 @@ def test_w8a16_is_refused_on_cpu_before_any_server_starts(tiny_checkpoints, prob
     assert serving_env_processes() - before == set()
 
 
-def test_port_in_use(tiny_w4a16_checkpoint, probe, tmp_path):
+def test_port_in_use(tiny_served_checkpoint, probe, tmp_path):
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         s.listen()
         port = s.getsockname()[1]
         spec = ServeSpec(port=port, engine_args={"max_model_len": 512}, startup_timeout_s=300)
-        plan = candidate_plan(spec, tiny_w4a16_checkpoint, probe)
+        plan = candidate_plan(spec, tiny_served_checkpoint, probe)
         before = serving_env_processes()
         with pytest.raises(EngineError, match=f"Port {port} is already in use"):
             with open_engine(plan, "candidate", log_dir=tmp_path, progress=quiet):
@@ -169,10 +169,10 @@ def test_port_in_use(tiny_w4a16_checkpoint, probe, tmp_path):
         assert serving_env_processes() - before == set()
 
 
-def test_never_healthy_hits_the_deadline(tiny_w4a16_checkpoint, probe, tmp_path):
+def test_never_healthy_hits_the_deadline(tiny_served_checkpoint, probe, tmp_path):
     before = serving_env_processes()
     spec = ServeSpec(startup_timeout_s=3, engine_args={"max_model_len": 512})
-    plan = candidate_plan(spec, tiny_w4a16_checkpoint, probe)
+    plan = candidate_plan(spec, tiny_served_checkpoint, probe)
     t0 = time.monotonic()
     with pytest.raises(EngineError, match=r"not healthy within 3 s"):
         with open_engine(plan, "candidate", log_dir=tmp_path, progress=quiet):
@@ -220,20 +220,20 @@ def test_quantlab_serve_recipe_baseline_foreground_and_ctrl_c(tiny_model_dir, tm
     assert (tmp_path / "baseline-server.log").is_file()
 
 
-def test_command_mode_with_a_template_serving_its_own_name(tiny_w4a16_checkpoint, tmp_path):
+def test_command_mode_with_a_template_serving_its_own_name(tiny_served_checkpoint, served_format, tmp_path):
     """mode 'command': the user's launch template (the same engine, spelled out as a
     container or cluster job would), which serves its own model name: quantlab fills in
     the placeholders, appends the engine args and finds the served name."""
     py = str(REPO / ".venv-vllm" / "bin" / "python")
     spec = ServeSpec(mode="command", device="cpu", startup_timeout_s=600,
                      command=[py, "-m", "vllm.entrypoints.openai.api_server", "--model", "{model}",
-                              "--host", "{host}", "--port", "{port}", "--served-model-name", "org/my-w4a16"],
+                              "--host", "{host}", "--port", "{port}", "--served-model-name", "org/my-quantized"],
                      engine_args={"max_model_len": 256})
-    [target] = serve_targets(spec, baseline_dir=None, candidate_dir=tiny_w4a16_checkpoint)
+    [target] = serve_targets(spec, baseline_dir=None, candidate_dir=tiny_served_checkpoint)
     assert not target.name_is_explicit
     plan = plan_serving(spec, [target], dtype="bfloat16", probe={"device": "unknown", "versions": {}, "gpus": []})
     assert plan.device == "cpu" and plan.engine_args["gpu_memory_utilization"] == 0.1
     with open_engine(plan, "candidate", log_dir=tmp_path, progress=quiet) as server:
         facts = collect_facts(server, target, device=plan.device)
-    assert facts.served_model_name == "org/my-w4a16" and facts.max_model_len == 256
-    assert facts.log["linear_kernels"]["CompressedTensorsWNA16"] == ["CPUWNA16LinearKernel"]
+    assert facts.served_model_name == "org/my-quantized" and facts.max_model_len == 256
+    assert facts.log["linear_kernels"][served_format.layer] == [served_format.kernel]

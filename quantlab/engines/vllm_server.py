@@ -63,7 +63,10 @@ def plan_launch(spec: ServeSpec, model: Path, served_name: str, device: str, eng
         # failure"), so every start recompiled; its inductor cache loads (start 149 s -> 50 s
         # measured on SmolLM2-135M). vLLM keys the cache by model, config and version.
         env.setdefault("VLLM_USE_AOT_COMPILE", "0")
-        env.setdefault("VLLM_CACHE_ROOT", str(cache_dir() / "vllm"))
+        # a graph compiled against one kernel library calls its ops by name: an emulated
+        # AVX2 host (which loads _C_AVX2) must not reuse what this CPU's own library compiled
+        env.setdefault("VLLM_CACHE_ROOT", str(cache_dir() / ("vllm" if not cpu_emulation.emulated(env)
+                                                             else f"vllm-emulated-{cpu_emulation.emulated(env)}")))
     env.update(spec.env)
     extra = engine_arg_list(engine_args)
     if spec.mode == "command":

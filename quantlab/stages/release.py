@@ -146,6 +146,8 @@ def build_manifest(ctx: RunContext, results: dict[str, Any], verdicts, decision,
         runtime = {
             "mode": serve.mode, "engine_args": serve.engine_args, "identical_engine_args": serve.identical_engine_args,
             "versions": serve.probe.get("versions"),
+            # what the engine build can run here (its kernel library and ops) and what both servers computed in
+            "engine_kernels": serve.probe.get("engine_kernels"), "dtype": serve.dtype,
             "engines": {role: {"vllm_version": f.vllm_version, "served_model_name": f.served_model_name,
                                "max_model_len": f.max_model_len,
                                "linear_kernels": (f.log or {}).get("linear_kernels"),
@@ -228,7 +230,7 @@ def _quantization(q: Any, imported: Any) -> dict[str, Any]:
     if isinstance(q, QuantizeResult):
         return {"method": q.method, "scheme": q.scheme, "quantization_config": q.quantization_config,
                 "layers_quantized": q.layers_quantized, "versions": q.versions, "shims": q.shims,
-                "gptq_max_loss": q.gptq_max_loss}
+                "gptq_max_loss": q.gptq_max_loss, "compute_dtype": q.compute_dtype}
     if isinstance(imported, CheckpointResult):  # quantlab validate: made elsewhere, recorded as found
         return {"method": "validated as given", "format": imported.format, "source": imported.source,
                 "quantization_config": imported.quantization_config}
@@ -248,6 +250,7 @@ def _target_summary(o) -> dict[str, Any]:
     """A serve target's runtime and hardware facts for the manifest."""
     return {"required": o.required, "mode": o.mode, "device": o.device, "engine_args": o.engine_args,
             "versions": o.probe.get("versions"), "cpu": o.probe.get("cpu"), "gpus": o.probe.get("gpus"),
+            "engine_kernels": o.probe.get("engine_kernels"),
             "compat": {role: c.model_dump() for role, c in o.compat.items()},
             "engines": {role: {"vllm_version": f.vllm_version, "served_model_name": f.served_model_name,
                                "max_model_len": f.max_model_len,

@@ -111,6 +111,10 @@ def test_failed_serve_then_resume_with_an_edited_serve_section(tmp_path, tiny_mo
     assert manifest["checkpoint_files"]["model.safetensors"]["sha256"] == \
         record["stages"]["quantize"]["result"]["files"]["model.safetensors"]["sha256"]
     assert manifest["runtime"]["engines"]["candidate"]["linear_kernels"][served_format.layer] == [served_format.kernel]
+    # what the engine build can run here, and the dtype both servers computed in
+    assert manifest["runtime"]["engine_kernels"]["library"] in ("_C", "_C_AVX512", "_C_AVX2")
+    assert manifest["runtime"]["engine_kernels"]["ops"]["onednn_scaled_mm"] is True
+    assert manifest["runtime"]["dtype"]["dtype"] == serve["engine_args"]["dtype"]
     assert manifest["calibration"]["sha256"] == record["stages"]["quantize"]["result"]["calibration"]["sha256"]
     assert {f["role"] for f in manifest["raw_files"]} >= {"perf-requests", "baseline-server-log"}
     ok = ql("verify", ckpt, "--public-key", keys / "release.pub.pem")

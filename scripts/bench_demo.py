@@ -79,7 +79,7 @@ def row(label: str, record: dict, setup_s: float, wall_s: float) -> dict:
     engines = engine_seconds(record)
     engine_total = (record.get("attempt") or {}).get("engine_s") or sum(engines.values())
     own = wall_s - engine_total
-    return {"label": label, "setup_s": round(setup_s, 1), "demo_after_setup_s": round(wall_s, 1),
+    return {"label": label, "recipe": record.get("recipe_name"), "setup_s": round(setup_s, 1), "demo_after_setup_s": round(wall_s, 1),
             "total_s": round(setup_s + wall_s, 1), "stages_s": stages, "engine_s": engines,
             "validation_s": validation_seconds(record),
             "outside_stages_s": round(wall_s - sum(stages.values()), 1),
@@ -133,11 +133,13 @@ def main() -> int:
     warm = [r["demo_after_setup_s"] + r["setup_s"] for r in rows if r["label"].startswith("warm")]
     if args.second:
         rows += second_candidate(clone, env, log, "recipes/gptq-w4a16.yaml", args.second)
-    out = {"commit": commit, "cpus": os.cpu_count(), "rows": rows,
+    out = {"commit": commit, "cpus": os.cpu_count(), "emulated_cpu": os.environ.get("QUANTLAB_EMULATE_CPU"), "rows": rows,
            "warm_median_s": statistics.median(warm) if warm else None}
     (args.dir / "bench_demo.json").write_text(json.dumps(out, indent=2))
     names = list(dict.fromkeys(n for r in rows for n in r["stages_s"]))
-    print(f"make demo at {commit}, {os.cpu_count()} CPUs")
+    emulated = os.environ.get("QUANTLAB_EMULATE_CPU")
+    print(f"make demo at {commit}, {os.cpu_count()} CPUs" + (f", emulating an {emulated} host" if emulated else "")
+          + f"; recipe {', '.join(dict.fromkeys(str(r['recipe']) for r in rows))}")
     print(f"{'run':20} {'setup':>7} {'run':>7} {'total':>7}  " + " ".join(f"{n:>11}" for n in names)
           + "  outside  quantlab's own (wall less engines)")
     for r in rows:

@@ -12,6 +12,7 @@ environment (ONEDNN_MAX_CPU_ISA, ATEN_CPU_CAPABILITY); the measurement sees what
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 SIXTEEN_BIT = ("bfloat16", "float16")
@@ -37,6 +38,12 @@ class DtypeChoice:
     def as_record(self) -> dict[str, Any]:
         return {"dtype": self.dtype, "requested": self.requested, "model_dtype": self.model_dtype,
                 "reason": self.reason}
+
+
+def float32_bytes(model_dirs: list[Path], model_dtype: str) -> int | None:
+    """What the weights in these folders take in float32, from their safetensors sizes."""
+    weights = sum(p.stat().st_size for d in model_dirs for p in Path(d).glob("*.safetensors"))
+    return weights * 4 // (2 if model_dtype in SIXTEEN_BIT else 4) if weights else None
 
 
 def choose_dtype(requested: str, model_dtype: str, *, device: str, speed: dict[str, Any] | None,

@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from quantlab.compute_dtype import DtypeChoice, choose_dtype
+from quantlab.compute_dtype import DtypeChoice, choose_dtype, float32_bytes
 from quantlab.errors import RecipeError
 from quantlab.recipe import PRIMARY_TARGET, ServeSpec, ServeTarget
 from quantlab.serving_compat import CompatReport, check_compat
@@ -100,10 +100,8 @@ def serving_dtype(spec: ServeSpec, model_dtype: str, device: str, probe: dict[st
     if isinstance(explicit, str) and explicit != "auto":
         return DtypeChoice(explicit, explicit, model_dtype, f"{explicit} as serve.engine_args.dtype sets it")
     folders = [t.model_dir for t in targets if t.model_dir is not None and t.role == "baseline"]
-    weights = sum(p.stat().st_size for f in folders for p in Path(f).glob("*.safetensors"))
-    bytes_per_param = {"bfloat16": 2, "float16": 2, "float32": 4}.get(model_dtype, 4)
     return choose_dtype(spec.dtype, model_dtype, device=device, speed=probe.get("dtype_speed"),
-                        float32_bytes=weights * 4 // bytes_per_param if weights else None,
+                        float32_bytes=float32_bytes(folders, model_dtype),
                         available_bytes=(probe.get("cpu") or {}).get("memory_bytes"))
 
 

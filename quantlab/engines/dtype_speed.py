@@ -8,7 +8,6 @@ measurement decides the calibration dtype here and the serving dtype there.
 from __future__ import annotations
 
 import inspect
-from typing import Any
 
 
 def matmul_speed(dtypes=("float32", "bfloat16", "float16"), shape=(256, 576, 512), budget_s=2.0):
@@ -37,7 +36,7 @@ def matmul_speed(dtypes=("float32", "bfloat16", "float16"), shape=(256, 576, 512
     return out
 
 
-def measure() -> dict[str, Any]:
+def measure():
     """matmul_speed in this process; an error is recorded, not raised (no speed: no change)."""
     try:
         return matmul_speed()
@@ -46,5 +45,5 @@ def measure() -> dict[str, Any]:
 
 
 def source() -> str:
-    """The function's source, for a Python that does not have quantlab installed."""
-    return inspect.getsource(matmul_speed)
+    """matmul_speed and measure as source, for a Python that does not have quantlab installed."""
+    return inspect.getsource(matmul_speed) + "\n\n" + inspect.getsource(measure)

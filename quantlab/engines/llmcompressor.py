@@ -19,7 +19,7 @@ from typing import Any
 import yaml
 
 from quantlab.calibration import build_calibration_set
-from quantlab.compute_dtype import SIXTEEN_BIT, DtypeChoice, choose_dtype
+from quantlab.compute_dtype import SIXTEEN_BIT, DtypeChoice, choose_dtype, float32_bytes
 from quantlab.engine_time import engine_busy
 from quantlab.engines import dtype_speed
 from quantlab.errors import EngineError, RecipeError
@@ -204,11 +204,10 @@ def calibration_dtype(recipe, model_dir: Path) -> DtypeChoice:
     q = recipe.quantization
     device = "cuda" if torch.cuda.is_available() else "cpu"
     measure = q.calibration_dtype == "auto" and device == "cpu" and recipe.model.dtype in SIXTEEN_BIT
-    weights = sum(p.stat().st_size for p in Path(model_dir).glob("*.safetensors"))
-    bytes_per_param = 2 if recipe.model.dtype in SIXTEEN_BIT else 4
     return choose_dtype(q.calibration_dtype, recipe.model.dtype, device=device,
                         speed=dtype_speed.measure() if measure else None,
-                        float32_bytes=weights * 4 // bytes_per_param, available_bytes=psutil.virtual_memory().available)
+                        float32_bytes=float32_bytes([model_dir], recipe.model.dtype),
+                        available_bytes=psutil.virtual_memory().available)
 
 
 def export_in_dtype(folder: Path, dtype: str) -> None:

@@ -64,7 +64,7 @@ except (ValueError, OSError):
     pass
 out["cpu"] = cpu
 out["engine_kernels"] = engine_kernels()
-out["dtype_speed"] = {"ms": {}} if out["gpus"] else speed()
+out["dtype_speed"] = {"ms": {}} if out["gpus"] else measure()
 print("QUANTLAB_PROBE " + json.dumps(out))
 """
 
@@ -105,13 +105,6 @@ def engine_kernels():
     except Exception as e:
         info["error"] = f"{type(e).__name__}: {e}"
     return info
-
-
-def speed():
-    try:
-        return matmul_speed()
-    except Exception as e:
-        return {"ms": {}, "error": f"{type(e).__name__}: {e}"}
 """
 
 

@@ -65,8 +65,8 @@ def plan_launch(spec: ServeSpec, model: Path, served_name: str, device: str, eng
         env.setdefault("VLLM_USE_AOT_COMPILE", "0")
         # a graph compiled against one kernel library calls its ops by name: an emulated
         # AVX2 host (which loads _C_AVX2) must not reuse what this CPU's own library compiled
-        env.setdefault("VLLM_CACHE_ROOT", str(cache_dir() / ("vllm" if not cpu_emulation.emulated(env)
-                                                             else f"vllm-emulated-{cpu_emulation.emulated(env)}")))
+        emulated = cpu_emulation.emulated(env)
+        env.setdefault("VLLM_CACHE_ROOT", str(cache_dir() / (f"vllm-emulated-{emulated}" if emulated else "vllm")))
     env.update(spec.env)
     extra = engine_arg_list(engine_args)
     if spec.mode == "command":

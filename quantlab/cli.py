@@ -2,7 +2,7 @@
 
 Exit codes: 0 released/ok, 1 blocked by a gate, 2 bad input, 3 engine or run failure
 (an unexpected error too: one line here, the traceback in a file), 130 interrupted
-(Ctrl-C or SIGTERM). The CLI calls quantlab.pipeline only; engines are imported lazily
+(Ctrl-C or SIGTERM). The CLI calls quantlab.core.pipeline only; engines are imported lazily
 so --help and `recipes check` are instant.
 """
 
@@ -22,9 +22,11 @@ import typer
 from rich.console import Console
 from rich.markup import escape
 
-from quantlab import __version__, cpu_emulation
-from quantlab.errors import QuantlabError, RecipeError
-from quantlab.progress import TerminalProgress
+from quantlab import __version__
+
+from quantlab.core import cpu_emulation
+from quantlab.core.errors import QuantlabError, RecipeError
+from quantlab.core.progress import TerminalProgress
 
 app = typer.Typer(no_args_is_help=True, add_completion=False, pretty_exceptions_enable=False,
                   help="Quantize an LLM from a recipe, serve it on vLLM, and gate its release.")
@@ -41,8 +43,8 @@ progress = TerminalProgress(err)
 
 
 def _crash_log(err: BaseException) -> Path:
-    from quantlab.fsutil import write_text_atomic
-    from quantlab.models import cache_dir
+    from quantlab.core.fsutil import write_text_atomic
+    from quantlab.core.layout import cache_dir
 
     stamp = dt.datetime.now(dt.timezone.utc).strftime("%Y%m%d-%H%M%S")
     path = cache_dir() / "logs" / f"crash-{stamp}.txt"
@@ -105,8 +107,8 @@ def quantize(
                                           "instead of in <output>.llmcompressor.log.")] = False,
 ) -> None:
     """Calibrate and quantize a model with llm-compressor; write a compressed-tensors checkpoint."""
-    from quantlab.pipeline import default_output_dir, quantize_only
-    from quantlab.recipe import load_recipe
+    from quantlab.core.pipeline import default_output_dir, quantize_only
+    from quantlab.core.recipe import load_recipe
 
     with exit_codes():
         loaded = load_recipe(recipe)
@@ -129,8 +131,8 @@ def run(
     """Quantize, serve baseline and candidate, run the checks, sign the release (runs/<name>/<id>/).
 
     Exit 0 released, 1 blocked by a gate, 2 bad input, 3 run failure, 130 interrupted."""
-    from quantlab.recipe import load_recipe
-    from quantlab.run import RunDir
+    from quantlab.core.recipe import load_recipe
+    from quantlab.core.run import RunDir
 
     with exit_codes():
         loaded = load_recipe(recipe)
@@ -159,7 +161,7 @@ def validate(
 
     The checkpoint is copied into the run folder first (the original is not modified).
     Exit 0 released, 1 blocked by a gate, 2 bad input, 3 run failure, 130 interrupted."""
-    from quantlab.recipe import load_recipe
+    from quantlab.core.recipe import load_recipe
 
     with exit_codes():
         _run_with_summary(load_recipe(recipe), runs_dir, verbose=verbose, checkpoint=checkpoint)
@@ -167,7 +169,7 @@ def validate(
 
 def _run_with_summary(loaded, runs_dir: Path, **kwargs) -> None:
     """The pipeline, then the run's summary whatever its outcome, then the record's path."""
-    from quantlab.pipeline import run_pipeline
+    from quantlab.core.pipeline import run_pipeline
 
     try:
         result = run_pipeline(loaded, runs_dir, progress=progress, **kwargs)
@@ -179,7 +181,7 @@ def _run_with_summary(loaded, runs_dir: Path, **kwargs) -> None:
 
 
 def _print_plan(loaded, runs_dir: Path, checkpoint: Path | None = None) -> None:
-    from quantlab.pipeline import dry_run
+    from quantlab.core.pipeline import dry_run
 
     plan = dry_run(loaded, runs_dir, progress=progress, checkpoint=checkpoint)
     typer.echo(f"plan for {loaded.recipe.name} (preflights passed; nothing was started):")
@@ -201,8 +203,8 @@ def _print_plan(loaded, runs_dir: Path, checkpoint: Path | None = None) -> None:
 
 def _summary(run_dir: Path | None) -> None:
     """The run's last lines on the terminal: stages, decision, where the report is."""
-    from quantlab.report import summary_lines
-    from quantlab.run import RunDir
+    from quantlab.release.report import summary_lines
+    from quantlab.core.run import RunDir
 
     if run_dir is None:
         return
@@ -220,8 +222,8 @@ def report(
     run_dir: Annotated[Path, typer.Argument(help="A run folder (it holds run.json).")],
 ) -> None:
     """Re-render a run's reports (report.md, report.html, junit.xml) from its record; runs nothing."""
-    from quantlab.report import write_reports
-    from quantlab.run import RunDir
+    from quantlab.release.report import write_reports
+    from quantlab.core.run import RunDir
 
     with exit_codes():
         run = RunDir.open(run_dir)
@@ -242,8 +244,8 @@ def serve(
     import tempfile
     import time
 
-    from quantlab.pipeline import latest_checkpoint, serve_one
-    from quantlab.recipe import ServeSpec, load_recipe
+    from quantlab.core.pipeline import latest_checkpoint, serve_one
+    from quantlab.core.recipe import ServeSpec, load_recipe
 
     with exit_codes():
         dtype, spec, role = "bfloat16", ServeSpec(), "candidate"
@@ -251,7 +253,7 @@ def serve(
             loaded = load_recipe(target)
             spec, dtype = loaded.recipe.serve, loaded.recipe.model.dtype
             if baseline:
-                from quantlab.models import resolve_recipe_model
+                from quantlab.models.source import resolve_recipe_model
 
                 model_dir, role = resolve_recipe_model(loaded, progress=progress).path, "baseline"
             else:
@@ -292,7 +294,7 @@ def verify(
 ) -> None:
     """Check a released folder: the signature, every file hash, no file added or missing, and
     that the decision follows from the gate verdicts. Exit 0 verified, 1 not verified, 2 bad input."""
-    from quantlab.manifest import read_manifest, verify_folder
+    from quantlab.release.manifest import read_manifest, verify_folder
 
     with exit_codes():
         if not folder.is_dir():
@@ -321,7 +323,7 @@ def keygen(
     overwrite: Annotated[bool, typer.Option(help="Replace existing files.")] = False,
 ) -> None:
     """Create an EC P-256 key pair for signing release manifests (signing.private_key)."""
-    from quantlab.manifest import generate_keypair, public_key_fingerprint
+    from quantlab.release.manifest import generate_keypair, public_key_fingerprint
 
     with exit_codes():
         pub = public_key or private_key.with_suffix(".pub.pem")
@@ -333,7 +335,7 @@ def keygen(
 @app.command("manifest-schema")
 def manifest_schema() -> None:
     """Print the JSON Schema of the release manifest."""
-    from quantlab.manifest import json_schema
+    from quantlab.release.manifest import json_schema
 
     sys.stdout.write(json.dumps(json_schema(), indent=2) + "\n")
 
@@ -341,7 +343,7 @@ def manifest_schema() -> None:
 @app.command("default-model")
 def default_model() -> None:
     """Build (once) and print the folder of the embedded default model, SmolLM2-135M-Instruct."""
-    from quantlab.models import build_default_model
+    from quantlab.models.source import build_default_model
 
     with exit_codes():
         resolved = build_default_model(progress=progress)
@@ -357,8 +359,8 @@ def recipes_check(
         "serve the scheme it will export.")] = False,
 ) -> None:
     """Validate recipes: schema, method/scheme combination, calibration files."""
-    from quantlab.calibration import read_rows
-    from quantlab.recipe import load_recipe
+    from quantlab.quantize.calibration import read_rows
+    from quantlab.core.recipe import load_recipe
 
     failed = 0
     with exit_codes():
@@ -369,7 +371,7 @@ def recipes_check(
                     read_rows(p, field_path=f"calibration.datasets.{i}.path")
                 notes = []
                 if preflight:
-                    from quantlab.pipeline import preflight_recipe
+                    from quantlab.core.pipeline import preflight_recipe
 
                     notes = preflight_recipe(loaded, progress=progress)
                 out.print(f"[green]ok[/]   {f}", highlight=False)
@@ -389,7 +391,7 @@ def recipes_servable(
     """Print the first recipe whose scheme this host's serving engine can serve (for
     scripts: `quantlab run $(quantlab recipes servable a.yaml b.yaml)`); say on stderr why
     each one before it was passed over. Exit 2 when none can be served here."""
-    from quantlab.pipeline import first_servable
+    from quantlab.core.pipeline import first_servable
 
     with exit_codes():
         chosen, refused = first_servable(files)
@@ -407,7 +409,7 @@ def recipes_servable(
 @recipes_app.command("schema")
 def recipes_schema() -> None:
     """Print the recipe JSON Schema (for editor completion and validation)."""
-    from quantlab.recipe import json_schema
+    from quantlab.core.recipe import json_schema
 
     sys.stdout.write(json.dumps(json_schema(), indent=2) + "\n")
 
@@ -417,7 +419,7 @@ def recipes_list(
     directory: Annotated[Path, typer.Option("--dir", help="Folder of recipes.")] = SHIPPED_RECIPES,
 ) -> None:
     """List recipes with their method, scheme and one-line description."""
-    from quantlab.recipe import load_recipe
+    from quantlab.core.recipe import load_recipe
 
     if not directory.is_dir():
         err.print(f"no recipe folder at {directory}")

@@ -33,8 +33,8 @@ COMPILE_LINES = re.compile(r"(Compiling model again|torch.compile take|Directly 
 
 def start_once(model: Path, env: dict[str, str], log_dir: Path, max_len: int) -> tuple[float, list[str]]:
     sys.path.insert(0, str(REPO))
-    from quantlab.pipeline import serve_one
-    from quantlab.recipe import ServeSpec
+    from quantlab.core.pipeline import serve_one
+    from quantlab.core.recipe import ServeSpec
 
     spec = ServeSpec(engine_args={"max_model_len": max_len}, env=env, startup_timeout_s=900)
     t0 = time.monotonic()
@@ -45,8 +45,8 @@ def start_once(model: Path, env: dict[str, str], log_dir: Path, max_len: int) ->
 
 
 def by_length(model: Path, lengths: list[int], repeats: int = 2) -> None:
-    from quantlab.engine_log import startup_breakdown
-    from quantlab.models import cache_dir
+    from quantlab.serving.engine_log import startup_breakdown
+    from quantlab.core.layout import cache_dir
 
     env = {"VLLM_USE_AOT_COMPILE": "0", "VLLM_CACHE_ROOT": str(cache_dir() / "vllm")}
     rows: dict[int, list[tuple[float, dict]]] = {n: [] for n in lengths}
@@ -72,7 +72,7 @@ def main() -> int:
     ap.add_argument("--lengths", help="comma-separated max_model_len values: start-up cost by length")
     args = ap.parse_args()
     sys.path.insert(0, str(REPO))
-    from quantlab.models import build_default_model
+    from quantlab.models.source import build_default_model
 
     model = build_default_model(progress=lambda m: None).path
     if args.lengths:

@@ -24,7 +24,7 @@ REPO = Path(__file__).resolve().parent.parent
 
 def start_both(plan, log_dir: Path, *, together: bool) -> float:
     """Seconds until both servers of the plan answer /health (then both are stopped)."""
-    from quantlab.engines.vllm_server import prepare_engine, start_together
+    from quantlab.serving.vllm_server import prepare_engine, start_together
 
     quiet = lambda m: None  # noqa: E731
     servers = [prepare_engine(plan, role, log_dir=log_dir, progress=quiet) for role in ("baseline", "candidate")]
@@ -48,14 +48,14 @@ def main() -> int:
     ap.add_argument("--warm", action="store_true", help="one untimed start of both first (compile cache)")
     args = ap.parse_args()
     sys.path.insert(0, str(REPO))
-    from quantlab.models import build_default_model
+    from quantlab.models.source import build_default_model
 
     model = build_default_model(progress=lambda m: None).path
     candidate = args.candidate or max((REPO / "runs" / "gptq-w4a16").glob("*/checkpoint"),
                                       key=lambda p: p.stat().st_mtime)
-    from quantlab.engines.vllm_probe import probe_for
-    from quantlab.recipe import ServeSpec
-    from quantlab.serving_plan import EngineTarget, plan_serving
+    from quantlab.serving.vllm_probe import probe_for
+    from quantlab.core.recipe import ServeSpec
+    from quantlab.serving.plan import EngineTarget, plan_serving
 
     spec = ServeSpec(engine_args={"max_model_len": 2048}, startup_timeout_s=900, side_by_side=True)
     plan = plan_serving(spec, [EngineTarget("baseline", model, "baseline"),

@@ -17,7 +17,7 @@ REPO = Path(__file__).resolve().parent.parent
 
 def main() -> int:
     sys.path.insert(0, str(REPO))
-    from quantlab.engines.loadgen import measure_client_ceiling
+    from quantlab.performance.loadgen import measure_client_ceiling
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--repeats", type=int, default=3)

@@ -35,9 +35,9 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from llmcompressor import oneshot
 spec = json.load(open(sys.argv[1]))
 if spec["shim"]:
-    from quantlab.engines.shims import awq_pin_memory_without_accelerator
+    from quantlab.quantize.shims import awq_pin_memory_without_accelerator
     awq_pin_memory_without_accelerator()
-from quantlab.modifier_plan import instantiate
+from quantlab.quantize.llmcompressor import instantiate
 model = AutoModelForCausalLM.from_pretrained(spec["model"], dtype=torch.bfloat16)
 tok = AutoTokenizer.from_pretrained(spec["model"])
 recipe = spec["raw"] if spec["raw"] is not None else instantiate([tuple(p) for p in spec["plan"]])
@@ -70,10 +70,10 @@ def bare_spec(recipe_path: Path, out: Path) -> dict:
     """Everything the bare call needs, computed outside the timed region."""
     from transformers import AutoTokenizer
 
-    from quantlab.calibration import build_calibration_set
-    from quantlab.models import resolve_model
-    from quantlab.modifier_plan import plan_modifiers, raw_recipe_text
-    from quantlab.recipe import load_recipe
+    from quantlab.quantize.calibration import build_calibration_set
+    from quantlab.models.source import resolve_model
+    from quantlab.quantize.modifier_plan import plan_modifiers, raw_recipe_text
+    from quantlab.core.recipe import load_recipe
 
     loaded = load_recipe(recipe_path)
     r = loaded.recipe

@@ -22,10 +22,10 @@ REPO = Path(__file__).resolve().parent.parent
 
 def main() -> int:
     sys.path.insert(0, str(REPO))
-    from quantlab.errors import QuantlabError
-    from quantlab.models import build_default_model
-    from quantlab.pipeline import quantize_only, serve_one
-    from quantlab.recipe import ServeSpec, load_recipe
+    from quantlab.core.errors import QuantlabError
+    from quantlab.models.source import build_default_model
+    from quantlab.core.pipeline import quantize_only, serve_one
+    from quantlab.core.recipe import ServeSpec, load_recipe
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--repeats", type=int, default=1)

@@ -21,7 +21,7 @@ REPO = Path(__file__).resolve().parent.parent
 
 def main() -> int:
     sys.path.insert(0, str(REPO))
-    from quantlab.manifest import (
+    from quantlab.release.manifest import (
         MANIFEST_FILE,
         SIGNATURE_FILE,
         folder_files,

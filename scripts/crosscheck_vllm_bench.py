@@ -35,10 +35,10 @@ BENCH_WRAPPER = (
 
 
 def ours(base_url: str, served: str, tokenizer, args) -> dict:
-    from quantlab.engines.loadgen import run_point
-    from quantlab.engines.prompts import build_requests
-    from quantlab.perf_metrics import summarize
-    from quantlab.perf_spec import Workload
+    from quantlab.performance.loadgen import run_point
+    from quantlab.performance.prompts import build_requests
+    from quantlab.performance.metrics import summarize
+    from quantlab.performance.spec import Workload
 
     w = Workload(name="xcheck", prompt_tokens=args.input_len, output_tokens=args.output_len,
                  concurrency=[args.concurrency], num_requests=args.num_prompts, seed=args.seed)
@@ -74,9 +74,9 @@ def main() -> int:
     sys.path.insert(0, str(REPO))
     from transformers import AutoTokenizer
 
-    from quantlab.models import build_default_model
-    from quantlab.pipeline import serve_one
-    from quantlab.recipe import ServeSpec
+    from quantlab.models.source import build_default_model
+    from quantlab.core.pipeline import serve_one
+    from quantlab.core.recipe import ServeSpec
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", type=Path, help="model folder (default: the embedded default model, bf16)")

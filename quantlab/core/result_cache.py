@@ -1,0 +1,92 @@
+"""Results cached across runs by everything that can change them: the baseline's
+quality and stability results (validating a second candidate against the same baseline
+reuses them, and when no enabled check needs the baseline server any more it is not
+started) and quantized checkpoints. One folder per kind and key: `<cache>/<kind>/<key>/`.
+
+Each stage's key holds everything that can change the baseline's results there. Quality:
+its weights (or, for an external endpoint, its URL and served name), the suite files,
+the tasks and their sample limit, the engine version and arguments, lm-eval's version,
+the seed and the request concurrency (batching can change greedy outputs), and the KL
+settings. Stability: the weights, the probe settings (not the gates), the prompts, the
+served max_model_len, the engine version and arguments, and the hardware. Checkpoints:
+the quantize stage's inputs (model files, quantization and calibration sections,
+calibration data), quantlab's code (a hash of its sources) and the quantization
+libraries' versions.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import shutil
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from quantlab.core.errors import RecipeError
+from quantlab.core.fsutil import write_text_atomic
+from quantlab.core.layout import cache_dir
+
+QUALITY = "quality-baselines"
+STABILITY = "stability-baselines"
+CHECKPOINTS = "checkpoints"
+
+COMPLETE = "complete.json"
+
+
+def cache_key(parts: dict[str, Any]) -> str:
+    return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()
+
+
+def cache_root(kind: str) -> Path:
+    return cache_dir() / kind
+
+
+def lookup_parts(kind: str, parts: Callable[[], dict[str, Any]]) -> Path | None:
+    """`lookup` by the key of what `parts()` returns; None also when the parts cannot be
+    computed yet (a file a part hashes is missing, a recipe field is unusable)."""
+    try:
+        return lookup(kind, cache_key(parts()))
+    except (RecipeError, OSError):
+        return None
+
+
+def lookup(kind: str, key: str) -> Path | None:
+    """The cached folder for a key, or for a key stored as an alias of another (see store)."""
+    folder = cache_root(kind) / key
+    if (folder / COMPLETE).is_file():
+        return folder
+    alias = cache_root(kind) / f"{key}.alias"
+    if alias.is_file():
+        target = alias.read_text().strip()
+        if target != key and (cache_root(kind) / target / COMPLETE).is_file():
+            return cache_root(kind) / target
+    return None
+
+
+def store(kind: str, key: str, source: Path, parts: dict[str, Any], *, aliases: tuple[str, ...] = ()) -> Path:
+    """Copy a finished result folder into the cache atomically (a reader never sees a
+    half-copied entry; a concurrent writer of the same key loses harmlessly).
+
+    `aliases`: keys computed before the servers ran, from what the recipe says (e.g. no
+    max_model_len, so no task skipped yet), that lead to this entry: the early question
+    "will the baseline server be needed?" then gets the answer the run itself found."""
+    root = cache_root(kind)
+    root.mkdir(parents=True, exist_ok=True)
+    final = root / key
+    if not lookup(kind, key):
+        tmp = Path(tempfile.mkdtemp(prefix=f".{key[:12]}-", dir=root))
+        try:
+            shutil.copytree(source, tmp, dirs_exist_ok=True)
+            (tmp / COMPLETE).write_text(json.dumps(parts, indent=2, sort_keys=True, default=str))
+            if final.exists():
+                shutil.rmtree(final)
+            tmp.rename(final)
+        except OSError:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
+    for alias in aliases:
+        if alias != key:
+            write_text_atomic(root / f"{alias}.alias", key)
+    return final

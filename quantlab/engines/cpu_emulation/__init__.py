@@ -1,1 +1,0 @@
-"""Files put on the serving environment's PYTHONPATH to emulate another CPU kind (see quantlab.cpu_emulation)."""

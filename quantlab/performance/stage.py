@@ -1,0 +1,296 @@
+"""Performance stage: the recipe's workloads on the served baseline and candidate,
+measured alternately (A, B, A, B, ... when both servers can be up at once), with
+per-request rows on file, metrics per workload point, ratios with their run-to-run
+spread, engine and process samples, memory, cost, gates and plots."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from quantlab.core.context import RunContext
+from quantlab.core.engine_time import engine_busy
+from quantlab.core.errors import EngineError, RecipeError
+from quantlab.core.fsutil import sha256_file, write_text_atomic
+from quantlab.performance.gates import perf_gates
+from quantlab.performance.metrics import compare, median_metrics, summarize
+from quantlab.performance.spec import PerformanceSpec, Workload, max_length
+from quantlab.core.progress import step
+from quantlab.core.results import PerfPoint, PerfResult, ServeResult
+from quantlab.serving.plan import unrepresentative_settings
+from quantlab.serving import stage as serve_stage
+
+NAME = "performance"
+OUT_DIR = "perf"
+ROLES = ("baseline", "candidate")
+NEAR_CEILING = 0.5  # a point asking more than half the client's ceiling measures the client too
+WARMUP_OUTPUT_TOKENS = 16
+
+
+def enabled(ctx: RunContext) -> bool:
+    return ctx.recipe.performance is not None
+
+
+def needs_baseline(ctx: RunContext) -> bool:
+    return True
+
+
+def inputs(ctx: RunContext) -> dict[str, Any]:
+    spec = ctx.recipe.performance
+    return {
+        "performance": spec.model_dump(mode="json") if spec else None,
+        "datasets": [sha256_file(ctx.loaded.resolve(w.dataset)) for w in spec.workloads if w.dataset]
+        if spec else [],
+        "serving": serve_stage.inputs(ctx),
+    }
+
+
+def _max_model_len(ctx: RunContext) -> int | None:
+    explicit = ctx.recipe.serve.engine_args.get("max_model_len")
+    if isinstance(explicit, int):
+        return explicit
+    try:
+        cfg = json.loads((ctx.baseline_model().path / "config.json").read_text())
+        return cfg.get("max_position_embeddings")
+    except (OSError, ValueError):
+        return None
+
+
+def preflight(ctx: RunContext) -> None:
+    spec: PerformanceSpec = ctx.recipe.performance
+    limit = _max_model_len(ctx)
+    for i, w in enumerate(spec.workloads):
+        need = max_length(w.prompt_tokens) + max_length(w.output_tokens)
+        if limit is not None and need > limit:
+            raise RecipeError(
+                f"workload '{w.name}' asks for up to {max_length(w.prompt_tokens)} prompt + "
+                f"{max_length(w.output_tokens)} output tokens = {need}, more than the served max_model_len "
+                f"{limit}: shorten the workload or raise serve.engine_args.max_model_len",
+                file=str(ctx.loaded.path), field=f"performance.workloads.{i}")
+
+
+def _points(w: Workload) -> list[tuple[str, int | None, float | None]]:
+    return [(f"c{c}", c, None) for c in w.concurrency] + [(f"r{r:g}", None, r) for r in w.request_rates]
+
+
+def _schedule(ctx: RunContext, repeats: int) -> tuple[list[tuple[int, str]], bool]:
+    """(repeat, role) blocks in measuring order. Both servers up: alternate, swapping who
+    goes first each repeat (A B B A ...). One at a time: all of the running one first."""
+    if ctx.recipe.serve.side_by_side:
+        order = []
+        for rep in range(repeats):
+            order += [(rep, r) for r in (ROLES if rep % 2 == 0 else ROLES[::-1])]
+        return order, True
+    first = ctx.running_engines()[0] if ctx.running_engines() else "baseline"
+    second = "candidate" if first == "baseline" else "baseline"
+    return [(rep, first) for rep in range(repeats)] + [(rep, second) for rep in range(repeats)], False
+
+
+def _tokenizer(ctx: RunContext):
+    from quantlab.models.tokenizer import load_tokenizer
+
+    folder = ctx.checkpoint_dir if (ctx.checkpoint_dir / "tokenizer_config.json").is_file() \
+        else ctx.baseline_model().path
+    return load_tokenizer(folder, trust_remote_code=ctx.recipe.model.trust_remote_code)
+
+
+def _memory(ctx: RunContext, role: str, monitors: list[dict[str, Any]]) -> dict[str, Any]:
+    plan = ctx.serving_plan()
+    target = plan.target(role)
+    serve = ctx.run.record.result("serve")
+    log = serve.engines[role].log if isinstance(serve, ServeResult) and role in serve.engines else None
+    rss = [m["server_rss_peak_bytes"] for m in monitors if m.get("server_rss_peak_bytes")]
+    gpu = [m["gpu_mem_used_peak_bytes"] for m in monitors if m.get("gpu_mem_used_peak_bytes")]
+    system = ((plan.probe.get("cpu") or {}).get("memory_bytes") if plan.device == "cpu"
+              else sum(g.get("memory_bytes", 0) for g in plan.probe.get("gpus") or []) or None)
+    peak = max(gpu) if plan.device == "cuda" and gpu else (max(rss) if rss else None)
+    weights = sum(p.stat().st_size for p in target.model_dir.glob("*.safetensors")) if target.model_dir else None
+    return {
+        "checkpoint_bytes_on_disk": weights,
+        "kv_cache_tokens": (log or {}).get("kv_cache_tokens"),
+        "kv_cache_dtype": (log or {}).get("kv_cache_dtype"),
+        "peak_bytes": peak,
+        "peak_is": "GPU memory used" if plan.device == "cuda" and gpu else "server process tree RSS",
+        "device_memory_bytes": system,
+        "headroom_bytes": system - peak if system and peak else None,
+    }
+
+
+def _headline_cost(points: list[PerfPoint], role: str, price: float | None) -> dict[str, Any]:
+    """Cost per successful answer at the cheapest point that meets the SLOs (no errors,
+    at least 99% of requests within every SLO)."""
+    if price is None:
+        return {"price_per_hour": None, "cost_per_successful_request": None, "at": None}
+    meeting = [(getattr(p, role)["cost_per_successful_request"], f"{p.workload}/{p.point}") for p in points
+               if getattr(p, role)["error_rate"] == 0 and getattr(p, role)["slo_attainment"] >= 0.99
+               and getattr(p, role)["cost_per_successful_request"] is not None]
+    if not meeting:
+        return {"price_per_hour": price, "cost_per_successful_request": None,
+                "at": "no workload point met the SLOs"}
+    cost, where = min(meeting)
+    return {"price_per_hour": price, "cost_per_successful_request": cost, "at": where}
+
+
+def run(ctx: RunContext) -> PerfResult:
+    from quantlab.performance.loadgen import measure_client_ceiling, run_point
+    from quantlab.performance.prompts import build_requests
+
+    spec: PerformanceSpec = ctx.recipe.performance
+    plan = ctx.serving_plan()
+    out_dir = ctx.run.path / OUT_DIR
+    out_dir.mkdir(parents=True, exist_ok=True)
+    notes: list[str] = []
+    client = None
+    if spec.client_check:
+        ctx.progress("performance: measuring the load generator's own ceiling against a stub server")
+        client = measure_client_ceiling()
+    tokenizer = _tokenizer(ctx)
+    requests = {w.name: build_requests(w, tokenizer, served_name="", count=w.num_requests,
+                                       dataset=ctx.loaded.resolve(w.dataset) if w.dataset else None,
+                                       field=f"performance.workloads.{i}")
+                for i, w in enumerate(spec.workloads)}
+    order, interleaved = _schedule(ctx, spec.repeats)
+    if not interleaved:
+        notes.append("serve.side_by_side is false, so one server ran at a time: all repeats of one model were "
+                      "measured before the other's, and machine drift between the two blocks is not cancelled. "
+                      "Set serve.side_by_side: true for alternating A/B measurements")
+    per: dict[tuple[str, str], dict[str, list]] = {}  # (workload, point) -> role -> repeat metrics
+    mon: dict[tuple[str, str], dict[str, list]] = {}
+    raw: dict[tuple[str, str], list[str]] = {}
+    cpu_s = wall_s = 0.0
+    warmed: set[tuple[str, str]] = set()
+    slo = spec.slo.model_dump()
+    total_blocks = len(order)
+    n_points = len(order) * sum(len(_points(w)) for w in spec.workloads)
+    with step(ctx.progress, "performance: load points", total=n_points, unit="points", announce=False) as bar:
+        for block, (rep, role) in enumerate(order, 1):
+            server = ctx.engine(role)
+            for w in spec.workloads:
+                reqs = [_for_server(r, server.served_name) for r in requests[w.name]]
+                if w.warmup_requests and (role, w.name) not in warmed:
+                    # once per server and workload, before its first measured point: what warming pays
+                    # for (a CPU engine's first batch of a new size, first-use allocations) happens once
+                    top = max(w.concurrency or [1])
+                    with engine_busy():
+                        run_point(server.base_url, [_short(r) for r in (reqs * top)[:max(w.warmup_requests, top)]],
+                                  concurrency=top, timeout_s=w.request_timeout_s)
+                    warmed.add((role, w.name))
+                for point, conc, rate in _points(w):
+                    bar.detail(f"performance [{block}/{total_blocks}] {role} repeat {rep + 1}: {w.name} {point}, "
+                               f"{len(reqs)} requests")
+                    metrics, msum, rel, result = _measure(ctx, server, role, rep, w, reqs, point, conc, rate,
+                                                          device=plan.device, slo=slo)
+                    cpu_s += result.client_cpu_s
+                    wall_s += result.wall_s
+                    per.setdefault((w.name, point), {}).setdefault(role, []).append(metrics)
+                    mon.setdefault((w.name, point), {}).setdefault(role, []).append(msum)
+                    raw.setdefault((w.name, point), []).append(rel)
+                    bar.advance()
+    points = []
+    for w in spec.workloads:
+        for point, conc, rate in _points(w):
+            reps = per[(w.name, point)]
+            b, c = median_metrics(reps["baseline"]), median_metrics(reps["candidate"])
+            asked = max(b["request_throughput"] or 0, c["request_throughput"] or 0)
+            near = bool(client) and asked > NEAR_CEILING * client["requests_per_s"]
+            points.append(PerfPoint(workload=w.name, point=point, concurrency=conc, rate=rate, baseline=b,
+                                    candidate=c, baseline_repeats=reps["baseline"],
+                                    candidate_repeats=reps["candidate"],
+                                    comparison=compare(reps["baseline"], reps["candidate"]),
+                                    monitor=mon[(w.name, point)], near_client_ceiling=near,
+                                    raw_files=raw[(w.name, point)]))
+            if near:
+                notes.append(f"{w.name}/{point}: {asked:.0f} requests/s is over half the load generator's own "
+                             f"ceiling here ({client['requests_per_s']:.0f}/s): the client may limit this point")
+    context = _context(ctx, plan)
+    plots = _plots(ctx, points, context["label"], notes)
+    result = PerfResult(
+        interleaved=interleaved,
+        order=[f"{role}#{rep + 1}" for rep, role in order],
+        points=points,
+        client=client,
+        client_cpu_share=cpu_s / wall_s if wall_s else 0.0,
+        memory={role: _memory(ctx, role, [m for p in points for m in p.monitor.get(role, [])]) for role in ROLES},
+        cost={role: _headline_cost(points, role, spec.price_per_hour) for role in ROLES},
+        gates=perf_gates(points, spec.gates),
+        plots=plots,
+        notes=notes,
+        unrepresentative=unrepresentative_settings(plan.engine_args),
+        workload_context=context,
+    )
+    return result
+
+
+def _short(req, tokens: int = WARMUP_OUTPUT_TOKENS):
+    """A warm-up copy of a request: the same prompt, fewer output tokens. The batch shapes
+    (prefill and decode at the batch size) are what a first use costs; more decode steps
+    of the same shape warm nothing more."""
+    from quantlab.performance.loadgen import PreparedRequest
+
+    n = min(tokens, req.requested_output_tokens)
+    body = {**req.body, "max_tokens": n} | ({"min_tokens": n} if "min_tokens" in req.body else {})
+    return PreparedRequest(req.path, body, n)
+
+
+def _for_server(req, served_name: str):
+    from quantlab.performance.loadgen import PreparedRequest
+
+    return PreparedRequest(req.path, {**req.body, "model": served_name}, req.requested_output_tokens)
+
+
+def _context(ctx: RunContext, plan) -> dict[str, Any]:
+    probe = plan.probe
+    hw = (", ".join(g["name"] for g in probe.get("gpus") or []) if plan.device == "cuda"
+          else f"{(probe.get('cpu') or {}).get('model', 'CPU')} x{(probe.get('cpu') or {}).get('count', '?')}")
+    vllm = (probe.get("versions") or {}).get("vllm")
+    label = f"{ctx.recipe.name} on vLLM {vllm or '?'}, {hw}"
+    return {"label": label, "recipe": ctx.recipe.name, "device": plan.device, "hardware": hw, "vllm": vllm,
+            "engine_args": plan.engine_args, "side_by_side": ctx.recipe.serve.side_by_side,
+            "env": {k: v for k, v in ctx.recipe.serve.env.items()},
+            "workloads": [w.model_dump(mode="json") for w in ctx.recipe.performance.workloads]}
+
+
+def _plots(ctx: RunContext, points: list[PerfPoint], label: str, notes: list[str]) -> list[str]:
+    from quantlab.release.plots import latency_cdfs, versus_concurrency
+
+    made = []
+    try:
+        made.append(latency_cdfs(ctx.run.path, points, ctx.run.path / OUT_DIR / "latency-cdf.png", label))
+        vc = versus_concurrency(points, ctx.run.path / OUT_DIR / "throughput-ttft-vs-concurrency.png", label)
+        if vc is not None:
+            made.append(vc)
+    except (ImportError, OSError, ValueError) as err:  # a plot is a convenience, never a failed stage
+        notes.append(f"plots not drawn: {type(err).__name__}: {err}")
+    rels = [str(Path(p).relative_to(ctx.run.path)) for p in made]
+    for rel in rels:
+        ctx.add_artifact(rel, "perf-plot")
+    return rels
+
+
+def _measure(ctx: RunContext, server, role: str, rep: int, w, reqs, point: str, conc, rate, *, device: str,
+             slo: dict) -> tuple[dict[str, Any], dict[str, Any], str, Any]:
+    """One load point on one server: the requests, the monitor's samples, the per-request
+    rows on file, the metrics."""
+    from quantlab.performance.loadgen import run_point
+    from quantlab.performance.monitor import Monitor
+
+    monitor = Monitor(server.base_url, server.proc.pid if server.proc else None, device=device).start()
+    try:
+        with engine_busy():
+            result = run_point(server.base_url, reqs, concurrency=conc, rate=rate, duration_s=w.duration_s,
+                               timeout_s=w.request_timeout_s, seed=w.seed + rep)
+    finally:
+        msum = monitor.stop()
+    rel = f"{OUT_DIR}/{role}-{w.name}-{point}-r{rep + 1}.jsonl"
+    write_text_atomic(ctx.run.path / rel, "".join(json.dumps(r.as_row()) + "\n" for r in result.records))
+    ctx.add_artifact(rel, "perf-requests")
+    try:
+        server.ensure_alive(f"during performance workload '{w.name}' {point}")
+    except EngineError as err:
+        raise EngineError(f"{err}\nPartial per-request data: {ctx.run.path / rel}") from None
+    metrics = summarize(result.records, wall_s=result.wall_s, slo=slo,
+                        price_per_hour=ctx.recipe.performance.price_per_hour)
+    metrics["not_sent"] = result.not_sent
+    metrics["client_cpu_share"] = result.client_cpu_s / result.wall_s if result.wall_s else None
+    return metrics, msum, rel, result

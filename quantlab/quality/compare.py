@@ -1,0 +1,226 @@
+"""Sample-by-sample comparison of candidate and baseline eval results, and the quality
+gates' verdicts. Pure: rows in (as the lm-eval runner keeps them), numbers out.
+
+Rows are joined on doc id (within the judged filter) and must have the same prompt
+hash on both sides: a mismatch means the two runs did not ask the same thing (another
+tokenizer, template or task version) and the comparison is refused, not guessed.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import Any
+
+from quantlab.core.errors import CheckError
+from quantlab.quality.spec import QualityGates
+from quantlab.quality.stats import PairedInterval, Value, mcnemar_exact, paired_bootstrap
+from quantlab.core.results import GateVerdict, TaskComparison
+
+LN2 = math.log(2)
+# lm-eval's ratio-of-sums metrics: per-sample (loglikelihood, words|bytes) -> the score
+TRANSFORMS = {
+    "word_perplexity": lambda x: math.exp(-x),
+    "byte_perplexity": lambda x: math.exp(-x),
+    "bits_per_byte": lambda x: -x / LN2,
+}
+PREFIX_STEP = 10  # samples-to-verdict is looked for at every 10th prefix
+
+
+def judged_rows(rows: list[dict[str, Any]], metric: str, filt: str | None) -> dict[Any, dict[str, Any]]:
+    filters = [r.get("filter") for r in rows]
+    chosen = filt or (filters[0] if filters else None)
+    return {r["doc_id"]: r for r in rows if r.get("filter") == chosen and metric in (r.get("metrics") or {})}
+
+
+def _value(row: dict[str, Any], metric: str) -> Value:
+    v = row["metrics"][metric]
+    if isinstance(v, (list, tuple)):
+        return (float(v[0]), float(v[1]))
+    return float(v)
+
+
+def paired_values(task: str, metric: str, filt: str | None, base_rows: list[dict], cand_rows: list[dict]
+                  ) -> tuple[list[Any], list[Value], list[Value]]:
+    base = judged_rows(base_rows, metric, filt)
+    cand = judged_rows(cand_rows, metric, filt)
+    if not base or not cand:
+        side = "baseline" if not base else "candidate"
+        raise CheckError(f"task '{task}': the {side} results have no per-sample '{metric}'"
+                         f"{f' for filter {filt}' if filt else ''}: check the suite's metric and filter names")
+    if set(base) != set(cand):
+        raise CheckError(f"task '{task}': baseline and candidate answered different samples "
+                         f"({len(base)} vs {len(cand)}, {len(set(base) ^ set(cand))} not in both)")
+    ids = sorted(base, key=lambda x: (str(type(x)), x))
+    mismatched = [i for i in ids if base[i].get("prompt_hash") != cand[i].get("prompt_hash")]
+    if mismatched:
+        raise CheckError(f"task '{task}': {len(mismatched)} of {len(ids)} prompts differ between baseline and "
+                         f"candidate (doc ids {mismatched[:5]}): the two runs did not ask the same thing; check "
+                         "that both use the same tokenizer, chat template and task version")
+    return ids, [_value(base[i], metric) for i in ids], [_value(cand[i], metric) for i in ids]
+
+
+def _is_binary(values: Sequence[Value]) -> bool:
+    return all(not isinstance(v, tuple) and v in (0.0, 1.0) for v in values)
+
+
+def compare_task(task: str, slice_: str, metric: str, filt: str | None, higher_is_better: bool,
+                 base_rows: list[dict], cand_rows: list[dict], *, confidence: float, iters: int, seed: int
+                 ) -> tuple[TaskComparison, list[dict[str, Any]]]:
+    """The paired comparison of one task, and its flips (samples whose pass/fail or
+    value changed), each with the prompt and both answers."""
+    ids, b, c = paired_values(task, metric, filt, base_rows, cand_rows)
+    transform = TRANSFORMS.get(metric)
+    ci = paired_bootstrap(b, c, iters=iters, confidence=confidence, seed=seed, transform=transform)
+    binary = _is_binary(b) and _is_binary(c)
+    base_only = sum(1 for x, y in zip(b, c, strict=True) if binary and x > y)
+    cand_only = sum(1 for x, y in zip(b, c, strict=True) if binary and y > x)
+    base_map, cand_map = judged_rows(base_rows, metric, filt), judged_rows(cand_rows, metric, filt)
+    flips = []
+    if binary:
+        for i, x, y in zip(ids, b, c, strict=True):
+            if x != y:
+                br, cr = base_map[i], cand_map[i]
+                flips.append({"task": task, "doc_id": i, "direction": "worse" if x > y else "better",
+                              "prompt": br.get("prompt"), "target": br.get("target"),
+                              "baseline_answer": br.get("answer"), "candidate_answer": cr.get("answer"),
+                              "baseline_raw": br.get("raw"), "candidate_raw": cr.get("raw")})
+    cmp = TaskComparison(
+        task=task, slice=slice_, metric=metric, filter=filt, higher_is_better=higher_is_better, n=len(ids),
+        baseline=ci.baseline, candidate=ci.candidate, diff=ci.diff, ci_low=ci.low, ci_high=ci.high,
+        confidence=confidence, recovery=recovery(ci.baseline, ci.candidate, higher_is_better),
+        binary=binary, worse=base_only if binary else None, better=cand_only if binary else None,
+        mcnemar_p=mcnemar_exact(base_only, cand_only) if binary else None,
+        answers_changed=sum(1 for i in ids if base_map[i].get("answer") != cand_map[i].get("answer")),
+    )
+    return cmp, flips
+
+
+def recovery(base: float, cand: float, higher_is_better: bool) -> float | None:
+    num, den = (cand, base) if higher_is_better else (base, cand)
+    if den == 0 or not math.isfinite(num) or not math.isfinite(den):
+        return None if num != den else 1.0
+    return num / den
+
+
+def _oriented(cmp_diff: float, low: float, high: float, hib: bool) -> tuple[float, float, float]:
+    """Difference and interval with positive = candidate better."""
+    return (cmp_diff, low, high) if hib else (-cmp_diff, -high, -low)
+
+
+def verdicts(cmp: TaskComparison, gates: QualityGates, *, scope: str, b: Sequence[Value] | None = None,
+             c: Sequence[Value] | None = None, iters: int = 2000, seed: int = 0) -> list[GateVerdict]:
+    """The configured gates on one comparison (a task or a pooled slice)."""
+    out: list[GateVerdict] = []
+    d, lo, hi = _oriented(cmp.diff, cmp.ci_low, cmp.ci_high, cmp.higher_is_better)
+    pct = f"{cmp.confidence:.0%}"
+    base_line = (f"{cmp.metric}: baseline {cmp.baseline:.4g}, candidate {cmp.candidate:.4g} over {cmp.n} paired "
+                 f"samples; difference {cmp.diff:+.4g} ({pct} CI {cmp.ci_low:+.4g} .. {cmp.ci_high:+.4g})")
+    worse_beyond_noise = hi < 0
+    few = cmp.n < gates.min_samples
+
+    def add(gate: str, verdict: str, value, limit, why: str, needed: int | None = None) -> None:
+        out.append(GateVerdict(stage="quality", gate=gate, scope=scope, verdict=verdict, value=value, limit=limit,
+                               detail=f"{why}; {base_line}", samples=cmp.n, samples_to_verdict=needed))
+
+    if gates.min_recovery is not None:
+        r = cmp.recovery
+        if few:
+            add("min_recovery", "inconclusive", r, gates.min_recovery, f"only {cmp.n} samples "
+                f"(min_samples {gates.min_samples})")
+        elif r is None or r >= gates.min_recovery:
+            add("min_recovery", "pass", r, gates.min_recovery,
+                f"recovery {r:.3f} >= {gates.min_recovery:g}" if r is not None else "recovery undefined (zero "
+                "baseline score)")
+        elif worse_beyond_noise:
+            add("min_recovery", "fail", r, gates.min_recovery, f"recovery {r:.3f} < {gates.min_recovery:g} and the "
+                "candidate is worse beyond the confidence interval")
+        else:
+            add("min_recovery", "inconclusive", r, gates.min_recovery, f"recovery {r:.3f} < "
+                f"{gates.min_recovery:g} but within the noise (the interval includes no change)")
+    if gates.max_drop is not None:
+        drop = -d
+        if few:
+            add("max_drop", "inconclusive", drop, gates.max_drop, f"only {cmp.n} samples")
+        elif drop <= gates.max_drop:
+            add("max_drop", "pass", drop, gates.max_drop, f"drop {drop:.4g} <= {gates.max_drop:g}")
+        elif worse_beyond_noise:
+            add("max_drop", "fail", drop, gates.max_drop, f"drop {drop:.4g} > {gates.max_drop:g} and beyond the noise")
+        else:
+            add("max_drop", "inconclusive", drop, gates.max_drop, f"drop {drop:.4g} > {gates.max_drop:g} but "
+                "within the noise")
+    if gates.non_inferiority_margin is not None:
+        margin = gates.non_inferiority_margin * abs(cmp.baseline)
+        verdict = ni_verdict(lo, hi, margin)
+        if few:
+            verdict = "inconclusive"
+        needed = None
+        if verdict != "inconclusive" and b is not None and c is not None:
+            needed = samples_to_verdict(b, c, verdict, margin, cmp, iters=iters, seed=seed)
+        elif verdict == "inconclusive":
+            needed = samples_needed(cmp.n, d, lo, hi, margin)
+        why = {"pass": f"the interval's worse end {lo:+.4g} is above -{margin:.4g} (margin "
+                       f"{gates.non_inferiority_margin:g} x baseline)",
+               "fail": f"the whole interval is below -{margin:.4g}: worse than the margin allows",
+               "inconclusive": (f"only {cmp.n} samples" if few else f"the interval {lo:+.4g} .. {hi:+.4g} "
+                                f"straddles -{margin:.4g}") + (f"; about {needed} samples would tell"
+                                                              if needed else "")}[verdict]
+        add("non_inferiority", verdict, lo, -margin, why, needed)
+    return out
+
+
+def ni_verdict(lo: float, hi: float, margin: float) -> str:
+    if lo >= -margin:
+        return "pass"
+    if hi < -margin:
+        return "fail"
+    return "inconclusive"
+
+
+def samples_to_verdict(b: Sequence[Value], c: Sequence[Value], verdict: str, margin_frac_abs: float,
+                       cmp: TaskComparison, *, iters: int, seed: int) -> int:
+    """The smallest prefix (in steps of 10, in the suite's sample order) from which the
+    non-inferiority verdict stayed what it is with all samples."""
+    n = len(b)
+    smallest = n
+    for k in range(n - PREFIX_STEP, PREFIX_STEP - 1, -PREFIX_STEP):
+        ci = paired_bootstrap(b[:k], c[:k], iters=iters, confidence=cmp.confidence, seed=seed,
+                              transform=TRANSFORMS.get(cmp.metric))
+        _, lo, hi = _oriented(ci.diff, ci.low, ci.high, cmp.higher_is_better)
+        if ni_verdict(lo, hi, margin_frac_abs) != verdict:
+            break
+        smallest = k
+    return smallest
+
+
+def samples_needed(n: int, d: float, lo: float, hi: float, margin: float) -> int | None:
+    """Rough sample count for the interval to clear the margin, if the observed
+    difference and spread held (the half-width shrinks as 1/sqrt(n))."""
+    half = (hi - lo) / 2
+    gap = abs(d + margin)
+    if gap == 0 or half == 0:
+        return None
+    return int(math.ceil(n * (half / gap) ** 2))
+
+
+def pooled(comparisons: list[TaskComparison], rows: dict[str, tuple[list[Value], list[Value]]], slice_: str, *,
+           confidence: float, iters: int, seed: int) -> tuple[TaskComparison, list[Value], list[Value]] | None:
+    """One comparison for a slice: the per-sample values of its tasks with a plain mean
+    metric (pass/fail rates), pooled. Perplexity-type tasks are judged per task only."""
+    members = [t for t in comparisons if t.slice == slice_ and t.metric not in TRANSFORMS and t.higher_is_better]
+    if len(members) < 2:
+        return None
+    b = [v for t in members for v in rows[t.task][0]]
+    c = [v for t in members for v in rows[t.task][1]]
+    ci: PairedInterval = paired_bootstrap(b, c, iters=iters, confidence=confidence, seed=seed)
+    binary = _is_binary(b) and _is_binary(c)
+    worse = sum(1 for x, y in zip(b, c, strict=True) if binary and x > y)
+    better = sum(1 for x, y in zip(b, c, strict=True) if binary and y > x)
+    cmp = TaskComparison(task=f"slice:{slice_}", slice=slice_, metric="+".join(sorted({t.metric for t in members})),
+                         filter=None, higher_is_better=True, n=len(b), baseline=ci.baseline, candidate=ci.candidate,
+                         diff=ci.diff, ci_low=ci.low, ci_high=ci.high, confidence=confidence,
+                         recovery=recovery(ci.baseline, ci.candidate, True), binary=binary,
+                         worse=worse if binary else None, better=better if binary else None,
+                         mcnemar_p=mcnemar_exact(worse, better) if binary else None, answers_changed=None,
+                         tasks=[t.task for t in members])
+    return cmp, b, c

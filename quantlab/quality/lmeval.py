@@ -1,0 +1,200 @@
+"""lm-eval against a served model, in a child process: the child runs one suite's tasks
+(one task at a time, so a failure names its task) through `local-completions` or
+`local-chat-completions` with log_samples, and writes per-task sample files; the parent
+streams its progress lines, keeps lm-eval's own output in a log file, and enforces a
+deadline. Usage of the child: python -m quantlab.quality.lmeval SPEC.json
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from quantlab.core.engine_time import engine_busy
+from quantlab.core.errors import EngineError
+
+PROGRESS = "QUANTLAB-EVAL "  # prefix of the child's progress lines on stdout
+FAILED_FILE = "failed.json"
+MAX_PROMPT_CHARS = 4000  # what the flips report can show of a prompt
+
+
+def lm_eval_version() -> str | None:
+    import lm_eval
+
+    return getattr(lm_eval, "__version__", None)
+
+
+def compact_sample(sample: dict[str, Any]) -> dict[str, Any]:
+    """What quantlab keeps of one lm-eval sample: identity, prompt, answer, metrics."""
+    args = sample.get("arguments") or []
+    first = args[0] if args else None
+    prompt = first[0] if isinstance(first, (list, tuple)) and first else first
+    choices = [a[1] for a in args[1:]] if isinstance(first, (list, tuple)) and len(first) > 1 and \
+        isinstance(first[1], str) else None
+    if choices is not None and isinstance(first[1], str):
+        choices = [first[1]] + choices
+    filtered = sample.get("filtered_resps")
+    answer: Any = filtered
+    if isinstance(filtered, list) and filtered and isinstance(filtered[0], (list, tuple)) and \
+            len(filtered[0]) == 2 and isinstance(filtered[0][1], bool):
+        # loglikelihood answers: (logprob, is_greedy) per choice -> the chosen choice
+        lls = [f[0] for f in filtered]
+        if len(lls) == 1:  # one continuation (last word): was it the greedy one, and how likely
+            answer = f"{'greedy' if filtered[0][1] else 'not greedy'}, logprob {lls[0]:.3f}"
+        else:
+            best = max(range(len(lls)), key=lls.__getitem__)
+            answer = choices[best] if choices and len(choices) == len(lls) else best
+    elif isinstance(filtered, list) and len(filtered) == 1:
+        answer = filtered[0]
+    raw = sample.get("resps")
+    raw_text = raw[0][0] if isinstance(raw, list) and raw and isinstance(raw[0], list) and raw[0] and \
+        isinstance(raw[0][0], str) else None
+    return {
+        "doc_id": sample.get("doc_id"),
+        "filter": sample.get("filter"),
+        "prompt_hash": sample.get("prompt_hash"),
+        "prompt": (str(prompt)[:MAX_PROMPT_CHARS] if prompt is not None else None),
+        "target": sample.get("target"),
+        "answer": answer,
+        "raw": raw_text,
+        "metrics": {m: sample.get(m) for m in sample.get("metrics") or []},
+    }
+
+
+def _child(spec_path: str) -> int:
+    import lm_eval
+    from lm_eval.api.registry import get_model
+    from lm_eval.tasks import TaskManager
+
+    spec = json.loads(Path(spec_path).read_text())
+    out = Path(spec["out_dir"])
+    out.mkdir(parents=True, exist_ok=True)
+    tm = TaskManager(include_path=spec.get("include_path"), include_defaults=spec.get("include_defaults", False))
+    # one process for both APIs: lm-eval's start-up (imports, task index) is paid once
+    work = [(part, task) for part in spec["parts"] for task in part["tasks"]]
+    models: dict[bool, Any] = {}
+    for i, (part, task) in enumerate(work, 1):
+        if part["chat"] not in models:
+            models[part["chat"]] = get_model(part["model"]).create_from_arg_obj(part["model_args"])
+        lm = models[part["chat"]]
+        print(f"{PROGRESS}start {i}/{len(work)} {task}", flush=True)
+        t0 = time.monotonic()
+        try:
+            r = lm_eval.simple_evaluate(model=lm, tasks=[task], task_manager=tm, log_samples=True,
+                                        limit=spec.get("limit"), random_seed=spec["seed"],
+                                        numpy_random_seed=spec["seed"], torch_random_seed=spec["seed"],
+                                        fewshot_random_seed=spec["seed"], bootstrap_iters=0,
+                                        apply_chat_template=part["chat"], fewshot_as_multiturn=part["chat"])
+        except BaseException as err:  # noqa: BLE001 (reported to the parent, then re-raised)
+            (out / FAILED_FILE).write_text(json.dumps({"task": task, "error": f"{type(err).__name__}: {err}"}))
+            raise
+        rows = [compact_sample(s) for s in r["samples"][task]]
+        tmp = out / f".{task}.jsonl.tmp"
+        tmp.write_text("".join(json.dumps(row, default=str) + "\n" for row in rows))
+        tmp.replace(out / f"{task}.jsonl")
+        summary = {"task": task, "results": r["results"].get(task, {}),
+                   "higher_is_better": r.get("higher_is_better", {}).get(task, {}),
+                   "n_samples": len(rows), "seconds": time.monotonic() - t0,
+                   "lm_eval": lm_eval.__version__ if hasattr(lm_eval, "__version__") else None}
+        (out / f"{task}.summary.json").write_text(json.dumps(summary, default=str))
+        print(f"{PROGRESS}done {i}/{len(work)} {task} {len(rows)} samples "
+              f"{time.monotonic() - t0:.1f}s", flush=True)
+    return 0
+
+
+def run_tasks(*, tasks: list[str], chat_tasks: list[str] | None = None, base_url: str, served_name: str,
+              tokenizer: str | None, suite_dir: Path | None, out_dir: Path, log_path: Path, seed: int,
+              limit: int | None, num_concurrent: int, request_timeout_s: float, max_retries: int,
+              deadline_s: float, offline: bool, trust_remote_code: bool, progress: Callable[[str], None],
+              is_alive: Callable[[], bool] = lambda: True) -> None:
+    """Run `tasks` (completions API) then `chat_tasks` (chat completions API, the model's
+    chat template) against a served model, in one lm-eval process; per-task sample files
+    land in out_dir."""
+    # the child runs in the suite folder (task YAML name their data relative to it): absolute paths only
+    out_dir, log_path = Path(out_dir).resolve(), Path(log_path).resolve()
+    out_dir.mkdir(parents=True, exist_ok=True)
+
+    def part(names: list[str], chat: bool) -> dict[str, Any]:
+        model_args: dict[str, Any] = {
+            "base_url": f"{base_url}/v1/{'chat/completions' if chat else 'completions'}",
+            "model": served_name, "num_concurrent": num_concurrent, "max_retries": max_retries,
+            "timeout": request_timeout_s, "seed": seed,
+        }
+        if not chat:
+            model_args.update(tokenizer=tokenizer, tokenizer_backend="huggingface",
+                              trust_remote_code=trust_remote_code)
+        return {"model": "local-chat-completions" if chat else "local-completions", "model_args": model_args,
+                "tasks": list(names), "chat": chat}
+
+    spec = {"parts": [part(names, chat) for names, chat in ((tasks, False), (chat_tasks or [], True)) if names],
+            "seed": seed, "limit": limit, "out_dir": str(out_dir),
+            "include_path": str(suite_dir) if suite_dir else None, "include_defaults": suite_dir is None}
+    spec_path = out_dir / "lmeval-spec.json"
+    spec_path.write_text(json.dumps(spec, indent=2))
+    env = {**os.environ, "TOKENIZERS_PARALLELISM": "false"}
+    if offline:
+        env.update(HF_DATASETS_OFFLINE="1", HF_HUB_OFFLINE="1")
+    (out_dir / FAILED_FILE).unlink(missing_ok=True)
+    started = time.monotonic()
+    with engine_busy(), open(log_path, "a") as log:
+        proc = subprocess.Popen([sys.executable, "-m", "quantlab.quality.lmeval", str(spec_path)],
+                                cwd=suite_dir or out_dir, env=env, stdout=subprocess.PIPE, stderr=log, text=True,
+                                start_new_session=True)
+        try:
+            _follow(proc, log, started, deadline_s, progress, is_alive)
+        finally:
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait(timeout=30)
+    if proc.returncode != 0:
+        failed = out_dir / FAILED_FILE
+        if failed.is_file():
+            what = json.loads(failed.read_text())
+            raise EngineError(f"lm-eval failed on task '{what['task']}' against {base_url} ({served_name}): "
+                              f"{what['error'][:800]}\nlm-eval log: {log_path}")
+        tail = "\n".join(log_path.read_text(errors="replace").splitlines()[-12:]) if log_path.is_file() else ""
+        raise EngineError(f"lm-eval exited with code {proc.returncode} before its first task against {base_url} "
+                          f"({served_name}). Last lines of {log_path}:\n{tail}")
+
+
+def _follow(proc, log, started: float, deadline_s: float, progress, is_alive) -> None:
+    import selectors
+
+    sel = selectors.DefaultSelector()
+    sel.register(proc.stdout, selectors.EVENT_READ)
+    while True:
+        if time.monotonic() - started > deadline_s:
+            raise EngineError(f"lm-eval did not finish within its deadline of {deadline_s:g} s "
+                              "(quality.timeout_s); raise it or lower quality.limit")
+        if not is_alive():
+            raise EngineError("the server died during the evaluation")
+        if sel.select(timeout=1.0):
+            line = proc.stdout.readline()
+            if not line:
+                proc.wait(timeout=60)
+                return
+            if line.startswith(PROGRESS):
+                progress(line[len(PROGRESS):].strip())
+            else:
+                log.write(line)
+        elif proc.poll() is not None:
+            rest = proc.stdout.read()
+            if rest:
+                log.write(rest)
+            return
+
+
+def read_samples(out_dir: Path, task: str) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    rows = [json.loads(x) for x in (out_dir / f"{task}.jsonl").read_text().splitlines() if x.strip()]
+    return rows, json.loads((out_dir / f"{task}.summary.json").read_text())
+
+
+if __name__ == "__main__":
+    sys.exit(_child(sys.argv[1]))

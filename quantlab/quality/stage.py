@@ -1,0 +1,346 @@
+"""Quality stage: the recipe's eval suites through lm-eval against the served candidate
+and the served baseline (or the baseline's cached results), compared sample by sample:
+paired intervals, McNemar on pass/fail tasks, flips with both answers, next-token KL
+divergence, and gates per task and per slice."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import time
+from pathlib import Path
+from typing import Any
+
+from quantlab.core import result_cache
+from quantlab.core.context import RunContext
+from quantlab.core.errors import CheckError, EngineError, RecipeError
+from quantlab.quality.suites import Suite, load_suites
+from quantlab.core.fsutil import write_json_atomic, write_text_atomic
+from quantlab.core.progress import step
+from quantlab.quality.compare import compare_task, paired_values, pooled, verdicts
+from quantlab.quality.spec import QualitySpec
+from quantlab.quality.stats import kl_summary, top_token, topk_kl
+from quantlab.core.results import GateVerdict, QualityResult, TaskComparison
+from quantlab.serving import stage as serve_stage
+
+NAME = "quality"
+OUT_DIR = "quality"
+KL_FILE = "kl-topk.json"
+
+
+def enabled(ctx: RunContext) -> bool:
+    return ctx.recipe.quality is not None
+
+
+def _suites(ctx: RunContext) -> list[Suite]:
+    return load_suites(ctx.recipe.quality, ctx.loaded.base_dir)
+
+
+def inputs(ctx: RunContext) -> dict[str, Any]:
+    spec = ctx.recipe.quality
+    return {"quality": spec.model_dump(mode="json"), "suites": [s.sha256 for s in _suites(ctx)],
+            "serving": serve_stage.inputs(ctx)}
+
+
+def preflight(ctx: RunContext) -> None:
+    spec: QualitySpec = ctx.recipe.quality
+    try:
+        _suites(ctx)
+    except RecipeError as err:
+        raise RecipeError(str(err), file=err.file or str(ctx.loaded.path), field=err.field) from None
+    if spec.kl.texts and not ctx.loaded.resolve(spec.kl.texts).is_file():
+        raise RecipeError(f"KL text file '{spec.kl.texts}' does not exist", file=str(ctx.loaded.path),
+                          field="quality.kl.texts")
+
+
+def _tokenizer_dir(ctx: RunContext, role: str) -> Path:
+    target = ctx.serving_plan().target(role)
+    if target.model_dir is not None and (Path(target.model_dir) / "tokenizer_config.json").is_file():
+        return Path(target.model_dir).resolve()  # absolute: lm-eval runs in the suite folder
+    return ctx.baseline_model().path.resolve()
+
+
+def check_same_tokenizer(base_dir: Path, cand_dir: Path, *, trust_remote_code: bool) -> None:
+    """Candidate and baseline must tokenize alike, or loglikelihood tasks compare
+    different things."""
+    from quantlab.models.tokenizer import load_tokenizer
+
+    if base_dir.resolve() == cand_dir.resolve():
+        return
+    a = load_tokenizer(base_dir, trust_remote_code=trust_remote_code)
+    b = load_tokenizer(cand_dir, trust_remote_code=trust_remote_code)
+    probe = "Quantization check: naïve café, 12345 tokens!\n\tdef f(x): return x"
+    problems = []
+    if a.get_vocab() != b.get_vocab():
+        problems.append(f"vocabularies differ ({len(a.get_vocab())} vs {len(b.get_vocab())} entries)")
+    elif a(probe).input_ids != b(probe).input_ids:
+        problems.append("the same text tokenizes differently")
+    if getattr(a, "chat_template", None) != getattr(b, "chat_template", None):
+        problems.append("chat templates differ")
+    if problems:
+        raise RecipeError(f"tokenizer mismatch between the baseline ({base_dir}) and the checkpoint ({cand_dir}): "
+                          f"{'; '.join(problems)}. Export the checkpoint with the baseline's tokenizer")
+
+
+def _cache_parts(ctx: RunContext, suites: list[Suite], tasks: list[str], plan) -> dict[str, Any]:
+    from quantlab.quality.lmeval import lm_eval_version
+
+    spec: QualitySpec = ctx.recipe.quality
+    return {"baseline": ctx.baseline_identity(), "suites": {s.name: s.sha256 for s in suites}, "tasks": tasks,
+            "limit": spec.limit, "seed": spec.seed, "num_concurrent": spec.num_concurrent,
+            "engine": (plan.probe.get("versions") or {}).get("vllm"), "engine_args": plan.engine_args,
+            "device": plan.device, "lm_eval": lm_eval_version(),
+            "kl": spec.kl.model_dump(mode="json", include={"enabled", "texts", "max_texts", "max_tokens", "top_k"}),
+            "format": 1}
+
+
+def _runnable(suites: list[Suite], max_len: int | None) -> tuple[list[tuple[Suite, Any]], list[str]]:
+    run, skipped = [], []
+    for s in suites:
+        for t in s.tasks:
+            if t.min_model_len and max_len is not None and max_len < t.min_model_len:
+                skipped.append(f"{t.task}: needs max_model_len >= {t.min_model_len}, served {max_len}")
+            else:
+                run.append((s, t))
+    return run, skipped
+
+
+def _evaluate(ctx: RunContext, role: str, work: list[tuple[Suite, Any]], out: Path) -> float:
+    from quantlab.quality.lmeval import run_tasks
+
+    spec: QualitySpec = ctx.recipe.quality
+    server = ctx.engine(role)
+    started = time.monotonic()
+    groups: dict[str, dict[bool, list[str]]] = {}  # suite -> chat API? -> tasks: one lm-eval process per suite
+    folders = {}
+    for suite, task in work:
+        groups.setdefault(suite.name, {False: [], True: []})[task.api == "chat"].append(task.task)
+        folders[suite.name] = suite.folder
+    total = len(work)
+    done = 0
+    with step(ctx.progress, f"quality {role}: lm-eval", total=total, unit="tasks", announce=False) as bar:
+        for suite_name, by_api in groups.items():
+            def progress(line: str, _role=role) -> None:
+                nonlocal done
+                if line.startswith("done"):
+                    done += 1
+                    bar.detail(f"quality {_role}: [{done}/{total}] {line.split(' ', 2)[2]}", done=done)
+
+            tasks = by_api[False] + by_api[True]
+            run_tasks(tasks=by_api[False], chat_tasks=by_api[True], base_url=server.base_url,
+                      served_name=server.served_name,
+                      tokenizer=str(_tokenizer_dir(ctx, role)), suite_dir=folders[suite_name], out_dir=out,
+                      log_path=ctx.run.path / OUT_DIR / f"{role}-lmeval.log", seed=spec.seed, limit=spec.limit,
+                      num_concurrent=spec.num_concurrent, request_timeout_s=spec.request_timeout_s,
+                      max_retries=spec.max_retries, deadline_s=spec.timeout_s, offline=folders[suite_name] is not None,
+                      trust_remote_code=ctx.recipe.model.trust_remote_code, progress=progress,
+                      is_alive=lambda s=server: s.proc is None or s.proc.poll() is None)
+            try:
+                server.ensure_alive(f"during quality tasks {', '.join(tasks)}")
+            except EngineError as err:
+                raise EngineError(f"{err}\nlm-eval log: {ctx.run.path / OUT_DIR / f'{role}-lmeval.log'}") from None
+    return time.monotonic() - started
+
+
+def _kl_texts(ctx: RunContext, suites: list[Suite]) -> Path | None:
+    spec: QualitySpec = ctx.recipe.quality
+    if not spec.kl.enabled:
+        return None
+    if spec.kl.texts:
+        return ctx.loaded.resolve(spec.kl.texts)
+    return next((s.kl_texts for s in suites if s.kl_texts), None)
+
+
+def _kl_dists(ctx: RunContext, role: str, texts: list[list[int]], out: Path) -> list:
+    from quantlab.quality import kl
+
+    spec: QualitySpec = ctx.recipe.quality
+    server = ctx.engine(role)
+    ctx.progress(f"quality {role}: next-token distributions on {len(texts)} texts (top {spec.kl.top_k})")
+    dists = kl.distributions(server.base_url, server.served_name, texts, top_k=spec.kl.top_k,
+                             timeout_s=spec.request_timeout_s)
+    write_json_atomic(out / KL_FILE, kl.to_json(dists))
+    return dists
+
+
+def _kl(base: list, cand: list) -> dict[str, Any]:
+    per_token, same = [], []
+    if len(base) != len(cand) or any(len(b) != len(c) for b, c in zip(base, cand, strict=False)):
+        raise CheckError("KL: the baseline and candidate distributions cover different positions (were the "
+                         "cached baseline's texts cut at another length?)")
+    for bt, ct in zip(base, cand, strict=True):
+        for bp, cp in zip(bt, ct, strict=True):
+            per_token.append(topk_kl(bp, cp))
+            same.append(top_token(bp) == top_token(cp))
+    return kl_summary(per_token, same)
+
+
+def _kl_gates(summary: dict[str, Any], spec: QualitySpec) -> list[GateVerdict]:
+    out = []
+    for gate, key, limit, direction in (("max_mean_kl", "mean", spec.kl.max_mean_kl, "max"),
+                                        ("min_same_top_rate", "same_top_rate", spec.kl.min_same_top_rate, "min")):
+        if limit is None:
+            continue
+        value = summary.get(key)
+        if value is None:
+            out.append(GateVerdict(stage=NAME, gate=gate, scope="kl", verdict="inconclusive", value=None,
+                                   limit=limit, detail="no positions compared"))
+            continue
+        ok = value <= limit if direction == "max" else value >= limit
+        out.append(GateVerdict(stage=NAME, gate=gate, scope="kl", verdict="pass" if ok else "fail", value=value,
+                               limit=limit, detail=f"KL(baseline || candidate) {key} = {value:.4g} over "
+                               f"{summary['tokens']} positions, needs {'<=' if direction == 'max' else '>='} "
+                               f"{limit:g}"))
+    return out
+
+
+def run(ctx: RunContext) -> QualityResult:
+    from quantlab.quality.kl import from_json, texts_as_token_ids
+    from quantlab.quality.lmeval import read_samples
+
+    spec: QualitySpec = ctx.recipe.quality
+    suites = _suites(ctx)
+    plan = ctx.serving_plan()
+    out = ctx.run.path / OUT_DIR
+    out.mkdir(parents=True, exist_ok=True)
+    work, skipped = _runnable(suites, ctx.served_max_model_len())
+    if not work:
+        raise CheckError("no quality task can run: " + "; ".join(skipped))
+    base_tok, cand_tok = _tokenizer_dir(ctx, "baseline"), _tokenizer_dir(ctx, "candidate")
+    check_same_tokenizer(base_tok, cand_tok, trust_remote_code=ctx.recipe.model.trust_remote_code)
+    tasks = [t.task for _, t in work]
+    parts = _cache_parts(ctx, suites, tasks, plan)
+    key = result_cache.cache_key(parts)
+    cached = result_cache.lookup(result_cache.QUALITY, key) if spec.baseline_cache else None
+    seconds: dict[str, float] = {}
+    kl_path = _kl_texts(ctx, suites)
+    kl_token_ids = None
+    if kl_path is not None:
+        from quantlab.models.tokenizer import load_tokenizer
+
+        tok = load_tokenizer(cand_tok, trust_remote_code=ctx.recipe.model.trust_remote_code)
+        kl_token_ids = texts_as_token_ids(kl_path, tok, max_texts=spec.kl.max_texts, max_tokens=spec.kl.max_tokens)
+
+    base_dir = out / "baseline"
+    if cached:
+        ctx.progress(f"quality baseline: reusing cached results ({key[:12]})")
+        # a copy in the run folder: the run stays self-contained and the manifest hashes what was compared
+        shutil.copytree(cached, base_dir, dirs_exist_ok=True, ignore=shutil.ignore_patterns(result_cache.COMPLETE))
+    else:
+        base_dir.mkdir(parents=True, exist_ok=True)
+        seconds["baseline"] = _evaluate(ctx, "baseline", work, base_dir)
+        if kl_token_ids is not None:
+            _kl_dists(ctx, "baseline", kl_token_ids, base_dir)
+        if spec.baseline_cache:  # stored now: a candidate that fails later does not cost the baseline's work
+            early_work, _ = _runnable(suites, ctx.recipe_max_model_len())  # what needs_baseline asks
+            early = result_cache.cache_key(_cache_parts(ctx, suites, [t.task for _, t in early_work], plan))
+            result_cache.store(result_cache.QUALITY, key, base_dir, parts, aliases=(early,))
+    cand_dir = out / "candidate"
+    cand_dir.mkdir(parents=True, exist_ok=True)
+    seconds["candidate"] = _evaluate(ctx, "candidate", work, cand_dir)
+    kl_result = None
+    if kl_token_ids is not None:
+        cand_dists = _kl_dists(ctx, "candidate", kl_token_ids, cand_dir)
+        base_dists = from_json(json.loads((base_dir / KL_FILE).read_text()))
+        kl_result = _kl(base_dists, cand_dists)
+        kl_result["texts"] = len(kl_token_ids)
+
+    comparisons, flips, gates, values, lm_eval_version = [], [], [], {}, None
+    for _, task in work:
+        b_rows, b_sum = read_samples(base_dir, task.task)
+        c_rows, c_sum = read_samples(cand_dir, task.task)
+        lm_eval_version = c_sum.get("lm_eval")
+        hib = (c_sum.get("higher_is_better") or {}).get(task.metric, True)
+        cmp, task_flips = compare_task(task.task, task.slice, task.metric, task.filter, hib, b_rows, c_rows,
+                                       confidence=_gates_for(spec, task.task, task.slice).confidence,
+                                       iters=spec.bootstrap_iters, seed=spec.seed)
+        comparisons.append(cmp)
+        flips += task_flips
+        _, bv, cv = paired_values(task.task, task.metric, task.filter, b_rows, c_rows)
+        values[task.task] = (bv, cv)
+        override = spec.task_gates.get(task.task)
+        if not (override and override.disabled):
+            gates += verdicts(cmp, _gates_for(spec, task.task, task.slice), scope=task.task, b=bv, c=cv,
+                              iters=spec.bootstrap_iters // 4, seed=spec.seed)
+    slices: list[TaskComparison] = []
+    for name in sorted({c.slice for c in comparisons}):
+        g = _slice_gates(spec, name)
+        pool = pooled(comparisons, values, name, confidence=g.confidence, iters=spec.bootstrap_iters,
+                      seed=spec.seed)
+        if pool is None:
+            continue
+        cmp, bv, cv = pool
+        slices.append(cmp)
+        override = spec.slice_gates.get(name)
+        if not (override and override.disabled):
+            gates += verdicts(cmp, g, scope=f"slice:{name}", b=bv, c=cv, iters=spec.bootstrap_iters // 4,
+                              seed=spec.seed)
+    if kl_result is not None:
+        gates += _kl_gates(kl_result, spec)
+    write_text_atomic(out / "flips.jsonl", "".join(json.dumps(f, default=str) + "\n" for f in flips))
+    ctx.add_artifact(f"{OUT_DIR}/flips.jsonl", "quality-flips")
+    raw = []
+    for role_dir, role in ((cand_dir, "candidate"), (base_dir, "baseline")):
+        for p in sorted(role_dir.glob("*.jsonl")):
+            rel = str(p.relative_to(ctx.run.path))
+            ctx.add_artifact(rel, f"quality-{role}-samples")
+            raw.append(rel)
+    notes = []
+    plots = _plots(ctx, comparisons + slices, notes)
+    if cached:
+        notes.append(f"baseline results from the cache ({cached}); no baseline evaluation ran")
+    return QualityResult(
+        tasks=comparisons, slices=slices, kl=kl_result, baseline_cached=bool(cached), baseline_cache_key=key,
+        skipped=skipped, seconds=seconds, lm_eval_version=lm_eval_version,
+        suites=[{"name": s.name, "folder": str(s.folder) if s.folder else None, "sha256": s.sha256} for s in suites],
+        raw_files=raw, flips_file=f"{OUT_DIR}/flips.jsonl", plots=plots, gates=gates, notes=notes)
+
+
+def _plots(ctx: RunContext, comparisons: list[TaskComparison], notes: list[str]) -> list[str]:
+    from quantlab.release.plots import quality_deltas
+
+    try:
+        made = quality_deltas(comparisons, ctx.run.path / OUT_DIR / "quality-deltas.png", ctx.recipe.name)
+    except (ImportError, OSError, ValueError) as err:  # a plot is a convenience, never a failed stage
+        notes.append(f"quality plot not drawn: {type(err).__name__}: {err}")
+        return []
+    if made is None:
+        return []
+    rel = str(made.relative_to(ctx.run.path))
+    ctx.add_artifact(rel, "quality-plot")
+    return [rel]
+
+
+def _gates_for(spec: QualitySpec, task: str, slice_: str):
+    g = spec.gates
+    if slice_ in spec.slice_gates:
+        g = spec.slice_gates[slice_].apply(g)
+    if task in spec.task_gates:
+        g = spec.task_gates[task].apply(g)
+    return g
+
+
+def _slice_gates(spec: QualitySpec, slice_: str):
+    return spec.slice_gates[slice_].apply(spec.gates) if slice_ in spec.slice_gates else spec.gates
+
+
+def needs_baseline(ctx: RunContext) -> bool:
+    """A baseline server is needed unless this run's baseline results are cached."""
+    return not baseline_cached(ctx)
+
+
+def reuses(ctx: RunContext) -> str | None:
+    return "the baseline's results are cached: only the candidate is evaluated" if baseline_cached(ctx) else None
+
+
+def baseline_cached(ctx: RunContext) -> bool:
+    spec: QualitySpec | None = ctx.recipe.quality
+    if spec is None or not spec.baseline_cache:
+        return False
+
+    def parts() -> dict[str, Any]:
+        suites = _suites(ctx)
+        work, _ = _runnable(suites, ctx.served_max_model_len())
+        return _cache_parts(ctx, suites, [t.task for _, t in work], ctx.serving_plan())
+
+    return result_cache.lookup_parts(result_cache.QUALITY, parts) is not None

@@ -1,0 +1,154 @@
+"""Eval suites as data: a folder with `suite.yaml`, lm-eval task YAML and local JSONL.
+
+Loading checks what can be checked without starting lm-eval: the suite file's schema,
+that every listed task has a task YAML here (or is a hub task), that every data file a
+task YAML names exists, and that each task's gated metric is one its YAML lists. The
+suite hash (every file in the folder) keys the baseline cache.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import yaml
+from pydantic import ValidationError
+
+from quantlab.core.errors import RecipeError
+from quantlab.core.fsutil import sha256_file
+from quantlab.quality.spec import QualitySpec, SuiteFile, SuiteTask
+
+SHIPPED = Path(__file__).resolve().parents[2] / "eval_suites"
+SUITE_FILE = "suite.yaml"
+# metrics lm-eval computes for an output type without a metric_list entry naming them
+IMPLICIT = {"loglikelihood_rolling": {"word_perplexity", "byte_perplexity", "bits_per_byte"}}
+
+
+class _TaskYamlLoader(yaml.SafeLoader):
+    """Reads lm-eval task YAML without importing the functions `!function` names."""
+
+
+_TaskYamlLoader.add_constructor("!function", lambda loader, node: f"!function {loader.construct_scalar(node)}")
+
+
+@dataclass
+class Suite:
+    name: str
+    folder: Path | None  # None for the recipe's hub tasks
+    tasks: list[SuiteTask]
+    kl_texts: Path | None = None
+    sha256: str = ""
+    task_files: dict[str, Path] = field(default_factory=dict)
+
+
+def suite_folder(name: str, recipe_dir: Path) -> Path:
+    direct = (recipe_dir / name).resolve()
+    if (direct / SUITE_FILE).is_file():
+        return direct
+    if (SHIPPED / name / SUITE_FILE).is_file():
+        return SHIPPED / name
+    shipped = sorted(p.parent.name for p in SHIPPED.glob(f"*/{SUITE_FILE}"))
+    raise RecipeError(f"eval suite '{name}' not found: no {direct / SUITE_FILE} and no shipped suite of that name "
+                      f"(shipped: {', '.join(shipped) or 'none'})", field="quality.suites")
+
+
+def folder_sha256(folder: Path) -> str:
+    h = hashlib.sha256()
+    for p in sorted(folder.rglob("*")):
+        # what lm-eval reads: task YAML, data, scorers (a README edit is not a new suite)
+        if p.is_file() and "__pycache__" not in p.parts and p.suffix != ".md":
+            h.update(p.relative_to(folder).as_posix().encode() + b"\0")
+            h.update(bytes.fromhex(sha256_file(p)))
+    return h.hexdigest()
+
+
+def _task_yamls(folder: Path) -> dict[str, tuple[Path, dict]]:
+    out = {}
+    for path in sorted(folder.rglob("*.yaml")):
+        if path.name == SUITE_FILE:
+            continue
+        try:
+            data = yaml.load(path.read_text(), Loader=_TaskYamlLoader)  # noqa: S506 (SafeLoader subclass)
+        except yaml.YAMLError as err:
+            raise RecipeError(f"task YAML {path} does not parse: {err}", file=str(path)) from None
+        if isinstance(data, dict) and isinstance(data.get("task"), str):
+            out[data["task"]] = (path, data)
+    return out
+
+
+def _check_task(folder: Path, suite_path: Path, i: int, task: SuiteTask, path: Path, data: dict) -> None:
+    where = f"tasks.{i}"
+    files = ((data.get("dataset_kwargs") or {}).get("data_files") or {})
+    for split, rel in (files.items() if isinstance(files, dict) else []):
+        for one in [rel] if isinstance(rel, str) else rel:
+            if not (folder / one).is_file():
+                raise RecipeError(f"task '{task.task}' ({path.name}) reads {split} data from '{one}', which does "
+                                  f"not exist in {folder}", file=str(suite_path), field=where)
+    listed = {m.get("metric") for m in data.get("metric_list") or [] if isinstance(m, dict)}
+    listed |= IMPLICIT.get(data.get("output_type", ""), set())
+    if listed and task.metric not in listed:
+        raise RecipeError(f"task '{task.task}' gates metric '{task.metric}', which its task YAML {path.name} does "
+                          f"not produce (it lists: {', '.join(sorted(m for m in listed if m))})",
+                          file=str(suite_path), field=f"{where}.metric")
+    if task.api == "chat" and data.get("output_type") != "generate_until":
+        raise RecipeError(f"task '{task.task}' is a {data.get('output_type')} task: the chat API only generates, "
+                          "so it needs api: completions", file=str(suite_path), field=f"{where}.api")
+
+
+def load_suite(folder: Path) -> Suite:
+    path = folder / SUITE_FILE
+    try:
+        spec = SuiteFile(**(yaml.safe_load(path.read_text()) or {}))
+    except yaml.YAMLError as err:
+        raise RecipeError(f"suite file does not parse: {err}", file=str(path)) from None
+    except ValidationError as err:
+        first = err.errors()[0]
+        raise RecipeError(f"suite file is not valid: {first['msg']}", file=str(path),
+                          field=".".join(str(x) for x in first["loc"])) from None
+    yamls = _task_yamls(folder)
+    task_files = {}
+    for i, task in enumerate(spec.tasks):
+        if task.task not in yamls:
+            raise RecipeError(f"task '{task.task}' has no task YAML in {folder} (found: "
+                              f"{', '.join(sorted(yamls)) or 'none'})", file=str(path), field=f"tasks.{i}.task")
+        task_path, data = yamls[task.task]
+        _check_task(folder, path, i, task, task_path, data)
+        task_files[task.task] = task_path
+    kl = folder / spec.kl_texts if spec.kl_texts else None
+    if kl is not None and not kl.is_file():
+        raise RecipeError(f"kl_texts file '{spec.kl_texts}' does not exist in {folder}", file=str(path),
+                          field="kl_texts")
+    return Suite(spec.name, folder, spec.tasks, kl, folder_sha256(folder), task_files)
+
+
+def load_suites(spec: QualitySpec, recipe_dir: Path) -> list[Suite]:
+    """The recipe's suites (each task once), filtered by quality.tasks, plus hub tasks."""
+    suites = [load_suite(suite_folder(name, recipe_dir)) for name in spec.suites]
+    if spec.hub_tasks:
+        hub_id = hashlib.sha256(repr([t.model_dump() for t in spec.hub_tasks]).encode()).hexdigest()
+        suites.append(Suite("hub", None, list(spec.hub_tasks), None, hub_id))
+    seen: dict[str, str] = {}
+    for s in suites:
+        for t in s.tasks:
+            if t.task in seen:
+                raise RecipeError(f"task '{t.task}' is in two suites ({seen[t.task]} and {s.name})",
+                                  field="quality.suites")
+            seen[t.task] = s.name
+    if spec.tasks is not None:
+        unknown = sorted(set(spec.tasks) - set(seen))
+        if unknown:
+            raise RecipeError(f"quality.tasks names {', '.join(unknown)}, not in the suites "
+                              f"(they have: {', '.join(sorted(seen))})", field="quality.tasks")
+        for s in suites:
+            s.tasks = [t for t in s.tasks if t.task in spec.tasks]
+    for name in list(spec.task_gates):
+        if name not in seen:
+            raise RecipeError(f"quality.task_gates names task '{name}', which no suite runs "
+                              f"(tasks: {', '.join(sorted(seen))})", field=f"quality.task_gates.{name}")
+    slices = {t.slice for s in suites for t in s.tasks}
+    for name in list(spec.slice_gates):
+        if name not in slices:
+            raise RecipeError(f"quality.slice_gates names slice '{name}', which no task belongs to "
+                              f"(slices: {', '.join(sorted(slices))})", field=f"quality.slice_gates.{name}")
+    return [s for s in suites if s.tasks]

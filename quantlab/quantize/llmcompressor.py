@@ -1,0 +1,389 @@
+"""llm-compressor, in-process: the model's layer layout for the preflight, calibration,
+`oneshot`, and the compressed-tensors checkpoint written atomically with
+`quantize.json` beside it. The quantize stage and `quantlab quantize` both call this."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import platform
+import resource
+import sys
+import time
+from collections.abc import Callable, Iterator
+from importlib.metadata import PackageNotFoundError, version
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from quantlab.quantize.calibration import build_calibration_set
+from quantlab.quantize.compute_dtype import SIXTEEN_BIT, DtypeChoice, choose_dtype, float32_bytes
+from quantlab.core.engine_time import engine_busy
+from quantlab.quantize import dtype_speed
+from quantlab.core.errors import EngineError, RecipeError
+from quantlab.core.fsutil import (
+    atomic_directory,
+    sha256_file,
+    write_json_atomic,
+    write_text_atomic,
+)
+from quantlab.core.layout import QUANTIZE_RESULT_FILE, RECIPE_COPY_FILE
+from quantlab.models.source import ResolvedModel
+from quantlab.quantize.modifier_plan import plan_modifiers, raw_recipe_text
+from quantlab.quantize.preflight import ModelLayout, ModuleInfo, run_preflight
+from quantlab.core.progress import step
+from quantlab.core.recipe import LoadedRecipe
+
+Progress = Callable[[str], None]
+
+
+def library_versions() -> dict[str, str | None]:
+    out: dict[str, str | None] = {"python": platform.python_version()}
+    for pkg in ("quantlab", "torch", "transformers", "llmcompressor", "compressed-tensors", "accelerate"):
+        try:
+            out[pkg] = version(pkg)
+        except PackageNotFoundError:
+            out[pkg] = None
+    return out
+
+
+def model_layout(model_dir: Path, *, trust_remote_code: bool) -> ModelLayout:
+    """The module tree of the model, built on the meta device: no weights are read."""
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    try:
+        config = AutoConfig.from_pretrained(model_dir, trust_remote_code=trust_remote_code)
+    except ValueError as err:
+        raise RecipeError(f"cannot read the model config in {model_dir}: {err}", field="model.source") from None
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(config, trust_remote_code=trust_remote_code)
+    modules = []
+    for name, module in model.named_modules():
+        classes = tuple(c.__name__ for c in type(module).__mro__
+                        if isinstance(c, type) and issubclass(c, torch.nn.Module))
+        modules.append(ModuleInfo(name, classes, getattr(module, "in_features", None),
+                                  getattr(module, "out_features", None)))
+    arch = (config.architectures or [type(model).__name__])[0]
+    try:
+        from llmcompressor.modifiers.transform.awq.mappings import AWQ_MAPPING_REGISTRY
+
+        awq_arches = sorted(AWQ_MAPPING_REGISTRY)
+    except ImportError:
+        awq_arches = None
+    return ModelLayout(arch, modules, getattr(config, "max_position_embeddings", None),
+                       {"awq_architectures": awq_arches})
+
+
+@contextlib.contextmanager
+def engine_warnings() -> Iterator[list[str]]:
+    """Warnings llm-compressor logs (through loguru) while it runs."""
+    from loguru import logger
+
+    found: list[str] = []
+    sink_id = logger.add(lambda message: found.append(message.record["message"][:500]),
+                         level="WARNING", format="{message}",
+                         filter=lambda r: r["level"].name in ("WARNING", "ERROR", "CRITICAL"))  # not METRIC
+    try:
+        yield found
+    finally:
+        logger.remove(sink_id)
+
+
+@contextlib.contextmanager
+def output_to_file(log_file: Path | None) -> Iterator[None]:
+    """Send what the engine prints (llm-compressor's per-module INFO lines on stdout,
+    progress bars and library warnings on stderr) to `log_file` instead of the terminal.
+    File descriptors are redirected, so output from C extensions goes there too.
+    None: leave the terminal alone (--verbose)."""
+    if log_file is None:
+        yield
+        return
+    log_file.parent.mkdir(parents=True, exist_ok=True)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    saved = [os.dup(1), os.dup(2)]
+    fd = os.open(log_file, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    try:
+        os.dup2(fd, 1)
+        os.dup2(fd, 2)
+        yield
+    finally:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os.dup2(saved[0], 1)
+        os.dup2(saved[1], 2)
+        for f in (*saved, fd):
+            os.close(f)
+
+
+@contextlib.contextmanager
+def llmcompressor_log(log_file: Path | None) -> Iterator[None]:
+    """llm-compressor's loguru lines (one per module, on stdout) into `log_file` for the
+    whole quantize step; its default console logging is restored afterwards."""
+    if log_file is None:
+        yield
+        return
+    from loguru import logger
+
+    existed = log_file.exists()
+    with output_to_file(log_file):  # importing llm-compressor already logs (device warnings)
+        from llmcompressor.logger import LoggerConfig, configure_logger
+    configure_logger(LoggerConfig(console_log_level=None))  # removes the stdout sink
+    sink = logger.add(str(log_file), level="INFO", format="{time:YYYY-MM-DDTHH:mm:ss.SSS} | {function} | {level} - "
+                      "{message}")
+    try:
+        yield
+    except RecipeError:
+        if not existed:  # bad input, caught before the engine ran: leave nothing behind
+            logger.remove(sink)
+            sink = None
+            log_file.unlink(missing_ok=True)
+        raise
+    finally:
+        if sink is not None:
+            logger.remove(sink)
+        configure_logger(LoggerConfig())
+
+
+def check_layout(loaded: LoadedRecipe, model_ref: ResolvedModel) -> tuple[ModelLayout, list[ModuleInfo]]:
+    """The recipe against the model's layer layout (no weights read). Raises RecipeError."""
+    layout = model_layout(model_ref.path, trust_remote_code=loaded.recipe.model.trust_remote_code)
+    return layout, run_preflight(loaded.recipe, layout, file=str(loaded.path))
+
+
+def peak_rss_bytes() -> int:
+    # ru_maxrss is KiB on Linux, bytes on macOS
+    scale = 1 if sys.platform == "darwin" else 1024
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * scale
+
+
+def summarize_checkpoint(folder: Path) -> dict[str, Any]:
+    config = json.loads((folder / "config.json").read_text())
+    files = {
+        p.name: {"size": p.stat().st_size, "sha256": sha256_file(p)}
+        for p in sorted(folder.iterdir())
+        if p.is_file() and p.suffix in (".safetensors", ".json", ".jinja", ".yaml")
+    }
+    return {"quantization_config": config.get("quantization_config"), "files": files,
+            "size_bytes": sum(f["size"] for f in files.values())}
+
+
+def _decoder_layers(model) -> Any:
+    """The model's list of decoder layers (the ModuleList as long as num_hidden_layers)."""
+    import torch
+
+    n = getattr(getattr(model, "config", None), "num_hidden_layers", None)
+    return next((m for m in model.modules() if isinstance(m, torch.nn.ModuleList) and len(m) == n), None)
+
+
+@contextlib.contextmanager
+def _layer_progress(layers, bar) -> Iterator[None]:
+    """Count decoder layers reached by calibration (llm-compressor's sequential pipeline
+    runs them one after the other), through forward pre-hooks removed afterwards."""
+    if layers is None:
+        yield
+        return
+    hooks = [layer.register_forward_pre_hook(lambda *_, i=i: bar.update(done=i)) for i, layer in enumerate(layers)]
+    try:
+        yield
+    finally:
+        for h in hooks:
+            h.remove()
+        bar.update(done=len(layers))
+
+
+def calibration_dtype(recipe, model_dir: Path) -> DtypeChoice:
+    """quantization.calibration_dtype resolved on this host: 'auto' measures the CPU's
+    16-bit matmul against float32 (about 0.1-3 s) where that could change the answer."""
+    import psutil
+    import torch
+
+    q = recipe.quantization
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    measure = q.calibration_dtype == "auto" and device == "cpu" and recipe.model.dtype in SIXTEEN_BIT
+    return choose_dtype(q.calibration_dtype, recipe.model.dtype, device=device,
+                        speed=dtype_speed.measure() if measure else None,
+                        float32_bytes=float32_bytes([model_dir], recipe.model.dtype),
+                        available_bytes=psutil.virtual_memory().available)
+
+
+def export_in_dtype(folder: Path, dtype: str) -> None:
+    """A checkpoint calibrated in float32, exported as a model.dtype one: every float32
+    tensor (unquantized weights, norms, scales) cast to `dtype`, as a run in that dtype
+    writes them; integer, packed and FP8 tensors are left as they are. The integers were
+    rounded against the float32 scales, so nothing is re-quantized."""
+    import torch
+    from safetensors import safe_open
+    from safetensors.torch import save_file
+
+    target = getattr(torch, dtype)
+    for path in sorted(Path(folder).glob("*.safetensors")):
+        with safe_open(str(path), framework="pt") as f:
+            metadata = f.metadata()
+            tensors = {k: f.get_tensor(k) for k in f.keys()}
+        tensors = {k: v.to(target) if v.dtype == torch.float32 else v for k, v in tensors.items()}
+        save_file(tensors, str(path), metadata=metadata)
+    config_path = Path(folder) / "config.json"
+    config = json.loads(config_path.read_text())
+    for key in ("dtype", "torch_dtype"):
+        if key in config:
+            config[key] = dtype
+    write_json_atomic(config_path, config)
+
+
+def default_output_dir(loaded: LoadedRecipe) -> Path:
+    return Path("out") / f"{loaded.recipe.name}-{loaded.content_hash[:10]}"
+
+
+def quantize_checkpoint(loaded: LoadedRecipe, model_ref: ResolvedModel, output: Path, *, overwrite: bool = False,
+                        progress: Progress = print, log_file: Path | None = None) -> dict[str, Any]:
+    """Preflight, calibrate, quantize and export. Returns the dict also written as quantize.json.
+    With `log_file`, what llm-compressor and transformers print goes there, not to the terminal."""
+    with llmcompressor_log(log_file):
+        return _quantize_checkpoint(loaded, model_ref, Path(output), overwrite=overwrite, progress=progress,
+                                    log_file=log_file)
+
+
+def _quantize_checkpoint(loaded: LoadedRecipe, model_ref: ResolvedModel, output: Path, *, overwrite: bool,
+                         progress: Progress, log_file: Path | None) -> dict[str, Any]:
+    recipe = loaded.recipe
+    q = recipe.quantization
+    output = Path(output)
+    if output.exists() and not overwrite:
+        raise RecipeError(
+            f"output folder {output} already exists; pass --overwrite to replace it or choose another --output"
+        )
+    timings: dict[str, float] = {}
+    t0 = time.perf_counter()
+
+    def lap(name: str, since: float) -> float:
+        now = time.perf_counter()
+        timings[name] = round(now - since, 3)
+        return now
+
+    progress(f"preflight: {recipe.name} on {model_ref.path.name}")
+    layout, targeted = check_layout(loaded, model_ref)
+    t = lap("preflight_s", t0)
+
+    with engine_busy():  # the engines' imports are their start-up cost
+        import torch
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(model_ref.path, trust_remote_code=recipe.model.trust_remote_code)
+    calib = None
+    if recipe.calibration is not None and q.needs_calibration:
+        calib = build_calibration_set(recipe.calibration, loaded.calibration_paths(), tokenizer)
+        progress(f"calibration: {calib.num_samples} samples, {calib.num_tokens} tokens, sha256 {calib.sha256[:12]}")
+    t = lap("calibration_data_s", t)
+
+    compute = calibration_dtype(recipe, model_ref.path)
+    if compute.changed:
+        progress(f"calibrating in {compute.dtype}, exporting {compute.model_dtype}: {compute.reason}")
+    t = lap("dtype_choice_s", t)
+    with output_to_file(log_file), engine_busy():  # transformers' loading bar
+        model = AutoModelForCausalLM.from_pretrained(
+            model_ref.path, dtype=getattr(torch, compute.dtype),
+            trust_remote_code=recipe.model.trust_remote_code, use_safetensors=True,
+        )
+    t = lap("load_model_s", t)
+
+    with engine_busy():
+        from llmcompressor import oneshot
+
+    from quantlab.quantize.shims import (
+        awq_pin_memory_without_accelerator,
+        gptq_layer_losses,
+    )
+
+    shims = []
+    uses_awq = q.method == "awq" or (q.method == "raw" and "AWQModifier" in raw_recipe_text(q))
+    if uses_awq:
+        if awq_pin_memory_without_accelerator():
+            shims.append("awq_pin_memory_without_accelerator (llm-compressor PR #2813 on CPU)")
+    if q.method == "raw":
+        modifiers: Any = raw_recipe_text(q)
+        plan: Any = {"raw_recipe": modifiers}
+    else:
+        plan = plan_modifiers(q)
+        modifiers = instantiate(plan)
+
+    with atomic_directory(output, replace=overwrite) as tmp:
+        where = "accelerator" if torch.accelerator.is_available() else "CPU"
+        progress(f"oneshot: {q.method} {q.scheme or ''} on {where}"
+                 + (f" (llm-compressor's log: {log_file})" if log_file else ""))
+        kwargs: dict[str, Any] = {}
+        if calib is not None:
+            kwargs.update(
+                dataset=calib.to_dataset(),
+                num_calibration_samples=calib.num_samples,
+                max_seq_length=recipe.calibration.max_seq_length,
+                shuffle_calibration_samples=False,  # our sample order is part of the hash
+            )
+        layers = _decoder_layers(model)
+        calibrating = calib is not None and layers is not None
+        try:
+            with output_to_file(log_file), engine_busy(), engine_warnings() as warnings, \
+                    gptq_layer_losses(model) as losses, \
+                    step(progress, f"oneshot {q.method}", total=len(layers) if calibrating else None,
+                         unit="layers calibrated", announce=False) as bar, \
+                    _layer_progress(layers if calibrating else None, bar):
+                oneshot(model=model, tokenizer=tokenizer, recipe=modifiers, output_dir=str(tmp),
+                        save_compressed=True, **kwargs)
+        except (ValueError, RuntimeError, TypeError, KeyError) as err:
+            where_log = f" (its output: {log_file})" if log_file else ""
+            raise EngineError(f"llm-compressor oneshot failed for recipe '{recipe.name}': "
+                              f"{type(err).__name__}: {err}{where_log}") from err
+        if not (tmp / "config.json").is_file():
+            raise EngineError(f"llm-compressor wrote no config.json into the checkpoint for '{recipe.name}'")
+        if compute.changed:
+            export_in_dtype(tmp, compute.model_dtype)
+        t = lap("oneshot_and_save_s", t)
+        if "quantization_config" not in json.loads((tmp / "config.json").read_text()):
+            # e.g. a raw recipe whose modifiers llm-compressor did not recognise
+            raise EngineError(
+                f"recipe '{recipe.name}' produced an unquantized checkpoint (no quantization_config): "
+                "llm-compressor applied no quantization modifier. Check the modifier names and "
+                "structure of quantization.raw_recipe"
+            )
+
+        write_text_atomic(tmp / RECIPE_COPY_FILE, yaml.safe_dump(recipe.model_dump(mode="json"), sort_keys=False))
+        result = {
+            "stage": "quantize",
+            "recipe": {"name": recipe.name, "path": str(loaded.path), "sha256": loaded.content_hash},
+            "model": model_ref.as_record() | {"architecture": layout.architecture},
+            "method": q.method,
+            "scheme": q.scheme,
+            "modifiers": plan,
+            "layers_quantized": len(targeted),
+            "calibration": calib.summary(recipe.calibration) if calib is not None else None,
+            "checkpoint": summarize_checkpoint(tmp) | {"path": str(output.resolve())},
+            "gptq": {
+                "layer_losses": losses,
+                "max_loss": max(losses.values()) if losses else None,
+                "worst_layers": sorted(losses, key=losses.get, reverse=True)[:5],
+            } if losses else None,  # None also where the loss hook is not available
+            "compute_dtype": compute.as_record(),
+            "engine_warnings": warnings,
+            "shims": shims,
+            "timings": timings | {"total_s": round(time.perf_counter() - t0, 3)},
+            "peak_rss_bytes": peak_rss_bytes(),
+            "versions": library_versions(),
+            "device": "cuda" if torch.cuda.is_available() else "cpu",
+        }
+        write_json_atomic(tmp / QUANTIZE_RESULT_FILE, result)
+    progress(f"checkpoint written: {output} ({result['checkpoint']['size_bytes'] / 1e6:.1f} MB, "
+             f"{result['timings']['total_s']:.1f} s)")
+    return result
+
+
+def instantiate(plan: list[tuple[str, dict[str, Any]]]) -> list[Any]:
+    """The modifier plan as llm-compressor modifier objects."""
+    from llmcompressor.modifiers.quantization import GPTQModifier, QuantizationModifier
+    from llmcompressor.modifiers.transform.awq import AWQModifier
+    from llmcompressor.modifiers.transform.smoothquant import SmoothQuantModifier
+
+    classes = {c.__name__: c for c in (GPTQModifier, QuantizationModifier, AWQModifier, SmoothQuantModifier)}
+    return [classes[name](**kwargs) for name, kwargs in plan]

@@ -1,0 +1,124 @@
+"""Quantize stage: the recipe's model -> llm-compressor -> compressed-tensors checkpoint
+in the run folder."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+from typing import Any
+
+from quantlab.core import result_cache
+from quantlab.core.context import RunContext, model_files_identity
+from quantlab.core.cpu_emulation import host_kernel_identity
+from quantlab.core.errors import RecipeError
+from quantlab.core.fsutil import atomic_directory, sha256_file
+from quantlab.core.layout import CHECKPOINT_DIR, LOG_DIR, QUANTIZE_RESULT_FILE
+from quantlab.models.source import source_fingerprint
+from quantlab.core.results import FileFact, QuantizeResult
+
+NAME = "quantize"
+
+
+def inputs(ctx: RunContext) -> dict[str, Any]:
+    r = ctx.recipe
+    return {
+        "model": r.model.model_dump(mode="json"),
+        "model_source": source_fingerprint(ctx.loaded),
+        "quantization": r.quantization.model_dump(mode="json"),
+        "calibration": r.calibration.model_dump(mode="json") if r.calibration else None,
+        # the content, not the path: an edited calibration file re-runs the stage
+        "calibration_files": [sha256_file(p) for p in ctx.loaded.calibration_paths()],
+    }
+
+
+def _log_file(ctx: RunContext):
+    return None if ctx.verbose else ctx.run.path / LOG_DIR / "llmcompressor.log"
+
+
+def preflight(ctx: RunContext) -> None:
+    from quantlab.quantize.llmcompressor import check_layout, llmcompressor_log
+
+    if reuses(ctx):  # these inputs passed this check and quantized before: skip llm-compressor's import
+        return
+    with llmcompressor_log(_log_file(ctx)):
+        check_layout(ctx.loaded, ctx.baseline_model())
+
+
+def _cache_hit(ctx: RunContext) -> tuple[dict[str, Any] | None, str | None, Path | None]:
+    """(key parts, key, cached checkpoint folder); all None when reuse is off."""
+    if not ctx.recipe.quantization.reuse_checkpoint:
+        return None, None, None
+    parts = _cache_parts(ctx)
+    key = result_cache.cache_key(parts)
+    return parts, key, result_cache.lookup(result_cache.CHECKPOINTS, key)
+
+
+def reuses(ctx: RunContext) -> str | None:
+    """What the stage will take from the cache instead of doing, if anything."""
+    try:
+        _, key, cached = _cache_hit(ctx)
+    except (RecipeError, OSError):
+        return None
+    return f"reuses the checkpoint cached from the same inputs ({key[:12]})" if cached else None
+
+
+def _cache_parts(ctx: RunContext) -> dict[str, Any]:
+    """What a checkpoint depends on, by content: the model files, the recipe's
+    quantization (less the reuse switch) and calibration sections, the calibration data,
+    and the versions of quantlab's code and of the quantization libraries."""
+    from quantlab import __version__
+    from quantlab.quantize.llmcompressor import library_versions
+    from quantlab.core.provenance import quantlab_code_sha256
+
+    r = ctx.recipe
+    return {"model": model_files_identity(ctx.baseline_model().path),
+            "quantization": r.quantization.model_dump(mode="json", exclude={"reuse_checkpoint"}),
+            "calibration": r.calibration.model_dump(mode="json") if r.calibration else None,
+            "calibration_files": [sha256_file(p) for p in ctx.loaded.calibration_paths()],
+            "trust_remote_code": r.model.trust_remote_code, "dtype": r.model.dtype,
+            # what decides quantization.calibration_dtype 'auto' on this host (CPU, kernel limits)
+            "host": host_kernel_identity() if r.quantization.calibration_dtype == "auto" else None,
+            "versions": library_versions(), "quantlab": {"version": __version__, "code": quantlab_code_sha256()},
+            "format": 2}
+
+
+def run(ctx: RunContext) -> QuantizeResult:
+    from quantlab.quantize.llmcompressor import quantize_checkpoint
+
+    parts, key, cached = _cache_hit(ctx)
+    if cached is not None:
+        ctx.progress(f"quantize: reusing the checkpoint quantized earlier from the same inputs ({key[:12]}; "
+                     "quantization.reuse_checkpoint: false quantizes again)")
+        with atomic_directory(ctx.checkpoint_dir, replace=True) as tmp:
+            shutil.copytree(cached, tmp, dirs_exist_ok=True, ignore=shutil.ignore_patterns(result_cache.COMPLETE))
+        out = json.loads((ctx.checkpoint_dir / QUANTIZE_RESULT_FILE).read_text())
+    else:
+        out = quantize_checkpoint(ctx.loaded, ctx.baseline_model(), ctx.checkpoint_dir, overwrite=True,
+                                  progress=ctx.progress, log_file=_log_file(ctx))
+        if key is not None:  # before later stages add the manifest and signature to the folder
+            result_cache.store(result_cache.CHECKPOINTS, key, ctx.checkpoint_dir, parts)
+    ckpt = out["checkpoint"]
+    ctx.add_artifact(f"{CHECKPOINT_DIR}/{QUANTIZE_RESULT_FILE}", "quantize-result")
+    for name in ckpt["files"]:
+        if name.endswith(".safetensors"):
+            ctx.add_artifact(f"{CHECKPOINT_DIR}/{name}", "checkpoint-weights")
+    return QuantizeResult(
+        checkpoint=CHECKPOINT_DIR,
+        method=out["method"],
+        scheme=out["scheme"],
+        layers_quantized=out["layers_quantized"],
+        calibration=out["calibration"],
+        quantization_config=ckpt["quantization_config"],
+        size_bytes=ckpt["size_bytes"],
+        files={k: FileFact(**v) for k, v in ckpt["files"].items()},
+        timings=out["timings"],
+        peak_rss_bytes=out["peak_rss_bytes"],
+        versions=out["versions"],
+        model=out["model"],
+        gptq_max_loss=(out["gptq"] or {}).get("max_loss"),
+        compute_dtype=out.get("compute_dtype"),
+        engine_warnings=out["engine_warnings"],
+        shims=out["shims"],
+        reused_from_cache=key if cached is not None else None,
+    )

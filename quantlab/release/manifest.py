@@ -1,0 +1,285 @@
+"""The release manifest: what was released (or blocked), from what, how, on what, with
+which results; signed with OpenSSF model-signing together with the weights.
+
+The manifest is written into the checkpoint folder before signing, so one signature
+covers the weights and the manifest. `verify` checks the signature, every file hash,
+that no file was added or removed, and that the decision follows from the gate
+verdicts. Key material is read from files only and never printed or logged.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from quantlab.core.errors import RecipeError
+from quantlab.core.fsutil import sha256_file
+from quantlab.core.recipe import PRIMARY_TARGET
+from quantlab.core.results import GateVerdict
+
+MANIFEST_VERSION = 1
+MANIFEST_FILE = "quantlab-manifest.json"
+SIGNATURE_FILE = "quantlab-manifest.sig"
+Decision = Literal["release", "blocked"]
+
+
+class _M(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class DecisionRecord(_M):
+    decision: Decision
+    why: str
+    failed_gates: list[str] = Field(default_factory=list)
+    inconclusive_gates: list[str] = Field(default_factory=list)
+    fallback: str | None = Field(None, description="What to serve instead when blocked.")
+
+
+class RawFile(_M):
+    path: str  # relative to the run directory
+    sha256: str | None
+    role: str
+
+
+class Manifest(_M):
+    manifest_version: Literal[1] = MANIFEST_VERSION
+    quantlab: dict[str, Any]
+    created_at: str
+    run: dict[str, Any] = Field(description="Run id, status, stage timestamps and durations.")
+    recipe: dict[str, Any] = Field(description="The resolved recipe and its sha256.")
+    model: dict[str, Any] = Field(description="The unquantized source: kind, provenance, file hashes.")
+    calibration: dict[str, Any] | None
+    quantization: dict[str, Any]
+    checkpoint_files: dict[str, dict[str, Any]] = Field(description="Every file of the signed folder but the "
+                                                        "manifest and signature: size and sha256.")
+    runtime: dict[str, Any] = Field(description="Serving engine, versions, kernels, KV cache, engine args.")
+    hardware: dict[str, Any]
+    results: dict[str, Any] = Field(description="Summary per check stage.")
+    raw_files: list[RawFile]
+    gates: list[GateVerdict]
+    decision: DecisionRecord
+    targets: dict[str, TargetDecision] = Field(default_factory=dict, description="Per serve target (only when "
+                                               "the recipe names serve.targets): decision, why, required.")
+
+
+def _gate_id(v: GateVerdict) -> str:
+    return f"{v.stage}.{v.gate}@{v.scope}"
+
+
+def decide(verdicts: list[GateVerdict], *, fallback: str, optional_targets: frozenset[str] | set[str] = frozenset()
+           ) -> DecisionRecord:
+    """Release when no gate failed; inconclusive gates are listed but do not block. Gates of
+    optional serve targets decide only those targets (see decide_targets), not the run."""
+    verdicts = [v for v in verdicts if v.target is None or v.target not in optional_targets]
+    failed = [_gate_id(v) for v in verdicts if v.verdict == "fail"]
+    unsure = [_gate_id(v) for v in verdicts if v.verdict == "inconclusive"]
+    if failed:
+        return DecisionRecord(decision="blocked", why=f"{len(failed)} gate(s) failed: {', '.join(failed)}",
+                              failed_gates=failed, inconclusive_gates=unsure, fallback=fallback)
+    why = f"all {len(verdicts)} gate(s) passed" if verdicts else "no gate was configured"
+    if unsure:
+        why += f"; {len(unsure)} inconclusive (not blocking): {', '.join(unsure)}"
+    return DecisionRecord(decision="release", why=why, inconclusive_gates=unsure)
+
+
+class TargetDecision(_M):
+    decision: Decision
+    required: bool
+    why: str
+    failed_gates: list[str] = Field(default_factory=list)
+
+
+def decide_targets(verdicts: list[GateVerdict], required: dict[str, bool]) -> dict[str, TargetDecision]:
+    """One decision per serve target. The primary target's gates (quality, performance,
+    stability: measured there) count for every target; each other target adds its own."""
+    out = {}
+    for name, req in required.items():
+        own = [v for v in verdicts if v.target is None or (name != PRIMARY_TARGET and v.target == name)]
+        failed = [v for v in own if v.verdict == "fail"]
+        if failed:
+            local = [v.detail for v in failed if v.target == name]
+            why = "; ".join(local) if local else f"{len(failed)} gate(s) failed on the primary target"
+            out[name] = TargetDecision(decision="blocked", required=req, why=why,
+                                       failed_gates=[_gate_id(v) for v in failed])
+        else:
+            out[name] = TargetDecision(decision="release", required=req, why=f"all {len(own)} gate(s) passed or "
+                                       "inconclusive" if own else "no gate was configured")
+    return out
+
+
+def targets_line(decisions: dict[str, TargetDecision]) -> str:
+    """'released for primary, cpu-eager; blocked for gpu (optional): no GPU ...'."""
+    released = [n for n, d in decisions.items() if d.decision == "release"]
+    blocked = [f"{n}{'' if d.required else ' (optional)'}: {d.why}" for n, d in decisions.items()
+               if d.decision == "blocked"]
+    parts = ([f"released for {', '.join(released)}"] if released else []) + \
+        ([f"blocked for {'; '.join(blocked)}"] if blocked else [])
+    return "; ".join(parts)
+
+
+def folder_files(folder: Path) -> dict[str, dict[str, Any]]:
+    """size and sha256 of every file below `folder`, but the manifest and its signature."""
+    out = {}
+    for p in sorted(Path(folder).rglob("*")):
+        rel = p.relative_to(folder).as_posix()
+        if p.is_file() and rel not in (MANIFEST_FILE, SIGNATURE_FILE):
+            out[rel] = {"size": p.stat().st_size, "sha256": sha256_file(p)}
+    return out
+
+
+def read_manifest(folder: Path) -> Manifest:
+    f = Path(folder) / MANIFEST_FILE
+    if not f.is_file():
+        raise RecipeError(f"no {MANIFEST_FILE} in {folder}: not a folder released by quantlab (or the manifest "
+                          "was removed)")
+    try:
+        return Manifest.model_validate(json.loads(f.read_text()))
+    except (ValueError, ValidationError) as err:
+        raise RecipeError(f"{f} is not a valid quantlab manifest: {str(err).splitlines()[0]}") from None
+
+
+def json_schema() -> dict[str, Any]:
+    schema = Manifest.model_json_schema()
+    schema["$schema"] = "https://json-schema.org/draft/2020-12/schema"
+    schema["title"] = "quantlab release manifest"
+    return schema
+
+
+# ------------------------------------------------------------------ keys and signing
+
+def generate_keypair(private_path: Path, public_path: Path, *, overwrite: bool = False) -> None:
+    """An EC P-256 key pair as PEM files; the private key is created readable by its owner only."""
+    from cryptography.hazmat.primitives import serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+
+    private_path, public_path = Path(private_path), Path(public_path)
+    for p in (private_path, public_path):
+        if p.exists() and not overwrite:
+            raise RecipeError(f"{p} already exists; choose another path or pass --overwrite")
+    key = ec.generate_private_key(ec.SECP256R1())
+    pem = key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                            serialization.NoEncryption())
+    private_path.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(private_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "wb") as f:
+        f.write(pem)
+    public_path.write_bytes(key.public_key().public_bytes(serialization.Encoding.PEM,
+                                                          serialization.PublicFormat.SubjectPublicKeyInfo))
+
+
+def public_key_fingerprint(public_pem: bytes) -> str:
+    """sha256 of the DER public key: safe to print and record."""
+    import hashlib
+
+    from cryptography.hazmat.primitives import serialization
+
+    key = serialization.load_pem_public_key(public_pem)
+    der = key.public_bytes(serialization.Encoding.DER, serialization.PublicFormat.SubjectPublicKeyInfo)
+    return "sha256:" + hashlib.sha256(der).hexdigest()
+
+
+def public_pem_of(private_key: Path, password: str | None = None) -> bytes:
+    from cryptography.hazmat.primitives import serialization
+
+    try:
+        key = serialization.load_pem_private_key(Path(private_key).read_bytes(),
+                                                 password.encode() if password else None)
+    except (ValueError, TypeError) as err:
+        # the library's message names the problem, never the key's content
+        raise RecipeError(f"cannot load the private key {private_key}: {err}", field="signing.private_key") from None
+    return key.public_key().public_bytes(serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo)
+
+
+def _hashing_config():
+    from model_signing import hashing
+
+    return hashing.Config().set_ignored_paths(paths=[SIGNATURE_FILE])
+
+
+def sign_folder(folder: Path, *, method: str, private_key: Path | None = None, password: str | None = None,
+                signing_certificate: Path | None = None, certificate_chain: list[Path] | None = None,
+                use_staging: bool = False, identity_token: str | None = None) -> Path:
+    """Sign every file of `folder` (manifest included) into folder/SIGNATURE_FILE, atomically:
+    a failed signing leaves no signature file that looks valid."""
+    from model_signing import signing
+
+    cfg = signing.Config().set_hashing_config(_hashing_config())
+    if method == "key":
+        cfg = cfg.use_elliptic_key_signer(private_key=private_key, password=password)
+    elif method == "certificate":
+        cfg = cfg.use_certificate_signer(private_key=private_key, signing_certificate=signing_certificate,
+                                         certificate_chain=certificate_chain or [])
+    elif method == "sigstore":
+        cfg = cfg.use_sigstore_signer(use_staging=use_staging, identity_token=identity_token)
+    else:
+        raise ValueError(f"unknown signing method {method}")
+    target = Path(folder) / SIGNATURE_FILE
+    tmp = Path(folder).parent / f".{Path(folder).name}.{SIGNATURE_FILE}.partial"
+    try:
+        cfg.sign(folder, tmp)
+        os.replace(tmp, target)
+    finally:
+        tmp.unlink(missing_ok=True)
+    return target
+
+
+def verify_signature(folder: Path, *, public_key: Path | None = None, certificate_chain: list[Path] | None = None,
+                     sigstore_identity: str | None = None, sigstore_issuer: str | None = None) -> str | None:
+    """None when the signature verifies; otherwise what model-signing found."""
+    from model_signing import verifying
+
+    sig = Path(folder) / SIGNATURE_FILE
+    if not sig.is_file():
+        return f"no signature ({SIGNATURE_FILE}) in {folder}: the manifest is unsigned"
+    cfg = verifying.Config().set_hashing_config(_hashing_config())
+    if public_key is not None:
+        cfg = cfg.use_elliptic_key_verifier(public_key=public_key)
+    elif certificate_chain:
+        cfg = cfg.use_certificate_verifier(certificate_chain=certificate_chain)
+    elif sigstore_identity:
+        cfg = cfg.use_sigstore_verifier(identity=sigstore_identity, oidc_issuer=sigstore_issuer)
+    else:
+        raise RecipeError("say how to verify the signature: --public-key (key signing), --certificate-chain, "
+                          "or --sigstore-identity with --sigstore-issuer")
+    try:
+        cfg.verify(folder, sig)
+    except ValueError as err:
+        return f"signature check failed: {err}"
+    except Exception as err:  # a malformed signature file surfaces as a parse error of its format
+        return f"signature check failed ({type(err).__name__}): {err}"
+    return None
+
+
+def verify_folder(folder: Path, **signature_args) -> list[str]:
+    """Every problem found in a released folder; an empty list means verified."""
+    folder = Path(folder)
+    manifest = read_manifest(folder)
+    problems = []
+    on_disk = folder_files(folder)
+    for name, meta in manifest.checkpoint_files.items():
+        if name not in on_disk:
+            problems.append(f"missing file: {name} (listed in the manifest)")
+        elif on_disk[name]["sha256"] != meta["sha256"]:
+            problems.append(f"changed file: {name} (sha256 {on_disk[name]['sha256'][:12]}..., the manifest says "
+                            f"{meta['sha256'][:12]}...)")
+    for name in sorted(set(on_disk) - set(manifest.checkpoint_files)):
+        problems.append(f"added file: {name} (not in the manifest)")
+    optional = {n for n, t in manifest.targets.items() if not t.required}
+    expected = decide(manifest.gates, fallback=manifest.decision.fallback or "", optional_targets=optional)
+    if manifest.targets:
+        for name, want in decide_targets(manifest.gates, {n: t.required for n, t in manifest.targets.items()}).items():
+            got = manifest.targets[name]
+            if (got.decision, got.failed_gates) != (want.decision, want.failed_gates):
+                problems.append(f"target '{name}': decision '{got.decision}' does not follow from the manifest's "
+                                f"gate verdicts (they give '{want.decision}')")
+    if expected.decision != manifest.decision.decision or expected.failed_gates != manifest.decision.failed_gates:
+        problems.append(f"decision '{manifest.decision.decision}' does not follow from the manifest's gate verdicts "
+                        f"(they give '{expected.decision}': {expected.why})")
+    sig_problem = verify_signature(folder, **signature_args)
+    if sig_problem:
+        problems.append(sig_problem)
+    return problems

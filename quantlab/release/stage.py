@@ -1,0 +1,263 @@
+"""Release stage: the decision from every gate verdict, the manifest written into the
+checkpoint folder (and beside the run record), and one signature over both."""
+
+from __future__ import annotations
+
+import os
+import shutil
+from typing import Any
+
+from quantlab.core.provenance import quantlab_identity
+from quantlab.core.context import RunContext, stage_digest
+from quantlab.core.errors import RecipeError
+from quantlab.core.fsutil import sha256_file, write_json_atomic
+from quantlab.performance.gates import all_verdicts
+from quantlab.release.manifest import (
+    MANIFEST_FILE,
+    SIGNATURE_FILE,
+    Manifest,
+    RawFile,
+    decide,
+    decide_targets,
+    folder_files,
+    public_key_fingerprint,
+    public_pem_of,
+    sign_folder,
+    targets_line,
+)
+from quantlab.core.layout import cache_dir
+from quantlab.core.recipe import PRIMARY_TARGET
+from quantlab.core.results import (
+    CheckpointResult,
+    PerfResult,
+    QualityResult,
+    QuantizeResult,
+    ReleaseResult,
+    ServeResult,
+    StabilityResult,
+    TargetsResult,
+)
+from quantlab.core.run import now_iso
+
+NAME = "release"
+LOCAL_KEY = "keys/quantlab-local-signing.pem"
+
+
+def inputs(ctx: RunContext) -> dict[str, Any]:
+    record = ctx.run.record
+    return {
+        "signing": ctx.recipe.signing.model_dump(mode="json"),
+        # everything the manifest summarises: a re-run of any earlier stage re-releases
+        "stages": {name: stage_digest(rec) for name, rec in record.stages.items()
+                   if name != NAME and name in ctx.enabled_stages},
+    }
+
+
+def preflight(ctx: RunContext) -> None:
+    s = ctx.recipe.signing
+    if s.password_env and s.password_env not in os.environ:
+        raise RecipeError(f"signing.password_env names ${s.password_env}, which is not set", file=str(ctx.loaded.path),
+                          field="signing.password_env")
+    if s.method == "sigstore" and s.identity_token_env and s.identity_token_env not in os.environ:
+        raise RecipeError(f"signing.identity_token_env names ${s.identity_token_env}, which is not set",
+                          file=str(ctx.loaded.path), field="signing.identity_token_env")
+
+
+def _key(ctx: RunContext) -> tuple[Any, bool]:
+    """The private key path and whether it is the local development key."""
+    from quantlab.release.manifest import generate_keypair
+
+    s = ctx.recipe.signing
+    if s.private_key:
+        return ctx.loaded.resolve(s.private_key), False
+    key = cache_dir() / LOCAL_KEY
+    if not key.is_file():
+        generate_keypair(key, key.with_suffix(".pub.pem"))
+        ctx.progress(f"created a local development signing key (public half: {key.with_suffix('.pub.pem')}); "
+                     "set signing.private_key to sign with a key of your own")
+    return key, True
+
+
+def run(ctx: RunContext) -> ReleaseResult:
+    ctx.close_engines()  # the checks are done; logs are final from here on
+    record = ctx.run.record
+    results = {name: record.result(name) for name in record.stages if name != NAME and name in ctx.enabled_stages}
+    verdicts = all_verdicts(results)
+    baseline = ctx.baseline_model()
+    extra = ctx.recipe.serve.targets
+    decision = decide(verdicts, fallback=_fallback(ctx, baseline),
+                      optional_targets=ctx.recipe.serve.optional_targets)
+    targets = decide_targets(verdicts, {PRIMARY_TARGET: True, **{t.name: t.required for t in extra}}) \
+        if extra else {}
+    if targets:
+        ctx.progress(f"release: {targets_line(targets)}")
+    manifest = build_manifest(ctx, results, verdicts, decision, targets)
+    folder = ctx.checkpoint_dir
+    (folder / SIGNATURE_FILE).unlink(missing_ok=True)  # never leave an old signature next to a new manifest
+    write_json_atomic(folder / MANIFEST_FILE, manifest.model_dump(mode="json"))
+    s = ctx.recipe.signing
+    signed, fingerprint, local_key = False, None, False
+    if s.method != "none":
+        password = os.environ.get(s.password_env) if s.password_env else None
+        key, local_key = _key(ctx) if s.method in ("key", "certificate") else (None, False)
+        ctx.progress(f"release: signing {folder.name} ({len(manifest.checkpoint_files)} files + manifest) "
+                     f"with method '{s.method}'")
+        sign_folder(folder, method=s.method, private_key=key, password=password,
+                    signing_certificate=ctx.loaded.resolve(s.signing_certificate) if s.signing_certificate else None,
+                    certificate_chain=[ctx.loaded.resolve(c) for c in s.certificate_chain],
+                    use_staging=s.sigstore_staging,
+                    identity_token=os.environ.get(s.identity_token_env) if s.identity_token_env else None)
+        signed = True
+        if key is not None:
+            fingerprint = public_key_fingerprint(public_pem_of(key, password))
+    # a copy beside the run record, so reports need not open the checkpoint
+    shutil.copyfile(folder / MANIFEST_FILE, ctx.run.path / MANIFEST_FILE)
+    ctx.add_artifact(f"{folder.name}/{MANIFEST_FILE}", "manifest")
+    if signed:
+        ctx.add_artifact(f"{folder.name}/{SIGNATURE_FILE}", "manifest-signature")
+    return ReleaseResult(decision=decision.decision, why=decision.why, fallback=decision.fallback,
+                         failed_gates=decision.failed_gates,
+                         targets={n: d.model_dump(mode="json") for n, d in targets.items()},
+                         manifest=f"{folder.name}/{MANIFEST_FILE}",
+                         signed=signed, signing_method=s.method, public_key_fingerprint=fingerprint,
+                         local_development_key=local_key, gates=[])
+
+
+def _fallback(ctx: RunContext, baseline) -> str:
+    named = ctx.recipe.stability.fallback if ctx.recipe.stability else "baseline"
+    if named != "baseline":
+        return f"the previously released checkpoint {named} (stability.fallback)"
+    return f"the baseline: {ctx.recipe.model.source} ({baseline.path.name}), unquantized"
+
+
+def build_manifest(ctx: RunContext, results: dict[str, Any], verdicts, decision, targets=None) -> Manifest:
+    record = ctx.run.record
+    q = results.get("quantize")
+    serve = results.get("serve")
+    perf = results.get("performance")
+    baseline = ctx.baseline_model()
+    model_files = {p.name: {"size": p.stat().st_size} for p in sorted(baseline.path.iterdir()) if p.is_file()}
+    prov_files = (baseline.provenance or {}).get("files") or {}
+    for name, meta in model_files.items():  # the default model records its hashes; others are hashed here
+        meta["sha256"] = (prov_files.get(name) or {}).get("sha256") or sha256_file(baseline.path / name)
+    runtime: dict[str, Any] = {}
+    hardware: dict[str, Any] = {}
+    if isinstance(serve, ServeResult):
+        runtime = {
+            "mode": serve.mode, "engine_args": serve.engine_args, "identical_engine_args": serve.identical_engine_args,
+            "versions": serve.probe.get("versions"),
+            # what the engine build can run here (its kernel library and ops) and what both servers computed in
+            "engine_kernels": serve.probe.get("engine_kernels"), "dtype": serve.dtype,
+            "engines": {role: {"vllm_version": f.vllm_version, "served_model_name": f.served_model_name,
+                               "max_model_len": f.max_model_len,
+                               "linear_kernels": (f.log or {}).get("linear_kernels"),
+                               "attention_backend": (f.log or {}).get("attention_backend"),
+                               "kv_cache_dtype": (f.log or {}).get("kv_cache_dtype"),
+                               "kv_cache_tokens": (f.log or {}).get("kv_cache_tokens"),
+                               "engine_warnings": (f.log or {}).get("warnings")}
+                        for role, f in serve.engines.items()},
+            "compat": {role: c.model_dump() for role, c in serve.compat.items()},
+        }
+        hardware = {"device": serve.device, "gpus": serve.probe.get("gpus"), "cpu": serve.probe.get("cpu"),
+                    "driver": serve.probe.get("driver")}
+    summaries: dict[str, Any] = {}
+    quality = results.get("quality")
+    if isinstance(quality, QualityResult):
+        summaries["quality"] = {
+            "tasks": [{"task": t.task, "slice": t.slice, "metric": t.metric, "n": t.n, "baseline": t.baseline,
+                       "candidate": t.candidate, "diff": t.diff, "ci": [t.ci_low, t.ci_high],
+                       "confidence": t.confidence, "recovery": t.recovery, "lost": t.worse, "gained": t.better,
+                       "mcnemar_p": t.mcnemar_p} for t in quality.tasks + quality.slices],
+            "kl": quality.kl, "baseline_cached": quality.baseline_cached, "skipped": quality.skipped,
+            "lm_eval_version": quality.lm_eval_version, "suites": quality.suites, "flips_file": quality.flips_file}
+    extra = results.get("targets")
+    if isinstance(extra, TargetsResult):
+        runtime["targets"] = {n: _target_summary(o) for n, o in extra.targets.items()}
+        summaries["targets"] = {"primary": extra.primary, "prompts": extra.prompts, "max_tokens": extra.max_tokens,
+                                "targets": {n: {"status": o.status, "reason": o.reason,
+                                                "batch_mismatch_rate": o.batch_mismatch_rate,
+                                                "cross_mismatch_rate": o.cross_mismatch_rate,
+                                                "compared": o.compared, "errors": o.errors}
+                                            for n, o in extra.targets.items()}}
+    stab = results.get("stability")
+    if isinstance(stab, StabilityResult):
+        summaries["stability"] = {"fallback": stab.fallback, "fallback_rate": stab.fallback_rate,
+                                  "max_model_len": stab.max_model_len,
+                                  "roles": {role: _stability_summary(r) for role, r in stab.roles.items()}}
+    if isinstance(perf, PerfResult):
+        summaries["performance"] = {
+            "interleaved": perf.interleaved, "points": [
+                {"point": f"{p.workload}/{p.point}",
+                 "output_tokens_per_s": {"baseline": p.baseline.get("output_tokens_per_s"),
+                                         "candidate": p.candidate.get("output_tokens_per_s"),
+                                         "ratio": p.comparison.get("output_tokens_per_s", {}).get("ratio")},
+                 "p99_ttft_ms": {"baseline": p.baseline["ttft_ms"]["p99"], "candidate": p.candidate["ttft_ms"]["p99"]},
+                 "error_rate": {"baseline": p.baseline.get("error_rate"), "candidate": p.candidate.get("error_rate")}}
+                for p in perf.points],
+            "memory": perf.memory, "cost": perf.cost, "workload": perf.workload_context,
+            "unrepresentative": perf.unrepresentative}
+    # servers are stopped first, so their logs are complete when hashed
+    raw = []
+    for name, rec in record.stages.items():
+        for a in rec.artifacts:
+            f = ctx.run.path / a.path
+            # checkpoint files are listed with their sha256 in checkpoint_files
+            if name != NAME and not a.path.startswith(f"{ctx.checkpoint_dir.name}/"):
+                raw.append(RawFile(path=a.path, sha256=sha256_file(f) if f.is_file() else None, role=a.role))
+    return Manifest(
+        quantlab=quantlab_identity(),
+        created_at=now_iso(),
+        run={"run_id": record.run_id, "recipe_history": record.recipe_history,
+             "stages": {n: {"status": r.status, "started_at": r.started_at, "finished_at": r.finished_at,
+                            "duration_s": r.duration_s} for n, r in record.stages.items() if n != NAME}},
+        recipe={"name": record.recipe_name, "sha256": record.recipe_sha256, "content": record.recipe},
+        model={"kind": baseline.kind, "source": baseline.source, "provenance": _without_files(baseline.provenance),
+               "files": model_files},
+        calibration=q.calibration if isinstance(q, QuantizeResult) else None,
+        quantization=_quantization(q, results.get("checkpoint")),
+        checkpoint_files=folder_files(ctx.checkpoint_dir),
+        runtime=runtime,
+        hardware=hardware,
+        results=summaries,
+        raw_files=raw,
+        gates=verdicts,
+        decision=decision,
+        targets=targets or {},
+    )
+
+
+def _quantization(q: Any, imported: Any) -> dict[str, Any]:
+    if isinstance(q, QuantizeResult):
+        return {"method": q.method, "scheme": q.scheme, "quantization_config": q.quantization_config,
+                "layers_quantized": q.layers_quantized, "versions": q.versions, "shims": q.shims,
+                "gptq_max_loss": q.gptq_max_loss, "compute_dtype": q.compute_dtype}
+    if isinstance(imported, CheckpointResult):  # quantlab validate: made elsewhere, recorded as found
+        return {"method": "validated as given", "format": imported.format, "source": imported.source,
+                "quantization_config": imported.quantization_config}
+    return {}
+
+
+def _stability_summary(r: dict[str, Any]) -> dict[str, Any]:
+    return {"batch_mismatch_rate": (r.get("batch") or {}).get("mismatch_rate"),
+            "length_failures": (r.get("lengths") or {}).get("failures"),
+            "greedy_mismatch_rate": ((r.get("determinism") or {}).get("greedy") or {}).get("mismatch_rate"),
+            "bad_request_server_errors": (r.get("bad_requests") or {}).get("server_errors"),
+            "soak_error_rate": (r.get("soak") or {}).get("error_rate"),
+            "soak_rss_growth_mb": (r.get("soak") or {}).get("rss_growth_mb")}
+
+
+def _target_summary(o) -> dict[str, Any]:
+    """A serve target's runtime and hardware facts for the manifest."""
+    return {"required": o.required, "mode": o.mode, "device": o.device, "engine_args": o.engine_args,
+            "versions": o.probe.get("versions"), "cpu": o.probe.get("cpu"), "gpus": o.probe.get("gpus"),
+            "engine_kernels": o.probe.get("engine_kernels"),
+            "compat": {role: c.model_dump() for role, c in o.compat.items()},
+            "engines": {role: {"vllm_version": f.vllm_version, "served_model_name": f.served_model_name,
+                               "max_model_len": f.max_model_len,
+                               "linear_kernels": (f.log or {}).get("linear_kernels"),
+                               "attention_backend": (f.log or {}).get("attention_backend")}
+                        for role, f in o.engines.items()}}
+
+
+def _without_files(provenance: dict | None) -> dict:
+    return {k: v for k, v in (provenance or {}).items() if k != "files"}

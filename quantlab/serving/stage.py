@@ -1,0 +1,73 @@
+"""Serve stage: the baseline and the candidate on vLLM with identical engine arguments
+(one after the other, or side by side), and what each engine really used. The servers
+stay up for the checks that follow (RunContext.engine); the pipeline stops them."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from quantlab.core.context import RunContext
+from quantlab.core.layout import SERVE_LOG_DIR
+from quantlab.models.source import source_fingerprint
+from quantlab.core.results import CheckpointResult, CompatRecord, QuantizeResult, ServeResult
+from quantlab.serving.compat import CompatReport, engine_build, kernel_warnings
+
+NAME = "serve"
+
+
+def inputs(ctx: RunContext) -> dict[str, Any]:
+    q = ctx.run.record.result("quantize") or ctx.run.record.result("checkpoint")
+    return {
+        "serve": ctx.recipe.serve.model_dump(mode="json"),
+        "baseline": {"model": ctx.recipe.model.model_dump(mode="json"), "source": source_fingerprint(ctx.loaded)},
+        "candidate_weights": q.weights_sha256 if isinstance(q, (QuantizeResult, CheckpointResult)) else None,
+    }
+
+
+def preflight(ctx: RunContext) -> None:
+    """Refuse a recipe the target cannot serve before quantizing, not after."""
+    ctx.serving_plan(predicted="quantize" in ctx.will_run or not (ctx.checkpoint_dir / "config.json").is_file())
+
+
+def compat_record(report: CompatReport, engine_log: dict[str, Any] | None) -> CompatRecord:
+    """What the serving plan predicted for a role, plus warnings where the kernels the
+    engine's log names are not the ones the plan expected."""
+    record = CompatRecord(**report.as_record())
+    if engine_log is not None:
+        record.warnings += kernel_warnings(report.expected_kernels, engine_log)
+    return record
+
+
+def run(ctx: RunContext) -> ServeResult:
+    """Start each server (kept up for the checks after this stage) and record its facts."""
+    from quantlab.serving.vllm_facts import collect_facts
+
+    plan = ctx.serving_plan()
+    if plan.spec.mode != "endpoint":
+        ctx.progress(f"serving environment: {engine_build(plan.probe)}, device {plan.device}, "
+                     f"dtype {plan.dtype.dtype}" + (f" ({plan.dtype.reason})" if plan.dtype.changed else ""))
+    with_baseline = ctx.needs_baseline()
+    roles = [t for t in plan.targets if t.role != "baseline" or with_baseline]
+    if len(roles) < len(plan.targets):
+        ctx.progress("baseline server not started: the checks have what they need from it cached")
+    ctx.start_engines([t.role for t in roles])
+    facts = {t.role: collect_facts(ctx.engine(t.role), t, device=plan.device) for t in roles}
+    log_dir = ctx.run.path / SERVE_LOG_DIR
+    compat = {role: compat_record(report, facts[role].log if role in facts else None)
+              for role, report in plan.compat.items()}
+    for role in facts:
+        if (log_dir / f"{role}-server.log").is_file():
+            ctx.add_artifact(f"{SERVE_LOG_DIR}/{role}-server.log", f"{role}-server-log")
+    launched = plan.spec.mode != "endpoint"
+    return ServeResult(
+        mode=plan.spec.mode,
+        device=plan.device,
+        engine_args=plan.engine_args,
+        # one engine_args dict is passed to every server quantlab starts; it cannot know an endpoint's
+        identical_engine_args=True if launched else None,
+        side_by_side=plan.spec.side_by_side,
+        probe=plan.probe,
+        compat=compat,
+        engines=facts,
+        dtype=plan.dtype.as_record() if plan.dtype is not None else None,
+    )

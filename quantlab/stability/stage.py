@@ -1,0 +1,308 @@
+"""Stability stage: robustness probes on the served baseline and candidate (batch and
+length sweeps, determinism, malformed requests, a soak), judged candidate against
+baseline, with the fallback rate a router would see. A server that dies during a probe
+fails the stage naming the probe, with the log tail."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from quantlab.core.context import RunContext
+from quantlab.core.errors import CheckError, EngineError, RecipeError
+from quantlab.quality.suites import SHIPPED
+from quantlab.core.fsutil import sha256_file, write_text_atomic
+from quantlab.core.progress import step
+from quantlab.core.result_cache import STABILITY, cache_key, lookup, lookup_parts, store
+from quantlab.core.results import GateVerdict, PerfResult, StabilityResult
+from quantlab.stability.spec import StabilitySpec
+from quantlab.serving import stage as serve_stage
+
+NAME = "stability"
+OUT_DIR = "stability"
+ROLES = ("baseline", "candidate")
+PROMPT_TEXTS = SHIPPED / "default" / "data" / "kl_text.jsonl"  # held-out prose, cut to short prompts
+PROMPT_TOKENS = 48
+
+
+def enabled(ctx: RunContext) -> bool:
+    return ctx.recipe.stability is not None
+
+
+def needs_baseline(ctx: RunContext) -> bool:
+    """Every probe is judged against the baseline's own behaviour: its server is needed
+    unless its results are cached."""
+    return not _cached(ctx)
+
+
+def _cache_parts(ctx: RunContext, tokenizer_dir: Path, max_len: int | None) -> dict[str, Any]:
+    spec: StabilitySpec = ctx.recipe.stability
+    plan = ctx.serving_plan()
+    tok_files = {p.name: sha256_file(p) for p in sorted(tokenizer_dir.glob("tokenizer*")) if p.is_file()}
+    return {"baseline": ctx.baseline_identity(),
+            "probes": spec.model_dump(mode="json", exclude={"gates", "fallback", "baseline_cache"}),
+            "prompts": {"texts": sha256_file(PROMPT_TEXTS), "tokens": PROMPT_TOKENS, "tokenizer": tok_files},
+            "max_model_len": max_len, "engine": (plan.probe.get("versions") or {}).get("vllm"),
+            "engine_args": plan.engine_args, "device": plan.device,
+            "hardware": {"cpu": plan.probe.get("cpu"), "gpus": plan.probe.get("gpus")}, "format": 1}
+
+
+def tokenizer_dir(ctx: RunContext) -> Path:
+    return ctx.checkpoint_dir if (ctx.checkpoint_dir / "tokenizer_config.json").is_file() \
+        else ctx.baseline_model().path
+
+
+def reuses(ctx: RunContext) -> str | None:
+    return "the baseline's probe results are cached: only the candidate is probed" if _cached(ctx) else None
+
+
+def _cached(ctx: RunContext) -> Path | None:
+    spec: StabilitySpec | None = ctx.recipe.stability
+    if spec is None or not spec.baseline_cache:
+        return None
+    return lookup_parts(STABILITY, lambda: _cache_parts(ctx, tokenizer_dir(ctx), ctx.served_max_model_len()))
+
+
+def inputs(ctx: RunContext) -> dict[str, Any]:
+    return {"stability": ctx.recipe.stability.model_dump(mode="json"), "serving": serve_stage.inputs(ctx)}
+
+
+def preflight(ctx: RunContext) -> None:
+    spec: StabilitySpec = ctx.recipe.stability
+    if spec.fallback != "baseline" and "/" in spec.fallback and not ctx.loaded.resolve(spec.fallback).exists():
+        raise RecipeError(f"fallback checkpoint '{spec.fallback}' does not exist: name 'baseline', an existing "
+                          "folder, or a release name without '/'", file=str(ctx.loaded.path),
+                          field="stability.fallback")
+
+
+def _served_max_len(ctx: RunContext) -> int:
+    found = ctx.served_max_model_len()
+    if found is None:
+        raise CheckError("the served max_model_len is unknown (no serve facts): set serve.engine_args.max_model_len")
+    return found
+
+
+def probe_prompts(tokenizer, n: int) -> tuple[list[list[int]], list[int]]:
+    rows = [json.loads(x)["text"] for x in PROMPT_TEXTS.read_text().splitlines() if x.strip()]
+    ids = [tokenizer(t).input_ids for t in rows]
+    prompts = [x[:PROMPT_TOKENS] for x in ids]
+    pool = [t for x in ids for t in x]
+    return (prompts * (n // len(prompts) + 1))[:n], pool
+
+
+def _rss_sampler(server):
+    import psutil
+
+    def sample() -> int | None:
+        if server.proc is None:
+            return None  # an external server's memory is not visible from here
+        try:
+            root = psutil.Process(server.proc.pid)
+            return sum(p.memory_info().rss for p in [root, *root.children(recursive=True)])
+        except psutil.Error:
+            return None
+
+    return sample
+
+
+def run_probe(ctx: RunContext, role: str, server, name: str, fn, *args, bar=None, **kwargs):
+    """Run one probe; a server that died meanwhile fails the stage naming the probe. `bar`:
+    the step it belongs to (advanced when the probe is done)."""
+    if bar is not None:
+        bar.detail(f"stability {role}: {name}")
+    else:
+        ctx.progress(f"stability {role}: {name}")
+    try:
+        result = fn(*args, **kwargs)
+    except Exception as err:  # noqa: BLE001 - re-raised with what was running
+        server.ensure_alive(f"during the stability probe '{name}'")
+        raise CheckError(f"stability probe '{name}' on the {role} failed: {type(err).__name__}: {err}") from err
+    try:
+        server.ensure_alive(f"during the stability probe '{name}'")
+    except EngineError as err:
+        raise EngineError(f"stability probe '{name}' on the {role}: {err}") from None
+    if bar is not None:
+        bar.advance()
+    return result
+
+
+def _run_role(ctx: RunContext, role: str, spec: StabilitySpec, prompts, pool, max_len: int, vocab: int
+              ) -> dict[str, Any]:
+    from quantlab.stability import probe as sp
+
+    server = ctx.engine(role)
+    url, name, t = server.base_url, server.served_name, spec.request_timeout_s
+    out: dict[str, Any] = {}
+    started = time.monotonic()
+    probes = sum(bool(x) for x in (spec.batch, spec.lengths, spec.determinism, spec.bad_requests, spec.soak))
+    with step(ctx.progress, f"stability {role}", total=probes, unit="probes", announce=False) as bar:
+        if spec.batch:
+            out["batch"] = run_probe(ctx, role, server, f"batch sweep {spec.batch.concurrency}", sp.batch_sweep, url,
+                                  name, prompts, max_tokens=spec.max_tokens, levels=spec.batch.concurrency,
+                                  timeout_s=t, bar=bar)
+        if spec.lengths:
+            out["lengths"] = run_probe(ctx, role, server, f"length sweep up to max_model_len {max_len}",
+                                    sp.length_sweep, url, name, pool, max_model_len=max_len,
+                                    fractions=spec.lengths.fractions, past_limit=spec.lengths.past_limit,
+                                    max_tokens=spec.max_tokens, timeout_s=t, bar=bar)
+        if spec.determinism:
+            d = spec.determinism
+            out["determinism"] = run_probe(ctx, role, server, f"determinism x{d.repeats}", sp.determinism, url, name,
+                                        prompts, max_tokens=spec.max_tokens, repeats=d.repeats,
+                                        temperature=d.sampled_temperature, seed=d.seed, timeout_s=t, bar=bar)
+        if spec.bad_requests:
+            out["bad_requests"] = run_probe(ctx, role, server, "bad requests", sp.bad_requests, url, name,
+                                         vocab_size=vocab, timeout_s=t, bar=bar)
+        if spec.soak:
+            s = spec.soak
+            out["soak"] = run_probe(ctx, role, server, f"soak {s.requests} requests at concurrency {s.concurrency}",
+                                 sp.soak, url, name, prompts, requests=s.requests, concurrency=s.concurrency,
+                                 max_tokens=s.max_tokens, timeout_s=t, sample_rss=_rss_sampler(server), bar=bar)
+    out["seconds"] = round(time.monotonic() - started, 1)
+    return out
+
+
+def fallback_rate(stab: dict[str, dict[str, Any]], perf: PerfResult | None) -> dict[str, Any]:
+    """Requests the candidate failed (error, timeout, empty or invalid output) that the
+    baseline answered, over all stability and performance requests. Length-sweep rows
+    pair exactly; the other probes pair by count (max(0, candidate failures - baseline
+    failures))."""
+    failed = total = 0
+    b, c = stab.get("baseline", {}), stab.get("candidate", {})
+    if "lengths" in c:
+        for cr, br in zip(c["lengths"]["rows"], b.get("lengths", {}).get("rows", []), strict=False):
+            total += 1
+            failed += int(not cr["ok"] and br["ok"])
+    for probe, err_key, n_key in (("batch", "errors", "requests"), ("soak", "errors", "requests")):
+        if probe in c:
+            total += c[probe][n_key]
+            extra = c[probe][err_key] + c[probe].get("empty", 0)
+            failed += max(0, extra - (b.get(probe, {}).get(err_key, 0) + b.get(probe, {}).get("empty", 0)))
+    if "determinism" in c:
+        for mode in ("greedy", "seeded"):
+            total += c["determinism"][mode]["compared"] + c["determinism"][mode]["errors"]
+            failed += max(0, c["determinism"][mode]["errors"] - b.get("determinism", {}).get(mode, {}).get("errors", 0))
+    if perf is not None:
+        for p in perf.points:
+            n = p.candidate.get("requests") or 0
+            total += n
+            failed += max(0, round(((p.candidate.get("error_rate") or 0) - (p.baseline.get("error_rate") or 0)) * n))
+    return {"requests": total, "candidate_failed_baseline_answered": failed,
+            "rate": failed / total if total else None}
+
+
+def gates(stab: dict[str, dict[str, Any]], spec: StabilitySpec) -> list[GateVerdict]:
+    g, out = spec.gates, []
+    c, b = stab["candidate"], stab["baseline"]
+
+    def add(gate: str, scope: str, value, limit, ok: bool, detail: str) -> None:
+        out.append(GateVerdict(stage=NAME, gate=gate, scope=scope, verdict="pass" if ok else "fail",
+                               value=value, limit=limit, detail=detail))
+
+    if g.max_batch_mismatch_excess is not None and "batch" in c:
+        cr, br = c["batch"]["mismatch_rate"], b["batch"]["mismatch_rate"]
+        if cr is None or br is None:
+            out.append(GateVerdict(stage=NAME, gate="max_batch_mismatch_excess", scope="batch", verdict="inconclusive",
+                                   value=None, limit=g.max_batch_mismatch_excess, detail="no request answered "
+                                   "both alone and in a batch"))
+        else:
+            add("max_batch_mismatch_excess", "batch", cr - br, g.max_batch_mismatch_excess,
+                cr - br <= g.max_batch_mismatch_excess,
+                f"outputs that changed in a batch: candidate {cr:.1%}, baseline {br:.1%} (excess {cr - br:+.1%}, "
+                f"needs <= {g.max_batch_mismatch_excess:.1%})")
+    if g.max_length_failures is not None and "lengths" in c:
+        n = c["lengths"]["failures"]
+        add("max_length_failures", "lengths", n, g.max_length_failures, n <= g.max_length_failures,
+            f"{n} of {len(c['lengths']['rows'])} length-sweep requests failed (baseline "
+            f"{b['lengths']['failures']}): " + ", ".join(f"{r['prompt_tokens']} tokens -> {r['status']}"
+                                                          for r in c["lengths"]["rows"] if not r["ok"]))
+    if g.max_server_errors is not None and "bad_requests" in c:
+        n = c["bad_requests"]["server_errors"]
+        bad = [f"{r['case']} -> {r['status']}" for r in c["bad_requests"]["rows"]
+               if r["server_error"] or not r["healthy_after"]]
+        add("max_server_errors", "bad_requests", n, g.max_server_errors, n <= g.max_server_errors,
+            f"{n} malformed requests got a 5xx, a dropped connection or left the server unhealthy "
+            f"(baseline {b['bad_requests']['server_errors']}){': ' + '; '.join(bad) if bad else ''}")
+    if g.max_determinism_mismatch is not None and "determinism" in c:
+        rates = {m: c["determinism"][m]["mismatch_rate"] for m in ("greedy", "seeded")}
+        worst = max((r for r in rates.values() if r is not None), default=None)
+        if worst is None:
+            out.append(GateVerdict(stage=NAME, gate="max_determinism_mismatch", scope="determinism",
+                                   verdict="inconclusive", value=None, limit=g.max_determinism_mismatch,
+                                   detail="no repeated request was answered"))
+        else:
+            add("max_determinism_mismatch", "determinism", worst, g.max_determinism_mismatch,
+                worst <= g.max_determinism_mismatch,
+                f"repeated requests that answered differently: greedy {_pct(rates['greedy'])}, seeded sampling "
+                f"{_pct(rates['seeded'])} (baseline greedy {_pct(b['determinism']['greedy']['mismatch_rate'])})")
+    if "soak" in c:
+        s = c["soak"]
+        if g.max_soak_error_rate is not None:
+            add("max_soak_error_rate", "soak", s["error_rate"], g.max_soak_error_rate,
+                s["error_rate"] <= g.max_soak_error_rate,
+                f"{s['errors']} errors and {s['empty']} empty answers in {s['requests']} soak requests")
+        if g.max_rss_growth_mb is not None:
+            growth = s["rss_growth_mb"]
+            if growth is None:
+                out.append(GateVerdict(stage=NAME, gate="max_rss_growth_mb", scope="soak", verdict="inconclusive",
+                                       value=None, limit=g.max_rss_growth_mb,
+                                       detail="the server's memory is not visible (external server)"))
+            else:
+                add("max_rss_growth_mb", "soak", growth, g.max_rss_growth_mb, growth <= g.max_rss_growth_mb,
+                    f"server memory grew {growth:.0f} MB over the soak (baseline "
+                    f"{_num(b['soak']['rss_growth_mb'])} MB)")
+    return out
+
+
+def _pct(v) -> str:
+    return "-" if v is None else f"{v:.1%}"
+
+
+def _num(v) -> str:
+    return "-" if v is None else f"{v:.0f}"
+
+
+def run(ctx: RunContext) -> StabilityResult:
+    from quantlab.models.tokenizer import load_tokenizer
+
+    spec: StabilitySpec = ctx.recipe.stability
+    out = ctx.run.path / OUT_DIR
+    out.mkdir(parents=True, exist_ok=True)
+    folder = tokenizer_dir(ctx)
+    tok = load_tokenizer(folder, trust_remote_code=ctx.recipe.model.trust_remote_code)
+    prompts, pool = probe_prompts(tok, spec.prompts)
+    max_len = _served_max_len(ctx)
+    parts = _cache_parts(ctx, folder, max_len)
+    key = cache_key(parts)
+    cached = lookup(STABILITY, key) if spec.baseline_cache else None
+    stab: dict[str, dict[str, Any]] = {}
+    for role in ROLES:
+        rel = f"{OUT_DIR}/{role}.json"
+        if role == "baseline" and cached:
+            ctx.progress(f"stability baseline: reusing cached results ({key[:12]})")
+            stab[role] = json.loads((cached / "baseline.json").read_text())
+        else:
+            stab[role] = _run_role(ctx, role, spec, prompts, pool, max_len, len(tok))
+        write_text_atomic(ctx.run.path / rel, json.dumps(stab[role], indent=1, default=str))
+        ctx.add_artifact(rel, f"stability-{role}")
+        if role == "baseline" and not cached and spec.baseline_cache:
+            early = cache_key(_cache_parts(ctx, folder, ctx.recipe_max_model_len()))  # what needs_baseline asks
+            with tempfile.TemporaryDirectory() as tmp:  # stored now: a failing candidate does not cost it
+                shutil.copyfile(ctx.run.path / rel, Path(tmp) / "baseline.json")
+                store(STABILITY, key, Path(tmp), parts, aliases=(early,))
+    perf = ctx.run.record.result("performance")
+    notes = []
+    for role in ROLES:
+        accepted = stab[role].get("bad_requests", {}).get("accepted") or []
+        if accepted:
+            notes.append(f"{role}: the server answered 200 to malformed requests it could have refused: "
+                         f"{', '.join(accepted)}")
+    return StabilityResult(
+        roles=stab, max_model_len=max_len,
+        fallback=spec.fallback if spec.fallback != "baseline" else "baseline", baseline_cached=bool(cached),
+        fallback_rate=fallback_rate(stab, perf if isinstance(perf, PerfResult) else None),
+        gates=gates(stab, spec), notes=notes, prompts=len(prompts), prompt_tokens=PROMPT_TOKENS)

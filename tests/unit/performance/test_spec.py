@@ -1,0 +1,84 @@
+"""The performance section of a recipe: what is accepted and the errors for what is not."""
+
+from __future__ import annotations
+
+import pytest
+
+from quantlab.core.errors import RecipeError
+from quantlab.performance.gates import perf_gates
+from quantlab.performance.spec import PerfGates
+from quantlab.core.recipe import parse_recipe
+from quantlab.core.results import PerfPoint
+
+
+def recipe(perf):
+    return parse_recipe({"name": "x", "quantization": {"method": "rtn", "scheme": "W4A16"}, "performance": perf})
+
+
+def test_defaults_and_ranges():
+    p = recipe({"workloads": [{"name": "chat", "api": "chat", "prompt_tokens": [64, 128], "concurrency": [1, 4]}]})
+    w = p.performance.workloads[0]
+    assert w.prompt_tokens == (64, 128) and w.output_tokens == 64 and p.performance.repeats == 2
+    assert p.performance.gates.max_error_rate == 0.0
+
+
+@pytest.mark.parametrize("perf, needle", [
+    ({"workloads": []}, "at least 1 item"),
+    ({"workloads": [{"name": "a", "num_requests": 0}]}, "greater than or equal to 1"),
+    ({"workloads": [{"name": "a", "prompt_tokens": [128, 64]}]}, "1 <= min <= max"),
+    ({"workloads": [{"name": "a", "concurrency": [], "request_rates": []}]}, "at least one point"),
+    ({"workloads": [{"name": "a", "request_rates": [0]}]}, "positive requests per second"),
+    ({"workloads": [{"name": "a"}, {"name": "a"}]}, "unique"),
+    ({"workloads": [{"name": "a"}], "slo": {"p99_ttft_ms": 100}}, "slo.p99_ttft_ms': unknown key"),
+    ({"workloads": [{"name": "a"}], "gates": {"min_throughput": 0.9}}, "Did you mean 'min_throughput_ratio'"),
+])
+def test_bad_performance_sections(perf, needle):
+    with pytest.raises(RecipeError, match=needle):
+        recipe(perf)
+
+
+def test_missing_prompt_dataset_names_the_field(tmp_path):
+    import yaml
+
+    from quantlab.core.recipe import load_recipe
+
+    f = tmp_path / "r.yaml"
+    f.write_text(yaml.safe_dump({"name": "x", "quantization": {"method": "rtn", "scheme": "W4A16"},
+                                 "performance": {"workloads": [{"name": "a", "dataset": "nope.jsonl"}]}}))
+    with pytest.raises(RecipeError, match=r"performance.workloads.0.dataset.*prompt dataset not found"):
+        load_recipe(f)
+
+
+def point(tp_ratio, p99_ttft_ms, error_rate=0.0, noise=0.05):
+    cmp = {"output_tokens_per_s": {"ratio": tp_ratio, "noise": noise, "beyond_noise": abs(tp_ratio - 1) > noise},
+           "ttft_ms.p99": {"ratio": 1.0, "noise": noise, "beyond_noise": False},
+           "tpot_ms.p99": {"ratio": None}}
+    cand = {"ttft_ms": {"p99": p99_ttft_ms}, "tpot_ms": {"p99": None}, "error_rate": error_rate}
+    return PerfPoint(workload="w", point="c8", concurrency=8, baseline={}, candidate=cand, baseline_repeats=[{}],
+                     candidate_repeats=[{}], comparison=cmp, monitor={})
+
+
+def test_perf_gate_verdicts():
+    gates = PerfGates(min_throughput_ratio=0.9, max_p99_ttft_ms=500, max_p99_tpot_ratio=1.2, max_error_rate=0.0)
+    v = {g.gate: g for g in perf_gates([point(0.7, 400)], gates)}
+    assert v["min_throughput_ratio"].verdict == "fail" and v["min_throughput_ratio"].value == pytest.approx(0.7)
+    assert v["max_p99_ttft_ms"].verdict == "pass"
+    assert v["max_p99_tpot_ratio"].verdict == "inconclusive"  # not measured
+    assert v["max_error_rate"].verdict == "pass"
+    v = {g.gate: g for g in perf_gates([point(0.88, 600, error_rate=0.05, noise=0.2)], gates)}
+    assert v["min_throughput_ratio"].verdict == "fail" and "within the run-to-run spread" in \
+        v["min_throughput_ratio"].detail
+    assert v["max_p99_ttft_ms"].verdict == "fail" and v["max_error_rate"].verdict == "fail"
+
+
+def test_warm_up_requests_keep_the_prompt_and_shorten_the_answer():
+    from quantlab.performance.loadgen import PreparedRequest
+    from quantlab.performance.stage import _short
+
+    long = PreparedRequest("/v1/completions", {"prompt": [1, 2, 3], "max_tokens": 64, "min_tokens": 64,
+                                               "ignore_eos": True}, 64)
+    short = _short(long)
+    assert short.body == {"prompt": [1, 2, 3], "max_tokens": 16, "min_tokens": 16, "ignore_eos": True}
+    assert short.requested_output_tokens == 16 and long.body["max_tokens"] == 64  # the original is untouched
+    tiny = PreparedRequest("/v1/chat/completions", {"messages": [], "max_tokens": 8}, 8)
+    assert _short(tiny).body == {"messages": [], "max_tokens": 8}

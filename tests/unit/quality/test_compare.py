@@ -1,0 +1,101 @@
+"""Paired comparison and quality gate verdicts on hand-made per-sample rows."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from quantlab.core.errors import CheckError
+from quantlab.quality.compare import compare_task, pooled, samples_needed, verdicts
+from quantlab.quality.spec import QualityGates
+
+
+def rows(values, *, answers=None, prompt="p", metric="acc"):
+    return [{"doc_id": i, "filter": "none", "prompt_hash": f"{prompt}{i}", "prompt": f"q{i}", "target": "t",
+             "answer": (answers or values)[i], "raw": None, "metrics": {metric: v}} for i, v in enumerate(values)]
+
+
+def judge(base, cand, gates=None, metric="acc", hib=True):
+    cmp, flips = compare_task("t", "general", metric, None, hib, base, cand, confidence=0.95, iters=1000, seed=0)
+    return cmp, flips, verdicts(cmp, gates or QualityGates(), scope="t", b=None, c=None)
+
+
+def by_gate(vs):
+    return {v.gate: v.verdict for v in vs}
+
+
+def test_a_model_against_itself_passes_every_gate():
+    rng = random.Random(0)
+    base = rows([float(rng.random() < 0.4) for _ in range(150)])
+    cmp, flips, vs = judge(base, base)
+    assert cmp.diff == 0 and cmp.mcnemar_p == 1.0 and flips == []
+    assert by_gate(vs) == {"min_recovery": "pass", "non_inferiority": "pass"}
+
+
+def test_a_broken_candidate_fails_with_its_numbers():
+    rng = random.Random(1)
+    b = [float(rng.random() < 0.6) for _ in range(150)]
+    c = [x if rng.random() < 0.2 else 0.0 for x in b]  # most right answers lost
+    cmp, flips, vs = judge(rows(b), rows(c), QualityGates(max_drop=0.05))
+    assert by_gate(vs) == {"min_recovery": "fail", "max_drop": "fail", "non_inferiority": "fail"}
+    assert cmp.worse == len(flips) > 50 and cmp.better == 0 and cmp.mcnemar_p < 1e-6
+    assert all(f["direction"] == "worse" and f["prompt"] and "baseline_answer" in f for f in flips)
+    v = next(v for v in vs if v.gate == "min_recovery")
+    assert v.value == pytest.approx(cmp.candidate / cmp.baseline) and v.value < 0.5
+    assert f"baseline {cmp.baseline:.4g}, candidate {cmp.candidate:.4g} over 150 paired samples" in v.detail
+
+
+def test_a_small_drop_within_the_noise_is_inconclusive_and_says_how_many_samples_would_tell():
+    b = [1.0] * 10 + [0.0] * 10 + [1.0] * 10
+    c = list(b)
+    c[0] = c[1] = c[2] = 0.0  # 3 of 20 right answers lost: recovery 0.85 on 30 samples
+    cmp, _, vs = judge(rows(b), rows(c))
+    assert by_gate(vs)["min_recovery"] == "inconclusive"
+    ni = next(v for v in vs if v.gate == "non_inferiority")
+    assert ni.verdict == "inconclusive" and ni.samples_to_verdict and ni.samples_to_verdict > 30
+
+
+def test_too_few_samples_is_inconclusive_even_when_identical():
+    base = rows([1.0, 0.0] * 5)
+    _, _, vs = judge(base, base)
+    assert set(by_gate(vs).values()) == {"inconclusive"}
+
+
+def test_lower_is_better_metrics_are_oriented():
+    base = [{"doc_id": i, "filter": "none", "prompt_hash": str(i), "metrics": {"word_perplexity": [-100.0, 50]}}
+            for i in range(30)]
+    worse = [{**r, "metrics": {"word_perplexity": [-160.0, 50]}} for r in base]
+    cmp, _, vs = judge(base, worse, metric="word_perplexity", hib=False)
+    assert cmp.candidate > cmp.baseline and cmp.recovery < 0.9
+    assert by_gate(vs) == {"min_recovery": "fail", "non_inferiority": "fail"}
+    better = [{**r, "metrics": {"word_perplexity": [-90.0, 50]}} for r in base]
+    _, _, vs = judge(base, better, metric="word_perplexity", hib=False)
+    assert by_gate(vs) == {"min_recovery": "pass", "non_inferiority": "pass"}
+
+
+def test_prompts_that_differ_are_refused_not_compared():
+    with pytest.raises(CheckError, match="prompts differ"):
+        judge(rows([1.0] * 30), rows([1.0] * 30, prompt="other"))
+    with pytest.raises(CheckError, match="different samples"):
+        judge(rows([1.0] * 30), rows([1.0] * 29))
+    with pytest.raises(CheckError, match="no per-sample 'acc'"):
+        judge(rows([1.0] * 30), rows([1.0] * 30, metric="exact_match"))
+
+
+def test_slice_pools_its_rate_tasks():
+    cmp_a, _ = compare_task("a", "k", "acc", None, True, rows([1.0] * 20), rows([1.0] * 20), confidence=0.95,
+                            iters=200, seed=0)
+    cmp_b, _ = compare_task("b", "k", "acc", None, True, rows([0.0] * 20), rows([1.0] * 20), confidence=0.95,
+                            iters=200, seed=0)
+    values = {"a": ([1.0] * 20, [1.0] * 20), "b": ([0.0] * 20, [1.0] * 20)}
+    cmp, b, c = pooled([cmp_a, cmp_b], values, "k", confidence=0.95, iters=200, seed=0)
+    assert cmp.n == 40 and cmp.tasks == ["a", "b"] and cmp.better == 20 and cmp.diff == pytest.approx(0.5)
+    assert pooled([cmp_a], values, "k", confidence=0.95, iters=200, seed=0) is None
+
+
+def test_samples_needed_grows_as_the_gap_to_the_margin_shrinks():
+    # half-width 0.1 must shrink to the 0.05 gap between the difference and the margin: 4x
+    assert samples_needed(100, -0.05, -0.15, 0.05, 0.1) == 400
+    assert samples_needed(100, -0.08, -0.18, 0.02, 0.1) == 2500
+    assert samples_needed(100, -0.1, -0.2, 0.0, 0.1) is None  # the difference sits on the margin

@@ -1,0 +1,72 @@
+"""The quality statistics against values worked out by hand and against simulation."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from quantlab.quality.stats import aggregate, kl_summary, mcnemar_exact, paired_bootstrap, top_token, topk_kl
+
+
+def test_mcnemar_exact_on_a_hand_made_table():
+    # 10 samples only the baseline got right, 2 only the candidate: 2 * P(X <= 2 | n=12, 1/2)
+    assert mcnemar_exact(10, 2) == pytest.approx(2 * (1 + 12 + 66) / 4096)
+    assert mcnemar_exact(2, 10) == pytest.approx(mcnemar_exact(10, 2))
+    assert mcnemar_exact(0, 0) == 1.0
+    assert mcnemar_exact(3, 3) == 1.0
+
+
+def test_bootstrap_interval_covers_the_true_difference_about_95_percent_of_the_time():
+    rng = np.random.default_rng(7)
+    true_diff, covered, sims, n = -0.1, 0, 200, 200
+    for s in range(sims):
+        base = rng.random(n) < 0.6
+        # the candidate loses 10 points: it flips a right answer to wrong with the right probability
+        cand = base & (rng.random(n) >= true_diff / -0.6)
+        ci = paired_bootstrap(base.astype(float).tolist(), cand.astype(float).tolist(), iters=500, seed=s)
+        covered += ci.low <= true_diff <= ci.high
+    assert 0.90 <= covered / sims <= 0.99
+
+
+def test_bootstrap_of_identical_answers_is_exactly_zero():
+    values = [1.0, 0.0, 1.0, 1.0, 0.0] * 10
+    ci = paired_bootstrap(values, list(values), iters=300)
+    assert (ci.diff, ci.low, ci.high, ci.n) == (0.0, 0.0, 0.0, 50)
+
+
+def test_ratio_metrics_are_aggregated_as_a_ratio_of_sums_then_transformed():
+    # (loglikelihood, words) per document, as lm-eval keeps word_perplexity samples
+    base = [(-10.0, 5.0), (-30.0, 10.0)]
+    cand = [(-12.0, 5.0), (-33.0, 10.0)]
+    assert aggregate(base) == pytest.approx(-40 / 15)
+    ci = paired_bootstrap(base, cand, iters=200, transform=lambda x: math.exp(-x))
+    assert ci.baseline == pytest.approx(math.exp(40 / 15)) and ci.candidate == pytest.approx(math.exp(45 / 15))
+    assert ci.low <= ci.diff <= ci.high
+
+
+def test_paired_bootstrap_refuses_unpaired_input():
+    with pytest.raises(ValueError, match="differ in count"):
+        paired_bootstrap([1.0, 0.0], [1.0])
+
+
+def test_topk_kl_on_hand_computed_distributions():
+    log = math.log
+    p = {0: log(0.5), 1: log(0.3)}  # rest of the vocabulary: 0.2
+    q = {0: log(0.4), 1: log(0.4)}  # rest: 0.2
+    assert topk_kl(p, q) == pytest.approx(0.5 * log(0.5 / 0.4) + 0.3 * log(0.3 / 0.4))
+    assert topk_kl(p, p) == pytest.approx(0.0, abs=1e-12)
+    # token 1 is outside the candidate's top k: it gets the candidate's rest mass (0.1),
+    # capped by the candidate's smallest listed probability (0.3)
+    q2 = {0: log(0.6), 2: log(0.3)}
+    expected = 0.5 * log(0.5 / 0.6) + 0.3 * log(0.3 / 0.1) + 0.2 * log(0.2 / (1 - 0.6 - 0.1))
+    assert topk_kl(p, q2) == pytest.approx(expected)
+
+
+def test_kl_summary_reports_what_llama_cpp_reports():
+    s = kl_summary([0.0, 0.1, 0.2, 1.0], [True, True, False, True])
+    assert s["tokens"] == 4 and s["mean"] == pytest.approx(0.325) and s["median"] == pytest.approx(0.15)
+    assert s["same_top_rate"] == 0.75 and s["max"] == 1.0 and 0.2 < s["p99"] <= 1.0
+    assert kl_summary([], [])["mean"] is None
+    assert top_token({3: -0.1, 5: -2.0}) == 3

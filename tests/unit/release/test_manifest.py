@@ -1,0 +1,171 @@
+"""The release manifest with real OpenSSF model-signing on a small folder: sign, verify,
+and every kind of tampering caught with a message naming the file."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import stat
+
+import pytest
+
+from quantlab.core.provenance import quantlab_identity
+from quantlab.core.errors import RecipeError
+from quantlab.release.manifest import (
+    MANIFEST_FILE,
+    SIGNATURE_FILE,
+    Manifest,
+    decide,
+    decide_targets,
+    folder_files,
+    generate_keypair,
+    public_key_fingerprint,
+    read_manifest,
+    sign_folder,
+    verify_folder,
+)
+from quantlab.core.results import GateVerdict
+
+
+def verdict(gate, v, scope="w/c1"):
+    return GateVerdict(stage="performance", gate=gate, scope=scope, verdict=v, value=1.0, limit=1.0, detail="d")
+
+
+def test_decision_follows_the_verdicts():
+    assert decide([], fallback="base").decision == "release"
+    d = decide([verdict("a", "pass"), verdict("b", "inconclusive")], fallback="base")
+    assert d.decision == "release" and d.inconclusive_gates == ["performance.b@w/c1"] and "inconclusive" in d.why
+    d = decide([verdict("a", "pass"), verdict("b", "fail", "w/c8")], fallback="base")
+    assert d.decision == "blocked" and d.failed_gates == ["performance.b@w/c8"] and d.fallback == "base"
+
+
+@pytest.fixture
+def keys(tmp_path):
+    priv, pub = tmp_path / "keys" / "signing.pem", tmp_path / "keys" / "signing.pub.pem"
+    generate_keypair(priv, pub)
+    return priv, pub
+
+
+def make_release(folder, verdicts=()):
+    folder.mkdir()
+    (folder / "model.safetensors").write_bytes(os.urandom(4096))
+    (folder / "config.json").write_text('{"quantization_config": {"format": "pack-quantized"}}')
+    decision = decide(list(verdicts), fallback="the baseline")
+    m = Manifest(quantlab=quantlab_identity(), created_at="2026-11-30T00:00:00+00:00", run={}, recipe={}, model={},
+                 calibration=None, quantization={}, checkpoint_files=folder_files(folder), runtime={}, hardware={},
+                 results={}, raw_files=[], gates=list(verdicts), decision=decision)
+    (folder / MANIFEST_FILE).write_text(json.dumps(m.model_dump(mode="json")))
+    return folder
+
+
+def test_keygen_writes_a_private_key_only_its_owner_reads(keys):
+    priv, pub = keys
+    assert stat.S_IMODE(priv.stat().st_mode) == 0o600
+    assert b"PRIVATE KEY" in priv.read_bytes() and b"PUBLIC KEY" in pub.read_bytes()
+    assert public_key_fingerprint(pub.read_bytes()).startswith("sha256:")
+    with pytest.raises(RecipeError, match="already exists"):
+        generate_keypair(priv, pub)
+
+
+def test_sign_then_verify(tmp_path, keys):
+    priv, pub = keys
+    folder = make_release(tmp_path / "ckpt", [verdict("a", "pass")])
+    sign_folder(folder, method="key", private_key=priv)
+    assert (folder / SIGNATURE_FILE).is_file()
+    assert verify_folder(folder, public_key=pub) == []
+    assert read_manifest(folder).decision.decision == "release"
+
+
+@pytest.fixture
+def signed(tmp_path, keys):
+    priv, pub = keys
+    folder = make_release(tmp_path / "ckpt")
+    sign_folder(folder, method="key", private_key=priv)
+    return folder, pub
+
+
+def test_a_flipped_byte_in_a_weight_file(signed):
+    folder, pub = signed
+    data = bytearray((folder / "model.safetensors").read_bytes())
+    data[100] ^= 0xFF
+    (folder / "model.safetensors").write_bytes(bytes(data))
+    problems = verify_folder(folder, public_key=pub)
+    assert any(p.startswith("changed file: model.safetensors") for p in problems)
+    assert any("signature check failed" in p for p in problems)
+
+
+def test_an_edited_manifest(signed):
+    folder, pub = signed
+    m = json.loads((folder / MANIFEST_FILE).read_text())
+    m["created_at"] = "2030-01-01T00:00:00+00:00"  # any change, however small
+    (folder / MANIFEST_FILE).write_text(json.dumps(m))
+    problems = verify_folder(folder, public_key=pub)
+    assert len(problems) == 1 and "signature check failed" in problems[0] and MANIFEST_FILE in problems[0]
+
+
+def test_an_added_file(signed):
+    folder, pub = signed
+    (folder / "extra.bin").write_bytes(b"x")
+    problems = verify_folder(folder, public_key=pub)
+    assert "added file: extra.bin (not in the manifest)" in problems
+    assert any("signature check failed" in p for p in problems)
+
+
+def test_a_removed_file(signed):
+    folder, pub = signed
+    (folder / "config.json").unlink()
+    problems = verify_folder(folder, public_key=pub)
+    assert "missing file: config.json (listed in the manifest)" in problems
+
+
+def test_another_key_does_not_verify(signed, tmp_path):
+    folder, _ = signed
+    generate_keypair(tmp_path / "other.pem", tmp_path / "other.pub.pem")
+    [problem] = verify_folder(folder, public_key=tmp_path / "other.pub.pem")
+    assert "signature check failed" in problem
+
+
+def test_a_decision_that_does_not_follow_from_the_gates(tmp_path, keys):
+    priv, pub = keys
+    folder = make_release(tmp_path / "ckpt", [verdict("a", "fail")])
+    m = json.loads((folder / MANIFEST_FILE).read_text())
+    m["decision"] = {"decision": "release", "why": "trust me", "failed_gates": [], "inconclusive_gates": [],
+                     "fallback": None}
+    (folder / MANIFEST_FILE).write_text(json.dumps(m))
+    sign_folder(folder, method="key", private_key=priv)  # signed, but inconsistent
+    [problem] = verify_folder(folder, public_key=pub)
+    assert "decision 'release' does not follow" in problem and "'blocked'" in problem
+
+
+def test_unsigned_and_missing_manifest(tmp_path, keys):
+    _, pub = keys
+    folder = make_release(tmp_path / "ckpt")
+    assert any("the manifest is unsigned" in p for p in verify_folder(folder, public_key=pub))
+    shutil.rmtree(folder)
+    folder.mkdir()
+    with pytest.raises(RecipeError, match="no quantlab-manifest.json"):
+        verify_folder(folder, public_key=pub)
+
+
+def gv(verdict, target=None, gate="g"):
+    return GateVerdict(stage="targets" if target else "quality", gate=gate, scope=target or "task", target=target,
+                       verdict=verdict, value=None, limit=1, detail=f"{gate} on {target}")
+
+
+def test_a_target_decision_that_does_not_follow_from_the_gates(tmp_path, keys):
+    priv, pub = keys
+    verdicts = [gv("pass"), gv("fail", "gpu", "servable")]
+    folder = make_release(tmp_path / "ckpt", verdicts)
+    m = json.loads((folder / MANIFEST_FILE).read_text())
+    m["decision"] = decide(verdicts, fallback="b", optional_targets={"gpu"}).model_dump(mode="json")
+    good = {n: d.model_dump(mode="json") for n, d in decide_targets(verdicts, {"primary": True, "gpu": False}).items()}
+    m["targets"] = good
+    (folder / MANIFEST_FILE).write_text(json.dumps(m))
+    sign_folder(folder, method="key", private_key=priv)
+    assert verify_folder(folder, public_key=pub) == []
+    m["targets"]["gpu"] = {"decision": "release", "required": False, "why": "trust me", "failed_gates": []}
+    (folder / MANIFEST_FILE).write_text(json.dumps(m))
+    sign_folder(folder, method="key", private_key=priv)  # signed, but inconsistent
+    [problem] = verify_folder(folder, public_key=pub)
+    assert "target 'gpu': decision 'release' does not follow" in problem

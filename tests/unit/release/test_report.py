@@ -1,0 +1,77 @@
+"""Reports from a recorded run record (a real `quantlab run` of the tiny model with a
+performance section, one gate failing): golden Markdown and JUnit, a self-contained
+HTML page, and the terminal summary. QUANTLAB_UPDATE_GOLDEN=1 rewrites the golden files
+after a deliberate change of the reports."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from xml.etree import ElementTree as ET
+
+import pytest
+
+from quantlab.release.report import render_html, render_junit, render_markdown, summary_lines
+from quantlab.core.run import RunRecord
+
+DATA = Path(__file__).resolve().parents[2] / "data"
+RECORD = DATA / "run-record-blocked.json"
+
+
+@pytest.fixture(scope="module")
+def record() -> RunRecord:
+    return RunRecord.model_validate(json.loads(RECORD.read_text()))
+
+
+def golden(name: str, text: str) -> None:
+    path = DATA / "golden" / name
+    if os.environ.get("QUANTLAB_UPDATE_GOLDEN") == "1":
+        path.parent.mkdir(exist_ok=True)
+        path.write_text(text)
+    assert text == path.read_text(), f"{name} differs from {path}; if intended, rerun with QUANTLAB_UPDATE_GOLDEN=1"
+
+
+def test_markdown_report_is_golden(record):
+    md = render_markdown(record)
+    golden("report.md", md)
+    assert md.startswith(f"## quantlab: {record.recipe_name}\n\n**BLOCKED: ")
+
+
+def test_junit_has_one_case_per_gate_and_is_golden(record):
+    xml = render_junit(record)
+    golden("junit.xml", xml)
+    suite = ET.fromstring(xml)
+    verdicts = record.stages["performance"].result.gates
+    assert int(suite.get("tests")) == len(verdicts) == len(suite.findall("testcase"))
+    failed = [c.get("name") for c in suite.findall("testcase") if c.find("failure") is not None]
+    assert failed == [f"{v.gate}@{v.scope}" for v in verdicts if v.verdict == "fail"] and failed
+    assert int(suite.get("failures")) == len(failed)
+
+
+def test_html_is_self_contained(record, tmp_path):
+    page = render_html(record, tmp_path)  # the plots are not in tmp_path: the page says nothing of them
+    assert "<h2 class='blocked'>BLOCKED" in page
+    assert "src='http" not in page and "href=" not in page  # nothing fetched from anywhere
+
+
+def test_summary_names_stages_decision_and_report(record, tmp_path):
+    (tmp_path / "report.md").write_text("x")
+    lines = summary_lines(record, tmp_path)
+    assert [ln.split()[0] for ln in lines[:4]] == ["quantize", "serve", "performance", "release"]
+    assert lines[4].startswith("decision: BLOCKED") and "fallback" in lines[4].lower()
+    assert lines[-1].startswith(f"report: {tmp_path / 'report.md'}")
+
+
+def test_summary_splits_the_time_into_the_engines_and_quantlabs_own(record, tmp_path):
+    from quantlab.core.run import AttemptTime
+
+    timed = record.model_copy(deep=True)
+    timed.stages["serve"].engine_s = 70.5
+    timed.attempt = AttemptTime(wall_s=372.0, engine_s=353.4)
+    lines = summary_lines(timed, tmp_path)
+    assert lines[1].split()[-3:] == ["engines", "70.5", "s"]
+    assert "engines" not in lines[0]  # a stage recorded without engine time shows none
+    assert lines[4] == ("time: 6 min 12 s in all (preflights and reports included), engines at work 5 min 53 s, "
+                        "quantlab's own 18.6 s (5.0%)")
+    assert lines[5].startswith("decision: BLOCKED")

@@ -22,7 +22,6 @@ from quantlab.core.context import Progress, RunContext, inputs_hash
 from quantlab.core.engine_time import engine_seconds
 from quantlab.core.errors import EngineError, GateFailure, QuantlabError, RecipeError
 from quantlab.core.fsutil import write_text_atomic
-from quantlab.performance.gates import all_verdicts, failed
 from quantlab.core.layout import CHECKPOINT_DIR, ERROR_DIR
 from quantlab.core.recipe import LoadedRecipe, ServeSpec
 from quantlab.core.run import AttemptTime, RunDir, StageRecord, now_iso
@@ -162,9 +161,7 @@ def _run_stages(loaded: LoadedRecipe, run: RunDir, progress: Progress, verbose: 
         _save_with_time(run, clock, progress)  # a failed run gets its report too
         raise
     ctx.close_engines()  # servers live across the check stages, never past the run
-    optional = ctx.recipe.serve.optional_targets
-    blocked = [v for v in failed(all_verdicts({name: run.record.result(name) for name in run.record.stages}))
-               if v.target not in optional]  # an optional target's failures block that target only
+    blocked = release_stage.decide_run(ctx).blocking  # an optional target's failures block that target only
     run.record.status = "blocked" if blocked else "ok"
     _save_with_time(run, clock, progress)
     if blocked:

@@ -11,6 +11,8 @@ from typing import Annotated, Any, Literal, Union
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from quantlab.core.verdicts import GateVerdict
+
 
 class _Result(BaseModel):
     model_config = ConfigDict(extra="forbid")
@@ -111,23 +113,6 @@ class ServeResult(_Result):
     dtype: dict[str, Any] | None = Field(
         None, description="What both servers computed in and why (dtype, requested, model_dtype, reason); "
         "float32 on a CPU without native bf16. None for an external endpoint.")
-
-
-class GateVerdict(_Result):
-    """One gate at one scope (e.g. a workload point), with the numbers behind it."""
-
-    stage: str
-    gate: str
-    scope: str
-    verdict: Literal["pass", "fail", "inconclusive"]
-    value: float | None
-    limit: float
-    detail: str
-    samples: int | None = Field(None, description="Paired samples behind a quality verdict.")
-    samples_to_verdict: int | None = Field(None, description="Quality: the prefix from which a pass/fail held, "
-                                           "or (inconclusive) about how many samples would tell.")
-    target: str | None = Field(None, description="The serve target (serve.targets[].name) this verdict is about; "
-                               "None: the primary target, which every target's decision includes.")
 
 
 class PerfPoint(_Result):

@@ -1,4 +1,4 @@
-"""Gate evaluation: pure functions from results and the recipe's limits to verdicts.
+"""The performance gates: workload points and the recipe's limits to verdicts (pure).
 
 A verdict is pass, fail or inconclusive, always with the value, the limit and a line
 saying what was compared. Performance ratios are medians over alternately measured
@@ -8,11 +8,12 @@ limit is the user's), and the detail says that the difference is within the nois
 
 from __future__ import annotations
 
-from typing import Any
+
 
 from quantlab.performance.metrics import metric
 from quantlab.performance.spec import PerfGates
-from quantlab.core.results import GateVerdict, PerfPoint
+from quantlab.core.results import PerfPoint
+from quantlab.core.verdicts import GateVerdict
 
 # gate field -> (comparison key or candidate metric, kind, direction)
 PERF_GATES = {
@@ -25,7 +26,8 @@ PERF_GATES = {
 }
 
 
-def perf_gates(points: list[PerfPoint], gates: PerfGates) -> list[GateVerdict]:
+def verdicts(points: list[PerfPoint], gates: PerfGates) -> list[GateVerdict]:
+    """Every performance gate at every workload point."""
     out = []
     for p in points:
         scope = f"{p.workload}/{p.point}"
@@ -53,16 +55,4 @@ def perf_gates(points: list[PerfPoint], gates: PerfGates) -> list[GateVerdict]:
             out.append(GateVerdict(stage="performance", gate=gate, scope=scope, verdict="pass" if ok else "fail",
                                    value=value, limit=limit,
                                    detail=f"{what} = {value:.4g}, needs {sign} {limit:g}{noise_note}"))
-    return out
-
-
-def failed(verdicts: list[GateVerdict]) -> list[GateVerdict]:
-    return [v for v in verdicts if v.verdict == "fail"]
-
-
-def all_verdicts(results: dict[str, Any]) -> list[GateVerdict]:
-    """Every gate verdict held by the stage results of a run record."""
-    out: list[GateVerdict] = []
-    for result in results.values():
-        out += getattr(result, "gates", None) or []
     return out

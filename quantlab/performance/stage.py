@@ -13,7 +13,7 @@ from quantlab.core.context import RunContext
 from quantlab.core.engine_time import engine_busy
 from quantlab.core.errors import EngineError, RecipeError
 from quantlab.core.fsutil import sha256_file, write_text_atomic
-from quantlab.performance.gates import perf_gates
+from quantlab.performance import gates as perf_gates
 from quantlab.performance.metrics import compare, median_metrics, summarize
 from quantlab.performance.spec import PerformanceSpec, Workload, max_length
 from quantlab.core.progress import step
@@ -213,7 +213,7 @@ def run(ctx: RunContext) -> PerfResult:
         client_cpu_share=cpu_s / wall_s if wall_s else 0.0,
         memory={role: _memory(ctx, role, [m for p in points for m in p.monitor.get(role, [])]) for role in ROLES},
         cost={role: _headline_cost(points, role, spec.price_per_hour) for role in ROLES},
-        gates=perf_gates(points, spec.gates),
+        gates=perf_gates.verdicts(points, spec.gates),
         plots=plots,
         notes=notes,
         unrepresentative=unrepresentative_settings(plan.engine_args),

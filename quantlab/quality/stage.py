@@ -17,10 +17,11 @@ from quantlab.core.errors import CheckError, EngineError, RecipeError
 from quantlab.quality.suites import Suite, load_suites
 from quantlab.core.fsutil import write_json_atomic, write_text_atomic
 from quantlab.core.progress import step
-from quantlab.quality.compare import compare_task, paired_values, pooled, verdicts
+from quantlab.quality import gates as quality_gates
+from quantlab.quality.compare import compare_task, paired_values, pooled
 from quantlab.quality.spec import QualitySpec
 from quantlab.quality.stats import kl_summary, top_token, topk_kl
-from quantlab.core.results import GateVerdict, QualityResult, TaskComparison
+from quantlab.core.results import QualityResult, TaskComparison
 from quantlab.serving import stage as serve_stage
 
 NAME = "quality"
@@ -175,32 +176,9 @@ def _kl(base: list, cand: list) -> dict[str, Any]:
     return kl_summary(per_token, same)
 
 
-def _kl_gates(summary: dict[str, Any], spec: QualitySpec) -> list[GateVerdict]:
-    out = []
-    for gate, key, limit, direction in (("max_mean_kl", "mean", spec.kl.max_mean_kl, "max"),
-                                        ("min_same_top_rate", "same_top_rate", spec.kl.min_same_top_rate, "min")):
-        if limit is None:
-            continue
-        value = summary.get(key)
-        if value is None:
-            out.append(GateVerdict(stage=NAME, gate=gate, scope="kl", verdict="inconclusive", value=None,
-                                   limit=limit, detail="no positions compared"))
-            continue
-        ok = value <= limit if direction == "max" else value >= limit
-        out.append(GateVerdict(stage=NAME, gate=gate, scope="kl", verdict="pass" if ok else "fail", value=value,
-                               limit=limit, detail=f"KL(baseline || candidate) {key} = {value:.4g} over "
-                               f"{summary['tokens']} positions, needs {'<=' if direction == 'max' else '>='} "
-                               f"{limit:g}"))
-    return out
-
-
 def run(ctx: RunContext) -> QualityResult:
-    from quantlab.quality.kl import from_json, texts_as_token_ids
-    from quantlab.quality.lmeval import read_samples
-
     spec: QualitySpec = ctx.recipe.quality
     suites = _suites(ctx)
-    plan = ctx.serving_plan()
     out = ctx.run.path / OUT_DIR
     out.mkdir(parents=True, exist_ok=True)
     work, skipped = _runnable(suites, ctx.served_max_model_len())
@@ -208,75 +186,16 @@ def run(ctx: RunContext) -> QualityResult:
         raise CheckError("no quality task can run: " + "; ".join(skipped))
     base_tok, cand_tok = _tokenizer_dir(ctx, "baseline"), _tokenizer_dir(ctx, "candidate")
     check_same_tokenizer(base_tok, cand_tok, trust_remote_code=ctx.recipe.model.trust_remote_code)
-    tasks = [t.task for _, t in work]
-    parts = _cache_parts(ctx, suites, tasks, plan)
-    key = result_cache.cache_key(parts)
-    cached = result_cache.lookup(result_cache.QUALITY, key) if spec.baseline_cache else None
+    kl_token_ids = _kl_token_ids(ctx, suites, cand_tok)
+    base_dir, cand_dir = out / "baseline", out / "candidate"
     seconds: dict[str, float] = {}
-    kl_path = _kl_texts(ctx, suites)
-    kl_token_ids = None
-    if kl_path is not None:
-        from quantlab.models.tokenizer import load_tokenizer
-
-        tok = load_tokenizer(cand_tok, trust_remote_code=ctx.recipe.model.trust_remote_code)
-        kl_token_ids = texts_as_token_ids(kl_path, tok, max_texts=spec.kl.max_texts, max_tokens=spec.kl.max_tokens)
-
-    base_dir = out / "baseline"
-    if cached:
-        ctx.progress(f"quality baseline: reusing cached results ({key[:12]})")
-        # a copy in the run folder: the run stays self-contained and the manifest hashes what was compared
-        shutil.copytree(cached, base_dir, dirs_exist_ok=True, ignore=shutil.ignore_patterns(result_cache.COMPLETE))
-    else:
-        base_dir.mkdir(parents=True, exist_ok=True)
-        seconds["baseline"] = _evaluate(ctx, "baseline", work, base_dir)
-        if kl_token_ids is not None:
-            _kl_dists(ctx, "baseline", kl_token_ids, base_dir)
-        if spec.baseline_cache:  # stored now: a candidate that fails later does not cost the baseline's work
-            early_work, _ = _runnable(suites, ctx.recipe_max_model_len())  # what needs_baseline asks
-            early = result_cache.cache_key(_cache_parts(ctx, suites, [t.task for _, t in early_work], plan))
-            result_cache.store(result_cache.QUALITY, key, base_dir, parts, aliases=(early,))
-    cand_dir = out / "candidate"
+    cached, key = _baseline(ctx, suites, work, kl_token_ids, base_dir, seconds)
     cand_dir.mkdir(parents=True, exist_ok=True)
     seconds["candidate"] = _evaluate(ctx, "candidate", work, cand_dir)
-    kl_result = None
-    if kl_token_ids is not None:
-        cand_dists = _kl_dists(ctx, "candidate", kl_token_ids, cand_dir)
-        base_dists = from_json(json.loads((base_dir / KL_FILE).read_text()))
-        kl_result = _kl(base_dists, cand_dists)
-        kl_result["texts"] = len(kl_token_ids)
-
-    comparisons, flips, gates, values, lm_eval_version = [], [], [], {}, None
-    for _, task in work:
-        b_rows, b_sum = read_samples(base_dir, task.task)
-        c_rows, c_sum = read_samples(cand_dir, task.task)
-        lm_eval_version = c_sum.get("lm_eval")
-        hib = (c_sum.get("higher_is_better") or {}).get(task.metric, True)
-        cmp, task_flips = compare_task(task.task, task.slice, task.metric, task.filter, hib, b_rows, c_rows,
-                                       confidence=_gates_for(spec, task.task, task.slice).confidence,
-                                       iters=spec.bootstrap_iters, seed=spec.seed)
-        comparisons.append(cmp)
-        flips += task_flips
-        _, bv, cv = paired_values(task.task, task.metric, task.filter, b_rows, c_rows)
-        values[task.task] = (bv, cv)
-        override = spec.task_gates.get(task.task)
-        if not (override and override.disabled):
-            gates += verdicts(cmp, _gates_for(spec, task.task, task.slice), scope=task.task, b=bv, c=cv,
-                              iters=spec.bootstrap_iters // 4, seed=spec.seed)
-    slices: list[TaskComparison] = []
-    for name in sorted({c.slice for c in comparisons}):
-        g = _slice_gates(spec, name)
-        pool = pooled(comparisons, values, name, confidence=g.confidence, iters=spec.bootstrap_iters,
-                      seed=spec.seed)
-        if pool is None:
-            continue
-        cmp, bv, cv = pool
-        slices.append(cmp)
-        override = spec.slice_gates.get(name)
-        if not (override and override.disabled):
-            gates += verdicts(cmp, g, scope=f"slice:{name}", b=bv, c=cv, iters=spec.bootstrap_iters // 4,
-                              seed=spec.seed)
-    if kl_result is not None:
-        gates += _kl_gates(kl_result, spec)
+    kl_result = _kl_result(ctx, kl_token_ids, base_dir, cand_dir)
+    tasks, flips, lm_eval_version = _compare_tasks(spec, work, base_dir, cand_dir)
+    slices = _pool_slices(spec, tasks)
+    gates = quality_gates.verdicts(spec, tasks, slices, kl_result)
     write_text_atomic(out / "flips.jsonl", "".join(json.dumps(f, default=str) + "\n" for f in flips))
     ctx.add_artifact(f"{OUT_DIR}/flips.jsonl", "quality-flips")
     raw = []
@@ -285,15 +204,100 @@ def run(ctx: RunContext) -> QualityResult:
             rel = str(p.relative_to(ctx.run.path))
             ctx.add_artifact(rel, f"quality-{role}-samples")
             raw.append(rel)
+    comparisons, slice_comparisons = [cmp for cmp, _, _ in tasks], [cmp for cmp, _, _ in slices]
     notes = []
-    plots = _plots(ctx, comparisons + slices, notes)
+    plots = _plots(ctx, comparisons + slice_comparisons, notes)
     if cached:
         notes.append(f"baseline results from the cache ({cached}); no baseline evaluation ran")
     return QualityResult(
-        tasks=comparisons, slices=slices, kl=kl_result, baseline_cached=bool(cached), baseline_cache_key=key,
-        skipped=skipped, seconds=seconds, lm_eval_version=lm_eval_version,
+        tasks=comparisons, slices=slice_comparisons, kl=kl_result, baseline_cached=bool(cached),
+        baseline_cache_key=key, skipped=skipped, seconds=seconds, lm_eval_version=lm_eval_version,
         suites=[{"name": s.name, "folder": str(s.folder) if s.folder else None, "sha256": s.sha256} for s in suites],
         raw_files=raw, flips_file=f"{OUT_DIR}/flips.jsonl", plots=plots, gates=gates, notes=notes)
+
+
+def _kl_token_ids(ctx: RunContext, suites: list[Suite], cand_tok: Path) -> list[list[int]] | None:
+    """The KL texts as token ids (the candidate's tokenizer), or None when KL is off."""
+    kl_path = _kl_texts(ctx, suites)
+    if kl_path is None:
+        return None
+    from quantlab.models.tokenizer import load_tokenizer
+    from quantlab.quality.kl import texts_as_token_ids
+
+    spec: QualitySpec = ctx.recipe.quality
+    tok = load_tokenizer(cand_tok, trust_remote_code=ctx.recipe.model.trust_remote_code)
+    return texts_as_token_ids(kl_path, tok, max_texts=spec.kl.max_texts, max_tokens=spec.kl.max_tokens)
+
+
+def _baseline(ctx: RunContext, suites: list[Suite], work: list[tuple[Suite, Any]], kl_token_ids, base_dir: Path,
+              seconds: dict[str, float]) -> tuple[Path | None, str]:
+    """The baseline's samples in base_dir: copied from the cache, or evaluated (and cached).
+    Returns (the cache folder used or None, the cache key)."""
+    spec: QualitySpec = ctx.recipe.quality
+    plan = ctx.serving_plan()
+    parts = _cache_parts(ctx, suites, [t.task for _, t in work], plan)
+    key = result_cache.cache_key(parts)
+    cached = result_cache.lookup(result_cache.QUALITY, key) if spec.baseline_cache else None
+    if cached:
+        ctx.progress(f"quality baseline: reusing cached results ({key[:12]})")
+        # a copy in the run folder: the run stays self-contained and the manifest hashes what was compared
+        shutil.copytree(cached, base_dir, dirs_exist_ok=True, ignore=shutil.ignore_patterns(result_cache.COMPLETE))
+        return cached, key
+    base_dir.mkdir(parents=True, exist_ok=True)
+    seconds["baseline"] = _evaluate(ctx, "baseline", work, base_dir)
+    if kl_token_ids is not None:
+        _kl_dists(ctx, "baseline", kl_token_ids, base_dir)
+    if spec.baseline_cache:  # stored now: a candidate that fails later does not cost the baseline's work
+        early_work, _ = _runnable(suites, ctx.recipe_max_model_len())  # what needs_baseline asks
+        early = result_cache.cache_key(_cache_parts(ctx, suites, [t.task for _, t in early_work], plan))
+        result_cache.store(result_cache.QUALITY, key, base_dir, parts, aliases=(early,))
+    return None, key
+
+
+def _kl_result(ctx: RunContext, kl_token_ids, base_dir: Path, cand_dir: Path) -> dict[str, Any] | None:
+    if kl_token_ids is None:
+        return None
+    from quantlab.quality.kl import from_json
+
+    cand_dists = _kl_dists(ctx, "candidate", kl_token_ids, cand_dir)
+    base_dists = from_json(json.loads((base_dir / KL_FILE).read_text()))
+    result = _kl(base_dists, cand_dists)
+    result["texts"] = len(kl_token_ids)
+    return result
+
+
+def _compare_tasks(spec: QualitySpec, work: list[tuple[Suite, Any]], base_dir: Path, cand_dir: Path
+                   ) -> tuple[list[quality_gates.Paired], list[dict[str, Any]], str | None]:
+    """Each task's samples joined and compared: (comparison, baseline values, candidate
+    values) per task, every flip, and the lm-eval version that wrote them."""
+    from quantlab.quality.lmeval import read_samples
+
+    tasks, flips, lm_eval_version = [], [], None
+    for _, task in work:
+        b_rows, b_sum = read_samples(base_dir, task.task)
+        c_rows, c_sum = read_samples(cand_dir, task.task)
+        lm_eval_version = c_sum.get("lm_eval")
+        hib = (c_sum.get("higher_is_better") or {}).get(task.metric, True)
+        cmp, task_flips = compare_task(task.task, task.slice, task.metric, task.filter, hib, b_rows, c_rows,
+                                       confidence=quality_gates.task_gates(spec, task.task, task.slice).confidence,
+                                       iters=spec.bootstrap_iters, seed=spec.seed)
+        flips += task_flips
+        _, bv, cv = paired_values(task.task, task.metric, task.filter, b_rows, c_rows)
+        tasks.append((cmp, bv, cv))
+    return tasks, flips, lm_eval_version
+
+
+def _pool_slices(spec: QualitySpec, tasks: list[quality_gates.Paired]) -> list[quality_gates.Paired]:
+    """Each slice's pass/fail tasks pooled into one paired comparison."""
+    comparisons = [cmp for cmp, _, _ in tasks]
+    values = {cmp.task: (bv, cv) for cmp, bv, cv in tasks}
+    out = []
+    for name in sorted({c.slice for c in comparisons}):
+        pool = pooled(comparisons, values, name, confidence=quality_gates.slice_gates(spec, name).confidence,
+                      iters=spec.bootstrap_iters, seed=spec.seed)
+        if pool is not None:
+            out.append(pool)
+    return out
 
 
 def _plots(ctx: RunContext, comparisons: list[TaskComparison], notes: list[str]) -> list[str]:
@@ -309,19 +313,6 @@ def _plots(ctx: RunContext, comparisons: list[TaskComparison], notes: list[str])
     rel = str(made.relative_to(ctx.run.path))
     ctx.add_artifact(rel, "quality-plot")
     return [rel]
-
-
-def _gates_for(spec: QualitySpec, task: str, slice_: str):
-    g = spec.gates
-    if slice_ in spec.slice_gates:
-        g = spec.slice_gates[slice_].apply(g)
-    if task in spec.task_gates:
-        g = spec.task_gates[task].apply(g)
-    return g
-
-
-def _slice_gates(spec: QualitySpec, slice_: str):
-    return spec.slice_gates[slice_].apply(spec.gates) if slice_ in spec.slice_gates else spec.gates
 
 
 def needs_baseline(ctx: RunContext) -> bool:

@@ -18,25 +18,16 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from quantlab.core.errors import RecipeError
 from quantlab.core.fsutil import sha256_file
-from quantlab.core.recipe import PRIMARY_TARGET
-from quantlab.core.results import GateVerdict
+from quantlab.core.verdicts import GateVerdict
+from quantlab.release.decision import DecisionPolicy, DecisionRecord, TargetDecision, decide
 
 MANIFEST_VERSION = 1
 MANIFEST_FILE = "quantlab-manifest.json"
 SIGNATURE_FILE = "quantlab-manifest.sig"
-Decision = Literal["release", "blocked"]
 
 
 class _M(BaseModel):
     model_config = ConfigDict(extra="forbid")
-
-
-class DecisionRecord(_M):
-    decision: Decision
-    why: str
-    failed_gates: list[str] = Field(default_factory=list)
-    inconclusive_gates: list[str] = Field(default_factory=list)
-    fallback: str | None = Field(None, description="What to serve instead when blocked.")
 
 
 class RawFile(_M):
@@ -66,59 +57,10 @@ class Manifest(_M):
                                                "the recipe names serve.targets): decision, why, required.")
 
 
-def _gate_id(v: GateVerdict) -> str:
-    return f"{v.stage}.{v.gate}@{v.scope}"
-
-
-def decide(verdicts: list[GateVerdict], *, fallback: str, optional_targets: frozenset[str] | set[str] = frozenset()
-           ) -> DecisionRecord:
-    """Release when no gate failed; inconclusive gates are listed but do not block. Gates of
-    optional serve targets decide only those targets (see decide_targets), not the run."""
-    verdicts = [v for v in verdicts if v.target is None or v.target not in optional_targets]
-    failed = [_gate_id(v) for v in verdicts if v.verdict == "fail"]
-    unsure = [_gate_id(v) for v in verdicts if v.verdict == "inconclusive"]
-    if failed:
-        return DecisionRecord(decision="blocked", why=f"{len(failed)} gate(s) failed: {', '.join(failed)}",
-                              failed_gates=failed, inconclusive_gates=unsure, fallback=fallback)
-    why = f"all {len(verdicts)} gate(s) passed" if verdicts else "no gate was configured"
-    if unsure:
-        why += f"; {len(unsure)} inconclusive (not blocking): {', '.join(unsure)}"
-    return DecisionRecord(decision="release", why=why, inconclusive_gates=unsure)
-
-
-class TargetDecision(_M):
-    decision: Decision
-    required: bool
-    why: str
-    failed_gates: list[str] = Field(default_factory=list)
-
-
-def decide_targets(verdicts: list[GateVerdict], required: dict[str, bool]) -> dict[str, TargetDecision]:
-    """One decision per serve target. The primary target's gates (quality, performance,
-    stability: measured there) count for every target; each other target adds its own."""
-    out = {}
-    for name, req in required.items():
-        own = [v for v in verdicts if v.target is None or (name != PRIMARY_TARGET and v.target == name)]
-        failed = [v for v in own if v.verdict == "fail"]
-        if failed:
-            local = [v.detail for v in failed if v.target == name]
-            why = "; ".join(local) if local else f"{len(failed)} gate(s) failed on the primary target"
-            out[name] = TargetDecision(decision="blocked", required=req, why=why,
-                                       failed_gates=[_gate_id(v) for v in failed])
-        else:
-            out[name] = TargetDecision(decision="release", required=req, why=f"all {len(own)} gate(s) passed or "
-                                       "inconclusive" if own else "no gate was configured")
-    return out
-
-
-def targets_line(decisions: dict[str, TargetDecision]) -> str:
-    """'released for primary, cpu-eager; blocked for gpu (optional): no GPU ...'."""
-    released = [n for n, d in decisions.items() if d.decision == "release"]
-    blocked = [f"{n}{'' if d.required else ' (optional)'}: {d.why}" for n, d in decisions.items()
-               if d.decision == "blocked"]
-    parts = ([f"released for {', '.join(released)}"] if released else []) + \
-        ([f"blocked for {'; '.join(blocked)}"] if blocked else [])
-    return "; ".join(parts)
+def policy_of_manifest(manifest: Manifest) -> DecisionPolicy:
+    """The policy a manifest's decision was made under, read back from it."""
+    return DecisionPolicy(fallback=manifest.decision.fallback or "",
+                          targets={n: t.required for n, t in manifest.targets.items()})
 
 
 def folder_files(folder: Path) -> dict[str, dict[str, Any]]:
@@ -268,17 +210,16 @@ def verify_folder(folder: Path, **signature_args) -> list[str]:
                             f"{meta['sha256'][:12]}...)")
     for name in sorted(set(on_disk) - set(manifest.checkpoint_files)):
         problems.append(f"added file: {name} (not in the manifest)")
-    optional = {n for n, t in manifest.targets.items() if not t.required}
-    expected = decide(manifest.gates, fallback=manifest.decision.fallback or "", optional_targets=optional)
-    if manifest.targets:
-        for name, want in decide_targets(manifest.gates, {n: t.required for n, t in manifest.targets.items()}).items():
-            got = manifest.targets[name]
-            if (got.decision, got.failed_gates) != (want.decision, want.failed_gates):
-                problems.append(f"target '{name}': decision '{got.decision}' does not follow from the manifest's "
-                                f"gate verdicts (they give '{want.decision}')")
-    if expected.decision != manifest.decision.decision or expected.failed_gates != manifest.decision.failed_gates:
+    expected = decide(manifest.gates, policy_of_manifest(manifest))
+    for name, want in expected.targets.items():
+        got = manifest.targets[name]
+        if (got.decision, got.failed_gates) != (want.decision, want.failed_gates):
+            problems.append(f"target '{name}': decision '{got.decision}' does not follow from the manifest's "
+                            f"gate verdicts (they give '{want.decision}')")
+    run_decision = expected.record
+    if run_decision.decision != manifest.decision.decision or run_decision.failed_gates != manifest.decision.failed_gates:
         problems.append(f"decision '{manifest.decision.decision}' does not follow from the manifest's gate verdicts "
-                        f"(they give '{expected.decision}': {expected.why})")
+                        f"(they give '{run_decision.decision}': {run_decision.why})")
     sig_problem = verify_signature(folder, **signature_args)
     if sig_problem:
         problems.append(sig_problem)

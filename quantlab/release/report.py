@@ -13,11 +13,10 @@ from pathlib import Path
 from typing import Any
 from xml.etree import ElementTree as ET
 
-from quantlab.performance.gates import all_verdicts
-from quantlab.release.manifest import TargetDecision, targets_line
+from quantlab.core.verdicts import all_verdicts
+from quantlab.release.decision import DecisionPolicy, TargetDecision, decide, targets_line
 from quantlab.core.results import (
     CheckpointResult,
-    GateVerdict,
     PerfResult,
     QualityResult,
     QuantizeResult,
@@ -26,6 +25,7 @@ from quantlab.core.results import (
     StabilityResult,
     TargetsResult,
 )
+from quantlab.core.verdicts import GateVerdict
 from quantlab.core.run import RunRecord
 from quantlab.serving.compat import engine_build
 
@@ -166,11 +166,12 @@ def sections(record: RunRecord) -> list[tuple[str, list[str], list[list[str]], l
                  for s in record.stages.values()], [time_line(record)] if record.attempt else []))
     verdicts = all_verdicts(r)
     rel = r.get("release")
-    optional = {n for n, d in rel.targets.items() if not d.get("required", True)} \
-        if isinstance(rel, ReleaseResult) else set()
+    policy = DecisionPolicy(targets={n: d.get("required", True) for n, d in rel.targets.items()}) \
+        if isinstance(rel, ReleaseResult) else DecisionPolicy()
+    blocking = {id(v) for v in decide(verdicts, policy).blocking}
 
     def label(v: GateVerdict) -> str:  # an optional target's failure blocks that target, not the release
-        return v.verdict.upper() + (" (optional target)" if v.verdict == "fail" and v.target in optional else "")
+        return v.verdict.upper() + (" (optional target)" if v.verdict == "fail" and id(v) not in blocking else "")
 
     out.append(("Gates", ["verdict", "stage", "gate", "scope", "value", "limit", "detail"],
                 [[label(v), v.stage, v.gate, v.scope, _fmt(v.value, 4), _fmt(v.limit, 4), v.detail]

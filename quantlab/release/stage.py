@@ -11,22 +11,19 @@ from quantlab.core.provenance import quantlab_identity
 from quantlab.core.context import RunContext, stage_digest
 from quantlab.core.errors import RecipeError
 from quantlab.core.fsutil import sha256_file, write_json_atomic
-from quantlab.performance.gates import all_verdicts
+from quantlab.core.verdicts import all_verdicts
+from quantlab.release.decision import Decided, decide, policy_for, targets_line
 from quantlab.release.manifest import (
     MANIFEST_FILE,
     SIGNATURE_FILE,
     Manifest,
     RawFile,
-    decide,
-    decide_targets,
     folder_files,
     public_key_fingerprint,
     public_pem_of,
     sign_folder,
-    targets_line,
 )
 from quantlab.core.layout import cache_dir
-from quantlab.core.recipe import PRIMARY_TARGET
 from quantlab.core.results import (
     CheckpointResult,
     PerfResult,
@@ -78,17 +75,23 @@ def _key(ctx: RunContext) -> tuple[Any, bool]:
     return key, True
 
 
+def check_results(ctx: RunContext) -> dict[str, Any]:
+    """The results the decision is made on: every enabled stage's but the release's own."""
+    record = ctx.run.record
+    return {name: record.result(name) for name in record.stages if name != NAME and name in ctx.enabled_stages}
+
+
+def decide_run(ctx: RunContext, *, fallback: str = "") -> Decided:
+    """The run's decision (the pipeline's exit code and this stage's manifest both use it)."""
+    return decide(all_verdicts(check_results(ctx)), policy_for(ctx.recipe, fallback=fallback))
+
+
 def run(ctx: RunContext) -> ReleaseResult:
     ctx.close_engines()  # the checks are done; logs are final from here on
-    record = ctx.run.record
-    results = {name: record.result(name) for name in record.stages if name != NAME and name in ctx.enabled_stages}
+    results = check_results(ctx)
     verdicts = all_verdicts(results)
-    baseline = ctx.baseline_model()
-    extra = ctx.recipe.serve.targets
-    decision = decide(verdicts, fallback=_fallback(ctx, baseline),
-                      optional_targets=ctx.recipe.serve.optional_targets)
-    targets = decide_targets(verdicts, {PRIMARY_TARGET: True, **{t.name: t.required for t in extra}}) \
-        if extra else {}
+    decided = decide_run(ctx, fallback=_fallback(ctx, ctx.baseline_model()))
+    decision, targets = decided.record, decided.targets
     if targets:
         ctx.progress(f"release: {targets_line(targets)}")
     manifest = build_manifest(ctx, results, verdicts, decision, targets)

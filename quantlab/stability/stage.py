@@ -18,7 +18,8 @@ from quantlab.quality.suites import SHIPPED
 from quantlab.core.fsutil import sha256_file, write_text_atomic
 from quantlab.core.progress import step
 from quantlab.core.result_cache import STABILITY, cache_key, lookup, lookup_parts, store
-from quantlab.core.results import GateVerdict, PerfResult, StabilityResult
+from quantlab.core.results import PerfResult, StabilityResult
+from quantlab.stability import gates as stability_gates
 from quantlab.stability.spec import StabilitySpec
 from quantlab.serving import stage as serve_stage
 
@@ -195,77 +196,6 @@ def fallback_rate(stab: dict[str, dict[str, Any]], perf: PerfResult | None) -> d
             "rate": failed / total if total else None}
 
 
-def gates(stab: dict[str, dict[str, Any]], spec: StabilitySpec) -> list[GateVerdict]:
-    g, out = spec.gates, []
-    c, b = stab["candidate"], stab["baseline"]
-
-    def add(gate: str, scope: str, value, limit, ok: bool, detail: str) -> None:
-        out.append(GateVerdict(stage=NAME, gate=gate, scope=scope, verdict="pass" if ok else "fail",
-                               value=value, limit=limit, detail=detail))
-
-    if g.max_batch_mismatch_excess is not None and "batch" in c:
-        cr, br = c["batch"]["mismatch_rate"], b["batch"]["mismatch_rate"]
-        if cr is None or br is None:
-            out.append(GateVerdict(stage=NAME, gate="max_batch_mismatch_excess", scope="batch", verdict="inconclusive",
-                                   value=None, limit=g.max_batch_mismatch_excess, detail="no request answered "
-                                   "both alone and in a batch"))
-        else:
-            add("max_batch_mismatch_excess", "batch", cr - br, g.max_batch_mismatch_excess,
-                cr - br <= g.max_batch_mismatch_excess,
-                f"outputs that changed in a batch: candidate {cr:.1%}, baseline {br:.1%} (excess {cr - br:+.1%}, "
-                f"needs <= {g.max_batch_mismatch_excess:.1%})")
-    if g.max_length_failures is not None and "lengths" in c:
-        n = c["lengths"]["failures"]
-        add("max_length_failures", "lengths", n, g.max_length_failures, n <= g.max_length_failures,
-            f"{n} of {len(c['lengths']['rows'])} length-sweep requests failed (baseline "
-            f"{b['lengths']['failures']}): " + ", ".join(f"{r['prompt_tokens']} tokens -> {r['status']}"
-                                                          for r in c["lengths"]["rows"] if not r["ok"]))
-    if g.max_server_errors is not None and "bad_requests" in c:
-        n = c["bad_requests"]["server_errors"]
-        bad = [f"{r['case']} -> {r['status']}" for r in c["bad_requests"]["rows"]
-               if r["server_error"] or not r["healthy_after"]]
-        add("max_server_errors", "bad_requests", n, g.max_server_errors, n <= g.max_server_errors,
-            f"{n} malformed requests got a 5xx, a dropped connection or left the server unhealthy "
-            f"(baseline {b['bad_requests']['server_errors']}){': ' + '; '.join(bad) if bad else ''}")
-    if g.max_determinism_mismatch is not None and "determinism" in c:
-        rates = {m: c["determinism"][m]["mismatch_rate"] for m in ("greedy", "seeded")}
-        worst = max((r for r in rates.values() if r is not None), default=None)
-        if worst is None:
-            out.append(GateVerdict(stage=NAME, gate="max_determinism_mismatch", scope="determinism",
-                                   verdict="inconclusive", value=None, limit=g.max_determinism_mismatch,
-                                   detail="no repeated request was answered"))
-        else:
-            add("max_determinism_mismatch", "determinism", worst, g.max_determinism_mismatch,
-                worst <= g.max_determinism_mismatch,
-                f"repeated requests that answered differently: greedy {_pct(rates['greedy'])}, seeded sampling "
-                f"{_pct(rates['seeded'])} (baseline greedy {_pct(b['determinism']['greedy']['mismatch_rate'])})")
-    if "soak" in c:
-        s = c["soak"]
-        if g.max_soak_error_rate is not None:
-            add("max_soak_error_rate", "soak", s["error_rate"], g.max_soak_error_rate,
-                s["error_rate"] <= g.max_soak_error_rate,
-                f"{s['errors']} errors and {s['empty']} empty answers in {s['requests']} soak requests")
-        if g.max_rss_growth_mb is not None:
-            growth = s["rss_growth_mb"]
-            if growth is None:
-                out.append(GateVerdict(stage=NAME, gate="max_rss_growth_mb", scope="soak", verdict="inconclusive",
-                                       value=None, limit=g.max_rss_growth_mb,
-                                       detail="the server's memory is not visible (external server)"))
-            else:
-                add("max_rss_growth_mb", "soak", growth, g.max_rss_growth_mb, growth <= g.max_rss_growth_mb,
-                    f"server memory grew {growth:.0f} MB over the soak (baseline "
-                    f"{_num(b['soak']['rss_growth_mb'])} MB)")
-    return out
-
-
-def _pct(v) -> str:
-    return "-" if v is None else f"{v:.1%}"
-
-
-def _num(v) -> str:
-    return "-" if v is None else f"{v:.0f}"
-
-
 def run(ctx: RunContext) -> StabilityResult:
     from quantlab.models.tokenizer import load_tokenizer
 
@@ -305,4 +235,4 @@ def run(ctx: RunContext) -> StabilityResult:
         roles=stab, max_model_len=max_len,
         fallback=spec.fallback if spec.fallback != "baseline" else "baseline", baseline_cached=bool(cached),
         fallback_rate=fallback_rate(stab, perf if isinstance(perf, PerfResult) else None),
-        gates=gates(stab, spec), notes=notes, prompts=len(prompts), prompt_tokens=PROMPT_TOKENS)
+        gates=stability_gates.verdicts(stab, spec), notes=notes, prompts=len(prompts), prompt_tokens=PROMPT_TOKENS)

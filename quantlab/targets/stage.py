@@ -14,7 +14,8 @@ from typing import Any
 from quantlab.core.context import RunContext
 from quantlab.core.errors import EngineError
 from quantlab.core.recipe import PRIMARY_TARGET
-from quantlab.core.results import GateVerdict, TargetOutcome, TargetsResult
+from quantlab.core.results import TargetOutcome, TargetsResult
+from quantlab.targets import gates as target_gates
 from quantlab.stability.spec import StabilitySpec
 from quantlab.serving import stage as serve_stage
 from quantlab.stability.stage import probe_prompts, run_probe, tokenizer_dir
@@ -50,42 +51,6 @@ def _mismatch(texts: list[str | None], reference: list[str | None]) -> tuple[flo
              if a is not None and b is not None]
     differing = [i for i, a, b in pairs if a != b]
     return (len(differing) / len(pairs) if pairs else None), len(pairs), differing
-
-
-def _verdict(name: str, gate: str, ok: bool | None, value, limit: float, detail: str) -> GateVerdict:
-    verdict = "inconclusive" if ok is None else "pass" if ok else "fail"
-    return GateVerdict(stage=NAME, gate=gate, scope=name, target=name, verdict=verdict, value=value, limit=limit,
-                       detail=detail)
-
-
-def judge(outcome: TargetOutcome, target) -> list[GateVerdict]:
-    """The target's own gates (pure): servable, started, answered, mismatch vs primary."""
-    n = outcome.name
-    if outcome.status == "unservable":
-        return [_verdict(n, "servable", False, None, 1, f"cannot serve this checkpoint: {outcome.reason}")]
-    if outcome.status == "not_started":
-        return [_verdict(n, "started", False, None, 1, f"the server did not start: {outcome.reason}")]
-    out = []
-    errors = sum(outcome.errors.values())
-    out.append(_verdict(n, "max_request_errors", errors == 0, errors, 0, f"greedy requests that failed on {n}: "
-                        + ", ".join(f"{role} {count}" for role, count in outcome.errors.items())))
-    cand, base = outcome.cross_mismatch_rate.get("candidate"), outcome.cross_mismatch_rate.get("baseline")
-    if target.max_mismatch_excess is not None:
-        if cand is None or base is None:
-            out.append(_verdict(n, "max_mismatch_excess", None, None, target.max_mismatch_excess,
-                                "needs the candidate and the baseline served on this target and on the primary"))
-        else:
-            out.append(_verdict(n, "max_mismatch_excess", cand - base <= target.max_mismatch_excess, cand - base,
-                                target.max_mismatch_excess,
-                                f"greedy answers differing from the primary target: candidate {cand:.1%}, baseline "
-                                f"{base:.1%} (excess {cand - base:+.1%}, needs <= {target.max_mismatch_excess:.1%})"))
-    if target.max_mismatch is not None:
-        ok = None if cand is None else cand <= target.max_mismatch
-        out.append(_verdict(n, "max_mismatch", ok, cand, target.max_mismatch,
-                            "no candidate answer to compare" if cand is None else
-                            f"candidate greedy answers differing from the primary target: {cand:.1%} "
-                            f"(needs <= {target.max_mismatch:.1%})"))
-    return out
 
 
 def run(ctx: RunContext) -> TargetsResult:
@@ -151,7 +116,7 @@ def run(ctx: RunContext) -> TargetsResult:
                      "differing from the primary: " + (", ".join(
                          f"{r} {v:.0%}" for r, v in outcome.cross_mismatch_rate.items() if v is not None) or "-"))
         outcomes[name] = outcome
-    verdicts = [v for name, tp in plans.items() for v in judge(outcomes[name], tp.target)]
+    verdicts = [v for name, tp in plans.items() for v in target_gates.verdicts(outcomes[name], tp.target)]
     return TargetsResult(primary={r: {"batch_mismatch_rate": p["mismatch_rate"], "errors": p["errors"]}
                                   for r, p in primary.items()},
                          prompts=len(prompts), max_tokens=spec.max_tokens, targets=outcomes, gates=verdicts)

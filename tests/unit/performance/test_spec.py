@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from quantlab.core.errors import RecipeError
-from quantlab.performance.gates import perf_gates
+from quantlab.performance.gates import verdicts as perf_gates
 from quantlab.performance.spec import PerfGates
 from quantlab.core.recipe import parse_recipe
 from quantlab.core.results import PerfPoint

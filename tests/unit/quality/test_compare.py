@@ -7,7 +7,8 @@ import random
 import pytest
 
 from quantlab.core.errors import CheckError
-from quantlab.quality.compare import compare_task, pooled, samples_needed, verdicts
+from quantlab.quality.compare import compare_task, pooled
+from quantlab.quality.gates import comparison_verdicts as verdicts, samples_needed
 from quantlab.quality.spec import QualityGates
 
 

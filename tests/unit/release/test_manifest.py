@@ -10,14 +10,13 @@ import stat
 
 import pytest
 
+from quantlab.release.decision import DecisionPolicy, decide
 from quantlab.core.provenance import quantlab_identity
 from quantlab.core.errors import RecipeError
 from quantlab.release.manifest import (
     MANIFEST_FILE,
     SIGNATURE_FILE,
     Manifest,
-    decide,
-    decide_targets,
     folder_files,
     generate_keypair,
     public_key_fingerprint,
@@ -25,19 +24,11 @@ from quantlab.release.manifest import (
     sign_folder,
     verify_folder,
 )
-from quantlab.core.results import GateVerdict
+from quantlab.core.verdicts import GateVerdict
 
 
 def verdict(gate, v, scope="w/c1"):
     return GateVerdict(stage="performance", gate=gate, scope=scope, verdict=v, value=1.0, limit=1.0, detail="d")
-
-
-def test_decision_follows_the_verdicts():
-    assert decide([], fallback="base").decision == "release"
-    d = decide([verdict("a", "pass"), verdict("b", "inconclusive")], fallback="base")
-    assert d.decision == "release" and d.inconclusive_gates == ["performance.b@w/c1"] and "inconclusive" in d.why
-    d = decide([verdict("a", "pass"), verdict("b", "fail", "w/c8")], fallback="base")
-    assert d.decision == "blocked" and d.failed_gates == ["performance.b@w/c8"] and d.fallback == "base"
 
 
 @pytest.fixture
@@ -51,7 +42,7 @@ def make_release(folder, verdicts=()):
     folder.mkdir()
     (folder / "model.safetensors").write_bytes(os.urandom(4096))
     (folder / "config.json").write_text('{"quantization_config": {"format": "pack-quantized"}}')
-    decision = decide(list(verdicts), fallback="the baseline")
+    decision = decide(list(verdicts), DecisionPolicy(fallback="the baseline")).record
     m = Manifest(quantlab=quantlab_identity(), created_at="2026-11-30T00:00:00+00:00", run={}, recipe={}, model={},
                  calibration=None, quantization={}, checkpoint_files=folder_files(folder), runtime={}, hardware={},
                  results={}, raw_files=[], gates=list(verdicts), decision=decision)
@@ -158,8 +149,9 @@ def test_a_target_decision_that_does_not_follow_from_the_gates(tmp_path, keys):
     verdicts = [gv("pass"), gv("fail", "gpu", "servable")]
     folder = make_release(tmp_path / "ckpt", verdicts)
     m = json.loads((folder / MANIFEST_FILE).read_text())
-    m["decision"] = decide(verdicts, fallback="b", optional_targets={"gpu"}).model_dump(mode="json")
-    good = {n: d.model_dump(mode="json") for n, d in decide_targets(verdicts, {"primary": True, "gpu": False}).items()}
+    decided = decide(verdicts, DecisionPolicy(fallback="b", targets={"primary": True, "gpu": False}))
+    m["decision"] = decided.record.model_dump(mode="json")
+    good = {n: d.model_dump(mode="json") for n, d in decided.targets.items()}
     m["targets"] = good
     (folder / MANIFEST_FILE).write_text(json.dumps(m))
     sign_folder(folder, method="key", private_key=priv)

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 from quantlab.stability.spec import StabilitySpec
-from quantlab.stability.stage import fallback_rate, gates
+from quantlab.stability.gates import verdicts as gates
+from quantlab.stability.stage import fallback_rate
 
 
 def role(*, batch_rate=0.0, length_fail=0, greedy=0.0, seeded=0.0, server_errors=0, soak_errors=0, growth=10.0,

@@ -9,11 +9,10 @@ import json
 import pytest
 
 from quantlab.core.errors import RecipeError
-from quantlab.release.manifest import decide, decide_targets, targets_line
 from quantlab.core.recipe import ServeSpec, parse_recipe
-from quantlab.core.results import GateVerdict, TargetOutcome
+from quantlab.core.results import TargetOutcome
 from quantlab.serving.plan import plan_extra_target
-from quantlab.targets.stage import judge
+from quantlab.targets.gates import verdicts as judge
 
 CPU_PROBE = {"device": "cpu", "versions": {"compressed-tensors": "0.17.0"}, "gpus": []}
 
@@ -100,22 +99,3 @@ def test_target_gates():
     assert v.gate == "servable" and v.verdict == "fail" and "no kernel" in v.detail
     [v] = judge(outcome(status="not_started", reason="exited with code 1"), target)
     assert v.gate == "started" and v.verdict == "fail"
-
-
-def gv(verdict, target=None, gate="g"):
-    return GateVerdict(stage="targets" if target else "quality", gate=gate, scope=target or "task", target=target,
-                       verdict=verdict, value=None, limit=1, detail=f"{gate} on {target}")
-
-
-def test_per_target_decisions():
-    verdicts = [gv("pass"), gv("pass", "cpu2"), gv("fail", "gpu", "servable")]
-    assert decide(verdicts, fallback="b", optional_targets={"gpu"}).decision == "release"
-    assert decide(verdicts, fallback="b").decision == "blocked"  # gpu required: the run is blocked
-    d = decide_targets(verdicts, {"primary": True, "cpu2": True, "gpu": False})
-    assert [d[n].decision for n in ("primary", "cpu2", "gpu")] == ["release", "release", "blocked"]
-    assert d["gpu"].failed_gates == ["targets.servable@gpu"] and d["gpu"].why == "servable on gpu"
-    assert targets_line(d) == "released for primary, cpu2; blocked for gpu (optional): servable on gpu"
-    # a gate failed on the primary target blocks every target
-    d = decide_targets([gv("fail"), gv("pass", "cpu2")], {"primary": True, "cpu2": True})
-    assert {x.decision for x in d.values()} == {"blocked"}
-    assert d["cpu2"].why == "1 gate(s) failed on the primary target"

@@ -1,0 +1,179 @@
+"""The quality gates (pure): paired comparisons of tasks and slices, and the KL summary,
+judged against the recipe's quality section.
+
+`min_recovery` and `max_drop` judge the point estimate but fail only when the candidate
+is also worse beyond the interval; `non_inferiority` passes when the interval's worse end
+is above -margin x |baseline|, fails when the whole interval is below it, and is
+inconclusive otherwise (with about how many samples would tell).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import Any
+
+from quantlab.core.results import TaskComparison
+from quantlab.core.verdicts import GateVerdict
+from quantlab.quality.compare import PREFIX_STEP, TRANSFORMS
+from quantlab.quality.spec import QualityGates, QualitySpec
+from quantlab.quality.stats import Value, paired_bootstrap
+
+CHECK = "quality"
+
+# a comparison with its paired per-sample values (baseline, candidate)
+Paired = tuple[TaskComparison, Sequence[Value], Sequence[Value]]
+
+
+def verdicts(spec: QualitySpec, tasks: list[Paired], slices: list[Paired], kl: dict[str, Any] | None
+             ) -> list[GateVerdict]:
+    """Every quality gate: per task, per slice (pooled), and on the KL summary. A task or
+    slice whose gates are disabled in the recipe gets none."""
+    iters, seed = spec.bootstrap_iters // 4, spec.seed
+    out: list[GateVerdict] = []
+    for cmp, b, c in tasks:
+        override = spec.task_gates.get(cmp.task)
+        if not (override and override.disabled):
+            out += comparison_verdicts(cmp, task_gates(spec, cmp.task, cmp.slice), scope=cmp.task, b=b, c=c,
+                                       iters=iters, seed=seed)
+    for cmp, b, c in slices:
+        override = spec.slice_gates.get(cmp.slice)
+        if not (override and override.disabled):
+            out += comparison_verdicts(cmp, slice_gates(spec, cmp.slice), scope=f"slice:{cmp.slice}", b=b, c=c,
+                                       iters=iters, seed=seed)
+    if kl is not None:
+        out += kl_verdicts(kl, spec)
+    return out
+
+
+def task_gates(spec: QualitySpec, task: str, slice_: str) -> QualityGates:
+    """The gates of one task: the defaults, then its slice's overrides, then its own."""
+    g = spec.gates
+    if slice_ in spec.slice_gates:
+        g = spec.slice_gates[slice_].apply(g)
+    if task in spec.task_gates:
+        g = spec.task_gates[task].apply(g)
+    return g
+
+
+def slice_gates(spec: QualitySpec, slice_: str) -> QualityGates:
+    return spec.slice_gates[slice_].apply(spec.gates) if slice_ in spec.slice_gates else spec.gates
+
+
+def _oriented(cmp_diff: float, low: float, high: float, hib: bool) -> tuple[float, float, float]:
+    """Difference and interval with positive = candidate better."""
+    return (cmp_diff, low, high) if hib else (-cmp_diff, -high, -low)
+
+
+def comparison_verdicts(cmp: TaskComparison, gates: QualityGates, *, scope: str, b: Sequence[Value] | None = None,
+             c: Sequence[Value] | None = None, iters: int = 2000, seed: int = 0) -> list[GateVerdict]:
+    """The configured gates on one comparison (a task or a pooled slice)."""
+    out: list[GateVerdict] = []
+    d, lo, hi = _oriented(cmp.diff, cmp.ci_low, cmp.ci_high, cmp.higher_is_better)
+    pct = f"{cmp.confidence:.0%}"
+    base_line = (f"{cmp.metric}: baseline {cmp.baseline:.4g}, candidate {cmp.candidate:.4g} over {cmp.n} paired "
+                 f"samples; difference {cmp.diff:+.4g} ({pct} CI {cmp.ci_low:+.4g} .. {cmp.ci_high:+.4g})")
+    worse_beyond_noise = hi < 0
+    few = cmp.n < gates.min_samples
+
+    def add(gate: str, verdict: str, value, limit, why: str, needed: int | None = None) -> None:
+        out.append(GateVerdict(stage=CHECK, gate=gate, scope=scope, verdict=verdict, value=value, limit=limit,
+                               detail=f"{why}; {base_line}", samples=cmp.n, samples_to_verdict=needed))
+
+    if gates.min_recovery is not None:
+        r = cmp.recovery
+        if few:
+            add("min_recovery", "inconclusive", r, gates.min_recovery, f"only {cmp.n} samples "
+                f"(min_samples {gates.min_samples})")
+        elif r is None or r >= gates.min_recovery:
+            add("min_recovery", "pass", r, gates.min_recovery,
+                f"recovery {r:.3f} >= {gates.min_recovery:g}" if r is not None else "recovery undefined (zero "
+                "baseline score)")
+        elif worse_beyond_noise:
+            add("min_recovery", "fail", r, gates.min_recovery, f"recovery {r:.3f} < {gates.min_recovery:g} and the "
+                "candidate is worse beyond the confidence interval")
+        else:
+            add("min_recovery", "inconclusive", r, gates.min_recovery, f"recovery {r:.3f} < "
+                f"{gates.min_recovery:g} but within the noise (the interval includes no change)")
+    if gates.max_drop is not None:
+        drop = -d
+        if few:
+            add("max_drop", "inconclusive", drop, gates.max_drop, f"only {cmp.n} samples")
+        elif drop <= gates.max_drop:
+            add("max_drop", "pass", drop, gates.max_drop, f"drop {drop:.4g} <= {gates.max_drop:g}")
+        elif worse_beyond_noise:
+            add("max_drop", "fail", drop, gates.max_drop, f"drop {drop:.4g} > {gates.max_drop:g} and beyond the noise")
+        else:
+            add("max_drop", "inconclusive", drop, gates.max_drop, f"drop {drop:.4g} > {gates.max_drop:g} but "
+                "within the noise")
+    if gates.non_inferiority_margin is not None:
+        margin = gates.non_inferiority_margin * abs(cmp.baseline)
+        verdict = ni_verdict(lo, hi, margin)
+        if few:
+            verdict = "inconclusive"
+        needed = None
+        if verdict != "inconclusive" and b is not None and c is not None:
+            needed = samples_to_verdict(b, c, verdict, margin, cmp, iters=iters, seed=seed)
+        elif verdict == "inconclusive":
+            needed = samples_needed(cmp.n, d, lo, hi, margin)
+        why = {"pass": f"the interval's worse end {lo:+.4g} is above -{margin:.4g} (margin "
+                       f"{gates.non_inferiority_margin:g} x baseline)",
+               "fail": f"the whole interval is below -{margin:.4g}: worse than the margin allows",
+               "inconclusive": (f"only {cmp.n} samples" if few else f"the interval {lo:+.4g} .. {hi:+.4g} "
+                                f"straddles -{margin:.4g}") + (f"; about {needed} samples would tell"
+                                                              if needed else "")}[verdict]
+        add("non_inferiority", verdict, lo, -margin, why, needed)
+    return out
+
+
+def ni_verdict(lo: float, hi: float, margin: float) -> str:
+    if lo >= -margin:
+        return "pass"
+    if hi < -margin:
+        return "fail"
+    return "inconclusive"
+
+
+def samples_to_verdict(b: Sequence[Value], c: Sequence[Value], verdict: str, margin_frac_abs: float,
+                       cmp: TaskComparison, *, iters: int, seed: int) -> int:
+    """The smallest prefix (in steps of 10, in the suite's sample order) from which the
+    non-inferiority verdict stayed what it is with all samples."""
+    n = len(b)
+    smallest = n
+    for k in range(n - PREFIX_STEP, PREFIX_STEP - 1, -PREFIX_STEP):
+        ci = paired_bootstrap(b[:k], c[:k], iters=iters, confidence=cmp.confidence, seed=seed,
+                              transform=TRANSFORMS.get(cmp.metric))
+        _, lo, hi = _oriented(ci.diff, ci.low, ci.high, cmp.higher_is_better)
+        if ni_verdict(lo, hi, margin_frac_abs) != verdict:
+            break
+        smallest = k
+    return smallest
+
+
+def samples_needed(n: int, d: float, lo: float, hi: float, margin: float) -> int | None:
+    """Rough sample count for the interval to clear the margin, if the observed
+    difference and spread held (the half-width shrinks as 1/sqrt(n))."""
+    half = (hi - lo) / 2
+    gap = abs(d + margin)
+    if gap == 0 or half == 0:
+        return None
+    return int(math.ceil(n * (half / gap) ** 2))
+
+
+def kl_verdicts(summary: dict[str, Any], spec: QualitySpec) -> list[GateVerdict]:
+    out = []
+    for gate, key, limit, direction in (("max_mean_kl", "mean", spec.kl.max_mean_kl, "max"),
+                                        ("min_same_top_rate", "same_top_rate", spec.kl.min_same_top_rate, "min")):
+        if limit is None:
+            continue
+        value = summary.get(key)
+        if value is None:
+            out.append(GateVerdict(stage=CHECK, gate=gate, scope="kl", verdict="inconclusive", value=None,
+                                   limit=limit, detail="no positions compared"))
+            continue
+        ok = value <= limit if direction == "max" else value >= limit
+        out.append(GateVerdict(stage=CHECK, gate=gate, scope="kl", verdict="pass" if ok else "fail", value=value,
+                               limit=limit, detail=f"KL(baseline || candidate) {key} = {value:.4g} over "
+                               f"{summary['tokens']} positions, needs {'<=' if direction == 'max' else '>='} "
+                               f"{limit:g}"))
+    return out

@@ -6,6 +6,7 @@ spread, engine and process samples, memory, cost, gates and plots."""
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -133,32 +134,69 @@ def _headline_cost(points: list[PerfPoint], role: str, price: float | None) -> d
 
 
 def run(ctx: RunContext) -> PerfResult:
-    from quantlab.performance.loadgen import measure_client_ceiling, run_point
-    from quantlab.performance.prompts import build_requests
+    from quantlab.performance.loadgen import measure_client_ceiling
 
     spec: PerformanceSpec = ctx.recipe.performance
     plan = ctx.serving_plan()
-    out_dir = ctx.run.path / OUT_DIR
-    out_dir.mkdir(parents=True, exist_ok=True)
+    (ctx.run.path / OUT_DIR).mkdir(parents=True, exist_ok=True)
     notes: list[str] = []
     client = None
     if spec.client_check:
         ctx.progress("performance: measuring the load generator's own ceiling against a stub server")
         client = measure_client_ceiling()
-    tokenizer = _tokenizer(ctx)
-    requests = {w.name: build_requests(w, tokenizer, served_name="", count=w.num_requests,
-                                       dataset=ctx.loaded.resolve(w.dataset) if w.dataset else None,
-                                       field=f"performance.workloads.{i}")
-                for i, w in enumerate(spec.workloads)}
     order, interleaved = _schedule(ctx, spec.repeats)
     if not interleaved:
         notes.append("serve.side_by_side is false, so one server ran at a time: all repeats of one model were "
                       "measured before the other's, and machine drift between the two blocks is not cancelled. "
                       "Set serve.side_by_side: true for alternating A/B measurements")
-    per: dict[tuple[str, str], dict[str, list]] = {}  # (workload, point) -> role -> repeat metrics
-    mon: dict[tuple[str, str], dict[str, list]] = {}
-    raw: dict[tuple[str, str], list[str]] = {}
-    cpu_s = wall_s = 0.0
+    measured = _measure_all(ctx, spec, order, _requests(ctx, spec), device=plan.device)
+    points = _points_of(spec, measured, client, notes)
+    context = _context(ctx, plan)
+    plots = _plots(ctx, points, context["label"], notes)
+    return PerfResult(
+        interleaved=interleaved,
+        order=[f"{role}#{rep + 1}" for rep, role in order],
+        points=points,
+        client=client,
+        client_cpu_share=measured.cpu_s / measured.wall_s if measured.wall_s else 0.0,
+        memory={role: _memory(ctx, role, [m for p in points for m in p.monitor.get(role, [])]) for role in ROLES},
+        cost={role: _headline_cost(points, role, spec.price_per_hour) for role in ROLES},
+        gates=perf_gates.verdicts(points, spec.gates),
+        plots=plots,
+        notes=notes,
+        unrepresentative=unrepresentative_settings(plan.engine_args),
+        workload_context=context,
+    )
+
+
+def _requests(ctx: RunContext, spec: PerformanceSpec) -> dict[str, list]:
+    """Each workload's requests, built once with the checkpoint's tokenizer."""
+    from quantlab.performance.prompts import build_requests
+
+    tokenizer = _tokenizer(ctx)
+    return {w.name: build_requests(w, tokenizer, served_name="", count=w.num_requests,
+                                   dataset=ctx.loaded.resolve(w.dataset) if w.dataset else None,
+                                   field=f"performance.workloads.{i}")
+            for i, w in enumerate(spec.workloads)}
+
+
+@dataclass
+class _Measured:
+    """Per (workload, point): per role, the metrics and monitor summary of each repeat, and the raw files."""
+
+    metrics: dict[tuple[str, str], dict[str, list]] = field(default_factory=dict)
+    monitor: dict[tuple[str, str], dict[str, list]] = field(default_factory=dict)
+    raw: dict[tuple[str, str], list[str]] = field(default_factory=dict)
+    cpu_s: float = 0.0  # the load generator's CPU time, for its share of a core
+    wall_s: float = 0.0
+
+
+def _measure_all(ctx: RunContext, spec: PerformanceSpec, order: list[tuple[int, str]], requests: dict[str, list],
+                 *, device: str) -> _Measured:
+    """Every point of every workload, on each server in the scheduled order."""
+    from quantlab.performance.loadgen import run_point
+
+    out = _Measured()
     warmed: set[tuple[str, str]] = set()
     slo = spec.slo.model_dump()
     total_blocks = len(order)
@@ -180,17 +218,22 @@ def run(ctx: RunContext) -> PerfResult:
                     bar.detail(f"performance [{block}/{total_blocks}] {role} repeat {rep + 1}: {w.name} {point}, "
                                f"{len(reqs)} requests")
                     metrics, msum, rel, result = _measure(ctx, server, role, rep, w, reqs, point, conc, rate,
-                                                          device=plan.device, slo=slo)
-                    cpu_s += result.client_cpu_s
-                    wall_s += result.wall_s
-                    per.setdefault((w.name, point), {}).setdefault(role, []).append(metrics)
-                    mon.setdefault((w.name, point), {}).setdefault(role, []).append(msum)
-                    raw.setdefault((w.name, point), []).append(rel)
+                                                          device=device, slo=slo)
+                    out.cpu_s += result.client_cpu_s
+                    out.wall_s += result.wall_s
+                    out.metrics.setdefault((w.name, point), {}).setdefault(role, []).append(metrics)
+                    out.monitor.setdefault((w.name, point), {}).setdefault(role, []).append(msum)
+                    out.raw.setdefault((w.name, point), []).append(rel)
                     bar.advance()
+    return out
+
+
+def _points_of(spec: PerformanceSpec, measured: _Measured, client: dict | None, notes: list[str]) -> list[PerfPoint]:
+    """Each point's medians over repeats and paired candidate/baseline ratios."""
     points = []
     for w in spec.workloads:
         for point, conc, rate in _points(w):
-            reps = per[(w.name, point)]
+            reps = measured.metrics[(w.name, point)]
             b, c = median_metrics(reps["baseline"]), median_metrics(reps["candidate"])
             asked = max(b["request_throughput"] or 0, c["request_throughput"] or 0)
             near = bool(client) and asked > NEAR_CEILING * client["requests_per_s"]
@@ -198,28 +241,12 @@ def run(ctx: RunContext) -> PerfResult:
                                     candidate=c, baseline_repeats=reps["baseline"],
                                     candidate_repeats=reps["candidate"],
                                     comparison=compare(reps["baseline"], reps["candidate"]),
-                                    monitor=mon[(w.name, point)], near_client_ceiling=near,
-                                    raw_files=raw[(w.name, point)]))
+                                    monitor=measured.monitor[(w.name, point)], near_client_ceiling=near,
+                                    raw_files=measured.raw[(w.name, point)]))
             if near:
                 notes.append(f"{w.name}/{point}: {asked:.0f} requests/s is over half the load generator's own "
                              f"ceiling here ({client['requests_per_s']:.0f}/s): the client may limit this point")
-    context = _context(ctx, plan)
-    plots = _plots(ctx, points, context["label"], notes)
-    result = PerfResult(
-        interleaved=interleaved,
-        order=[f"{role}#{rep + 1}" for rep, role in order],
-        points=points,
-        client=client,
-        client_cpu_share=cpu_s / wall_s if wall_s else 0.0,
-        memory={role: _memory(ctx, role, [m for p in points for m in p.monitor.get(role, [])]) for role in ROLES},
-        cost={role: _headline_cost(points, role, spec.price_per_hour) for role in ROLES},
-        gates=perf_gates.verdicts(points, spec.gates),
-        plots=plots,
-        notes=notes,
-        unrepresentative=unrepresentative_settings(plan.engine_args),
-        workload_context=context,
-    )
-    return result
+    return points
 
 
 def _short(req, tokens: int = WARMUP_OUTPUT_TOKENS):

@@ -34,7 +34,7 @@ from quantlab.models.source import ResolvedModel
 from quantlab.quantize.modifier_plan import plan_modifiers, raw_recipe_text
 from quantlab.quantize.preflight import ModelLayout, ModuleInfo, run_preflight
 from quantlab.core.progress import step
-from quantlab.core.recipe import LoadedRecipe
+from quantlab.core.recipe import LoadedRecipe, QuantizationSpec, Recipe
 
 Progress = Callable[[str], None]
 
@@ -270,7 +270,7 @@ def _quantize_checkpoint(loaded: LoadedRecipe, model_ref: ResolvedModel, output:
 
     with engine_busy():  # the engines' imports are their start-up cost
         import torch
-        from transformers import AutoModelForCausalLM, AutoTokenizer
+        from transformers import AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(model_ref.path, trust_remote_code=recipe.model.trust_remote_code)
     calib = None
@@ -283,72 +283,17 @@ def _quantize_checkpoint(loaded: LoadedRecipe, model_ref: ResolvedModel, output:
     if compute.changed:
         progress(f"calibrating in {compute.dtype}, exporting {compute.model_dtype}: {compute.reason}")
     t = lap("dtype_choice_s", t)
-    with output_to_file(log_file), engine_busy():  # transformers' loading bar
-        model = AutoModelForCausalLM.from_pretrained(
-            model_ref.path, dtype=getattr(torch, compute.dtype),
-            trust_remote_code=recipe.model.trust_remote_code, use_safetensors=True,
-        )
+    model = _load_model(recipe, model_ref, compute, log_file)
     t = lap("load_model_s", t)
-
-    with engine_busy():
-        from llmcompressor import oneshot
-
-    from quantlab.quantize.shims import (
-        awq_pin_memory_without_accelerator,
-        gptq_layer_losses,
-    )
-
-    shims = []
-    uses_awq = q.method == "awq" or (q.method == "raw" and "AWQModifier" in raw_recipe_text(q))
-    if uses_awq:
-        if awq_pin_memory_without_accelerator():
-            shims.append("awq_pin_memory_without_accelerator (llm-compressor PR #2813 on CPU)")
-    if q.method == "raw":
-        modifiers: Any = raw_recipe_text(q)
-        plan: Any = {"raw_recipe": modifiers}
-    else:
-        plan = plan_modifiers(q)
-        modifiers = instantiate(plan)
+    plan, modifiers, shims = _modifiers(q)
 
     with atomic_directory(output, replace=overwrite) as tmp:
-        where = "accelerator" if torch.accelerator.is_available() else "CPU"
-        progress(f"oneshot: {q.method} {q.scheme or ''} on {where}"
-                 + (f" (llm-compressor's log: {log_file})" if log_file else ""))
-        kwargs: dict[str, Any] = {}
-        if calib is not None:
-            kwargs.update(
-                dataset=calib.to_dataset(),
-                num_calibration_samples=calib.num_samples,
-                max_seq_length=recipe.calibration.max_seq_length,
-                shuffle_calibration_samples=False,  # our sample order is part of the hash
-            )
-        layers = _decoder_layers(model)
-        calibrating = calib is not None and layers is not None
-        try:
-            with output_to_file(log_file), engine_busy(), engine_warnings() as warnings, \
-                    gptq_layer_losses(model) as losses, \
-                    step(progress, f"oneshot {q.method}", total=len(layers) if calibrating else None,
-                         unit="layers calibrated", announce=False) as bar, \
-                    _layer_progress(layers if calibrating else None, bar):
-                oneshot(model=model, tokenizer=tokenizer, recipe=modifiers, output_dir=str(tmp),
-                        save_compressed=True, **kwargs)
-        except (ValueError, RuntimeError, TypeError, KeyError) as err:
-            where_log = f" (its output: {log_file})" if log_file else ""
-            raise EngineError(f"llm-compressor oneshot failed for recipe '{recipe.name}': "
-                              f"{type(err).__name__}: {err}{where_log}") from err
-        if not (tmp / "config.json").is_file():
-            raise EngineError(f"llm-compressor wrote no config.json into the checkpoint for '{recipe.name}'")
+        warnings, losses = _oneshot(recipe, model, tokenizer, modifiers, calib, tmp, progress=progress,
+                                    log_file=log_file)
         if compute.changed:
             export_in_dtype(tmp, compute.model_dtype)
         t = lap("oneshot_and_save_s", t)
-        if "quantization_config" not in json.loads((tmp / "config.json").read_text()):
-            # e.g. a raw recipe whose modifiers llm-compressor did not recognise
-            raise EngineError(
-                f"recipe '{recipe.name}' produced an unquantized checkpoint (no quantization_config): "
-                "llm-compressor applied no quantization modifier. Check the modifier names and "
-                "structure of quantization.raw_recipe"
-            )
-
+        _check_quantized(tmp, recipe.name)
         write_text_atomic(tmp / RECIPE_COPY_FILE, yaml.safe_dump(recipe.model_dump(mode="json"), sort_keys=False))
         result = {
             "stage": "quantize",
@@ -360,11 +305,7 @@ def _quantize_checkpoint(loaded: LoadedRecipe, model_ref: ResolvedModel, output:
             "layers_quantized": len(targeted),
             "calibration": calib.summary(recipe.calibration) if calib is not None else None,
             "checkpoint": summarize_checkpoint(tmp) | {"path": str(output.resolve())},
-            "gptq": {
-                "layer_losses": losses,
-                "max_loss": max(losses.values()) if losses else None,
-                "worst_layers": sorted(losses, key=losses.get, reverse=True)[:5],
-            } if losses else None,  # None also where the loss hook is not available
+            "gptq": _gptq_summary(losses),
             "compute_dtype": compute.as_record(),
             "engine_warnings": warnings,
             "shims": shims,
@@ -377,6 +318,93 @@ def _quantize_checkpoint(loaded: LoadedRecipe, model_ref: ResolvedModel, output:
     progress(f"checkpoint written: {output} ({result['checkpoint']['size_bytes'] / 1e6:.1f} MB, "
              f"{result['timings']['total_s']:.1f} s)")
     return result
+
+
+def _load_model(recipe: Recipe, model_ref: ResolvedModel, compute: DtypeChoice, log_file: Path | None) -> Any:
+    """The unquantized model, in the dtype calibration runs in (safetensors only)."""
+    with engine_busy():
+        import torch
+        from transformers import AutoModelForCausalLM
+
+    with output_to_file(log_file), engine_busy():  # transformers' loading bar
+        return AutoModelForCausalLM.from_pretrained(
+            model_ref.path, dtype=getattr(torch, compute.dtype),
+            trust_remote_code=recipe.model.trust_remote_code, use_safetensors=True,
+        )
+
+
+def _modifiers(q: QuantizationSpec) -> tuple[Any, Any, list[str]]:
+    """(the plan as recorded, what oneshot is given, the shims applied for it)."""
+    from quantlab.quantize.shims import awq_pin_memory_without_accelerator
+
+    shims = []
+    uses_awq = q.method == "awq" or (q.method == "raw" and "AWQModifier" in raw_recipe_text(q))
+    if uses_awq and awq_pin_memory_without_accelerator():
+        shims.append("awq_pin_memory_without_accelerator (llm-compressor PR #2813 on CPU)")
+    if q.method == "raw":
+        modifiers = raw_recipe_text(q)
+        return {"raw_recipe": modifiers}, modifiers, shims
+    plan = plan_modifiers(q)
+    return plan, instantiate(plan), shims
+
+
+def _oneshot(recipe: Recipe, model, tokenizer, modifiers, calib, tmp: Path, *, progress: Progress,
+             log_file: Path | None) -> tuple[list[str], dict[str, float]]:
+    """llm-compressor's oneshot into `tmp`, with a bar per calibrated layer; returns the
+    engine's warnings and GPTQ's loss per layer (empty where its hook is not available)."""
+    with engine_busy():
+        import torch
+        from llmcompressor import oneshot
+
+    from quantlab.quantize.shims import gptq_layer_losses
+
+    q = recipe.quantization
+    where = "accelerator" if torch.accelerator.is_available() else "CPU"
+    progress(f"oneshot: {q.method} {q.scheme or ''} on {where}"
+             + (f" (llm-compressor's log: {log_file})" if log_file else ""))
+    kwargs: dict[str, Any] = {}
+    if calib is not None:
+        kwargs.update(
+            dataset=calib.to_dataset(),
+            num_calibration_samples=calib.num_samples,
+            max_seq_length=recipe.calibration.max_seq_length,
+            shuffle_calibration_samples=False,  # our sample order is part of the hash
+        )
+    layers = _decoder_layers(model)
+    calibrating = calib is not None and layers is not None
+    try:
+        with output_to_file(log_file), engine_busy(), engine_warnings() as warnings, \
+                gptq_layer_losses(model) as losses, \
+                step(progress, f"oneshot {q.method}", total=len(layers) if calibrating else None,
+                     unit="layers calibrated", announce=False) as bar, \
+                _layer_progress(layers if calibrating else None, bar):
+            oneshot(model=model, tokenizer=tokenizer, recipe=modifiers, output_dir=str(tmp),
+                    save_compressed=True, **kwargs)
+    except (ValueError, RuntimeError, TypeError, KeyError) as err:
+        where_log = f" (its output: {log_file})" if log_file else ""
+        raise EngineError(f"llm-compressor oneshot failed for recipe '{recipe.name}': "
+                          f"{type(err).__name__}: {err}{where_log}") from err
+    if not (tmp / "config.json").is_file():
+        raise EngineError(f"llm-compressor wrote no config.json into the checkpoint for '{recipe.name}'")
+    return warnings, losses
+
+
+def _check_quantized(folder: Path, name: str) -> None:
+    if "quantization_config" not in json.loads((folder / "config.json").read_text()):
+        # e.g. a raw recipe whose modifiers llm-compressor did not recognise
+        raise EngineError(
+            f"recipe '{name}' produced an unquantized checkpoint (no quantization_config): "
+            "llm-compressor applied no quantization modifier. Check the modifier names and "
+            "structure of quantization.raw_recipe"
+        )
+
+
+def _gptq_summary(losses: dict[str, float]) -> dict[str, Any] | None:
+    """None also where the loss hook is not available."""
+    if not losses:
+        return None
+    return {"layer_losses": losses, "max_loss": max(losses.values()),
+            "worst_layers": sorted(losses, key=losses.get, reverse=True)[:5]}
 
 
 def instantiate(plan: list[tuple[str, dict[str, Any]]]) -> list[Any]:

@@ -33,6 +33,9 @@ MARKDOWN_FILE = "report.md"
 HTML_FILE = "report.html"
 JUNIT_FILE = "junit.xml"
 
+# (title, table header, table rows, notes): one structure, rendered as Markdown and HTML
+Section = tuple[str, list[str], list[list[str]], list[str]]
+
 
 def _results(record: RunRecord) -> dict[str, Any]:
     return {name: record.result(name) for name in record.stages}
@@ -70,7 +73,7 @@ def _ratio(c: dict[str, Any]) -> str:
     return f"{c['ratio']:.2f} [{c['ratio_min']:.2f}-{c['ratio_max']:.2f}]{mark}"
 
 
-def _quality_section(q: QualityResult) -> tuple[str, list[str], list[list[str]], list[str]]:
+def _quality_section(q: QualityResult) -> Section:
     rows = []
     for t in q.tasks + q.slices:
         flips = f"-{t.worse} / +{t.better}" if t.binary else "-"
@@ -92,7 +95,7 @@ def _quality_section(q: QualityResult) -> tuple[str, list[str], list[list[str]],
                         "flips", "McNemar p"], rows, notes)
 
 
-def _stability_section(st: StabilityResult) -> tuple[str, list[str], list[list[str]], list[str]]:
+def _stability_section(st: StabilityResult) -> Section:
     def row(what: str, get) -> list[str]:
         return [what] + [get(st.roles.get(role) or {}) for role in ("baseline", "candidate")]
 
@@ -122,7 +125,7 @@ def _stability_section(st: StabilityResult) -> tuple[str, list[str], list[list[s
     return ("Stability", ["check", "baseline", "candidate"], rows, notes + st.notes)
 
 
-def _targets_section(t: TargetsResult, release: Any) -> tuple[str, list[str], list[list[str]], list[str]]:
+def _targets_section(t: TargetsResult, release: Any) -> Section:
     def pct(v: Any) -> str:
         return "-" if v is None else f"{v:.1%}"
 
@@ -156,14 +159,32 @@ def _stage_error(s) -> str:
     return (s.error or "").splitlines()[0][:160] if s.error else ""
 
 
-def sections(record: RunRecord) -> list[tuple[str, list[str], list[list[str]], list[str]]]:
+def sections(record: RunRecord) -> list[Section]:
     """(title, table header, table rows, notes) per section: one structure, two renderings."""
     r = _results(record)
-    out = []
-    out.append(("Stages", ["stage", "status", "seconds", "engines at work (s)", "error"],
-                [[s.name, s.status, f"{s.duration_s:.1f}", "-" if s.engine_s is None else f"{s.engine_s:.1f}",
-                  _stage_error(s)]
-                 for s in record.stages.values()], [time_line(record)] if record.attempt else []))
+    out = [_stages_section(record), _gates_section(r)]
+    for stage, kind, build in (("quantize", QuantizeResult, _quantization_section),
+                               ("checkpoint", CheckpointResult, _checkpoint_section),
+                               ("serve", ServeResult, _serving_section),
+                               ("quality", QualityResult, _quality_section),
+                               ("stability", StabilityResult, _stability_section),
+                               ("targets", TargetsResult, lambda tg: _targets_section(tg, r.get("release"))),
+                               ("performance", PerfResult, _performance_section),
+                               ("release", ReleaseResult, _manifest_section)):
+        result = r.get(stage)
+        if isinstance(result, kind):
+            out.append(build(result))
+    return out
+
+
+def _stages_section(record: RunRecord) -> Section:
+    return ("Stages", ["stage", "status", "seconds", "engines at work (s)", "error"],
+            [[s.name, s.status, f"{s.duration_s:.1f}", "-" if s.engine_s is None else f"{s.engine_s:.1f}",
+              _stage_error(s)]
+             for s in record.stages.values()], [time_line(record)] if record.attempt else [])
+
+
+def _gates_section(r: dict[str, Any]) -> Section:
     verdicts = all_verdicts(r)
     rel = r.get("release")
     policy = DecisionPolicy(targets={n: d.get("required", True) for n, d in rel.targets.items()}) \
@@ -173,94 +194,89 @@ def sections(record: RunRecord) -> list[tuple[str, list[str], list[list[str]], l
     def label(v: GateVerdict) -> str:  # an optional target's failure blocks that target, not the release
         return v.verdict.upper() + (" (optional target)" if v.verdict == "fail" and id(v) not in blocking else "")
 
-    out.append(("Gates", ["verdict", "stage", "gate", "scope", "value", "limit", "detail"],
+    return ("Gates", ["verdict", "stage", "gate", "scope", "value", "limit", "detail"],
                 [[label(v), v.stage, v.gate, v.scope, _fmt(v.value, 4), _fmt(v.limit, 4), v.detail]
                  for v in sorted(verdicts, key=lambda v: ({"fail": 0, "inconclusive": 1}.get(v.verdict, 2), v.scope))],
-                [] if verdicts else ["no gate configured"]))
-    q = r.get("quantize")
-    if isinstance(q, QuantizeResult):
-        cal = q.calibration or {}
-        out.append(("Quantization", ["method", "scheme", "layers", "checkpoint MB", "calibration", "GPTQ max loss"],
-                    [[q.method, q.scheme or "raw", str(q.layers_quantized), f"{q.size_bytes / 1e6:.1f}",
-                      f"{cal.get('num_samples', '-')} samples, {cal.get('num_tokens', '-')} tokens, sha256 "
-                      f"{str(cal.get('sha256', '-'))[:12]}" if cal else "none (data-free)", _fmt(q.gptq_max_loss)]],
-                    [f"llm-compressor {q.versions.get('llmcompressor')}, torch {q.versions.get('torch')}"]
-                    + ([f"calibrated in {q.compute_dtype['dtype']}, exported in {q.compute_dtype['model_dtype']}: "
-                        f"{q.compute_dtype['reason']}"] if q.compute_dtype and q.compute_dtype["dtype"]
-                       != q.compute_dtype["model_dtype"] else [])
-                    + ([f"reused the checkpoint quantized earlier from the same inputs (cache "
-                        f"{q.reused_from_cache[:12]}); the timings are that run's"] if q.reused_from_cache else [])))
-    ck = r.get("checkpoint")
-    if isinstance(ck, CheckpointResult):
-        out.append(("Checkpoint", ["format", "from", "MB"], [[ck.format, ck.source, f"{ck.size_bytes / 1e6:.1f}"]],
-                    ["validated as given (quantlab validate): no quantization ran in this run"]))
-    s = r.get("serve")
-    if isinstance(s, ServeResult):
-        rows = []
-        for role, f in s.engines.items():
-            log = f.log or {}
-            kernels = sorted({k for ks in (log.get("linear_kernels") or {}).values() for k in ks})
-            rows.append([role, f.vllm_version or "-", ", ".join(kernels) or "(unquantized)",
-                         f"{log.get('kv_cache_dtype') or 'model dtype'}, {_fmt(log.get('kv_cache_tokens'))} tokens",
-                         _fmt(f.startup_s), f.smoke_completion.text.strip()[:60]])
-        notes = [f"device {s.device}; engine build {engine_build(s.probe)}; engine args {s.engine_args}"]
-        if s.dtype and s.dtype["dtype"] != s.dtype["model_dtype"]:
-            notes.append(f"**served in {s.dtype['dtype']}, not the model's {s.dtype['model_dtype']}**: "
-                         f"{s.dtype['reason']}. Both roles alike, so the comparison holds; absolute speeds are "
-                         "this CPU's, not a bf16-capable one's")
-        for role, f in s.engines.items():
-            phases = (f.log or {}).get("startup_phases_s")
-            if phases:
-                notes.append(f"{role} start-up {_fmt(f.startup_s)} s: "
-                             + ", ".join(f"{k} {v:.0f} s" for k, v in phases.items()))
-        for role, c in s.compat.items():
-            notes += [f"{role}: {w}" for w in c.warnings + c.notes]
-        out.append(("Serving", ["model", "vLLM", "linear kernels", "KV cache", "start-up s", "smoke completion"],
-                    rows, notes))
-    qr = r.get("quality")
-    if isinstance(qr, QualityResult):
-        out.append(_quality_section(qr))
-    st = r.get("stability")
-    if isinstance(st, StabilityResult):
-        out.append(_stability_section(st))
-    tg = r.get("targets")
-    if isinstance(tg, TargetsResult):
-        out.append(_targets_section(tg, r.get("release")))
-    p = r.get("performance")
-    if isinstance(p, PerfResult):
-        rows = []
-        for pt in p.points:
-            b, c, cmp = pt.baseline, pt.candidate, pt.comparison
-            rows.append([f"{pt.workload}/{pt.point}", _fmt(b["output_tokens_per_s"]), _fmt(c["output_tokens_per_s"]),
-                         _ratio(cmp.get("output_tokens_per_s")), _fmt(b["ttft_ms"]["p99"]), _fmt(c["ttft_ms"]["p99"]),
-                         _ratio(cmp.get("ttft_ms.p99")), _fmt(b["tpot_ms"]["p99"]), _fmt(c["tpot_ms"]["p99"]),
-                         f"{_fmt(b['error_rate'])} / {_fmt(c['error_rate'])}"])
-        notes = [f"{p.workload_context.get('label')}; measured {' '.join(p.order)}"
-                 + ("" if p.interleaved else " (not interleaved)"),
-                 "ratios are candidate / baseline, median [range] over paired repeats; ~ = within run-to-run noise"]
-        for role, m in p.memory.items():
-            notes.append(f"{role} memory: checkpoint {_fmt((m.get('checkpoint_bytes_on_disk') or 0) / 1e6)} MB, "
-                         f"peak {_fmt((m.get('peak_bytes') or 0) / 1e9)} GB ({m.get('peak_is')}), KV capacity "
-                         f"{_fmt(m.get('kv_cache_tokens'))} tokens")
-        for role, cost in p.cost.items():
-            if cost.get("price_per_hour"):
-                notes.append(f"{role} cost per successful answer: {_fmt(cost.get('cost_per_successful_request'), 4)} "
-                             f"at {cost.get('at')} (price {cost['price_per_hour']}/h)")
-        if p.client:
-            notes.append(f"load generator ceiling here: {p.client['requests_per_s']:.0f} requests/s; its CPU use "
-                         f"during the run {p.client_cpu_share:.2f} s per second")
-        notes += p.notes
-        notes += [f"NOT REPRESENTATIVE of a production server: {why}" for why in p.unrepresentative]
-        out.append(("Performance", ["point", "out tok/s base", "out tok/s cand", "ratio", "P99 TTFT ms base",
-                                    "P99 TTFT ms cand", "ratio", "P99 TPOT ms base", "P99 TPOT ms cand",
-                                    "error rate base / cand"], rows, notes))
-    rel = r.get("release")
-    if isinstance(rel, ReleaseResult):
-        key = "local development key" if rel.local_development_key else (rel.public_key_fingerprint or "")
-        out.append(("Manifest", ["manifest", "signed", "method", "key"],
-                    [[rel.manifest, "yes" if rel.signed else "NO", rel.signing_method, key]],
-                    [f"verify: quantlab verify {Path(rel.manifest).parent} --public-key <public key>"]))
-    return out
+                [] if verdicts else ["no gate configured"])
+
+
+def _quantization_section(q: QuantizeResult) -> Section:
+    cal = q.calibration or {}
+    return ("Quantization", ["method", "scheme", "layers", "checkpoint MB", "calibration", "GPTQ max loss"],
+                [[q.method, q.scheme or "raw", str(q.layers_quantized), f"{q.size_bytes / 1e6:.1f}",
+                  f"{cal.get('num_samples', '-')} samples, {cal.get('num_tokens', '-')} tokens, sha256 "
+                  f"{str(cal.get('sha256', '-'))[:12]}" if cal else "none (data-free)", _fmt(q.gptq_max_loss)]],
+                [f"llm-compressor {q.versions.get('llmcompressor')}, torch {q.versions.get('torch')}"]
+                + ([f"calibrated in {q.compute_dtype['dtype']}, exported in {q.compute_dtype['model_dtype']}: "
+                    f"{q.compute_dtype['reason']}"] if q.compute_dtype and q.compute_dtype["dtype"]
+                   != q.compute_dtype["model_dtype"] else [])
+                + ([f"reused the checkpoint quantized earlier from the same inputs (cache "
+                    f"{q.reused_from_cache[:12]}); the timings are that run's"] if q.reused_from_cache else []))
+
+
+def _checkpoint_section(ck: CheckpointResult) -> Section:
+    return ("Checkpoint", ["format", "from", "MB"], [[ck.format, ck.source, f"{ck.size_bytes / 1e6:.1f}"]],
+                ["validated as given (quantlab validate): no quantization ran in this run"])
+
+
+def _serving_section(s: ServeResult) -> Section:
+    rows = []
+    for role, f in s.engines.items():
+        log = f.log or {}
+        kernels = sorted({k for ks in (log.get("linear_kernels") or {}).values() for k in ks})
+        rows.append([role, f.vllm_version or "-", ", ".join(kernels) or "(unquantized)",
+                     f"{log.get('kv_cache_dtype') or 'model dtype'}, {_fmt(log.get('kv_cache_tokens'))} tokens",
+                     _fmt(f.startup_s), f.smoke_completion.text.strip()[:60]])
+    notes = [f"device {s.device}; engine build {engine_build(s.probe)}; engine args {s.engine_args}"]
+    if s.dtype and s.dtype["dtype"] != s.dtype["model_dtype"]:
+        notes.append(f"**served in {s.dtype['dtype']}, not the model's {s.dtype['model_dtype']}**: "
+                     f"{s.dtype['reason']}. Both roles alike, so the comparison holds; absolute speeds are "
+                     "this CPU's, not a bf16-capable one's")
+    for role, f in s.engines.items():
+        phases = (f.log or {}).get("startup_phases_s")
+        if phases:
+            notes.append(f"{role} start-up {_fmt(f.startup_s)} s: "
+                         + ", ".join(f"{k} {v:.0f} s" for k, v in phases.items()))
+    for role, c in s.compat.items():
+        notes += [f"{role}: {w}" for w in c.warnings + c.notes]
+    return ("Serving", ["model", "vLLM", "linear kernels", "KV cache", "start-up s", "smoke completion"],
+                rows, notes)
+
+
+def _performance_section(p: PerfResult) -> Section:
+    rows = []
+    for pt in p.points:
+        b, c, cmp = pt.baseline, pt.candidate, pt.comparison
+        rows.append([f"{pt.workload}/{pt.point}", _fmt(b["output_tokens_per_s"]), _fmt(c["output_tokens_per_s"]),
+                     _ratio(cmp.get("output_tokens_per_s")), _fmt(b["ttft_ms"]["p99"]), _fmt(c["ttft_ms"]["p99"]),
+                     _ratio(cmp.get("ttft_ms.p99")), _fmt(b["tpot_ms"]["p99"]), _fmt(c["tpot_ms"]["p99"]),
+                     f"{_fmt(b['error_rate'])} / {_fmt(c['error_rate'])}"])
+    notes = [f"{p.workload_context.get('label')}; measured {' '.join(p.order)}"
+             + ("" if p.interleaved else " (not interleaved)"),
+             "ratios are candidate / baseline, median [range] over paired repeats; ~ = within run-to-run noise"]
+    for role, m in p.memory.items():
+        notes.append(f"{role} memory: checkpoint {_fmt((m.get('checkpoint_bytes_on_disk') or 0) / 1e6)} MB, "
+                     f"peak {_fmt((m.get('peak_bytes') or 0) / 1e9)} GB ({m.get('peak_is')}), KV capacity "
+                     f"{_fmt(m.get('kv_cache_tokens'))} tokens")
+    for role, cost in p.cost.items():
+        if cost.get("price_per_hour"):
+            notes.append(f"{role} cost per successful answer: {_fmt(cost.get('cost_per_successful_request'), 4)} "
+                         f"at {cost.get('at')} (price {cost['price_per_hour']}/h)")
+    if p.client:
+        notes.append(f"load generator ceiling here: {p.client['requests_per_s']:.0f} requests/s; its CPU use "
+                     f"during the run {p.client_cpu_share:.2f} s per second")
+    notes += p.notes
+    notes += [f"NOT REPRESENTATIVE of a production server: {why}" for why in p.unrepresentative]
+    return ("Performance", ["point", "out tok/s base", "out tok/s cand", "ratio", "P99 TTFT ms base",
+                                "P99 TTFT ms cand", "ratio", "P99 TPOT ms base", "P99 TPOT ms cand",
+                                "error rate base / cand"], rows, notes)
+
+
+def _manifest_section(rel: ReleaseResult) -> Section:
+    key = "local development key" if rel.local_development_key else (rel.public_key_fingerprint or "")
+    return ("Manifest", ["manifest", "signed", "method", "key"],
+                [[rel.manifest, "yes" if rel.signed else "NO", rel.signing_method, key]],
+                [f"verify: quantlab verify {Path(rel.manifest).parent} --public-key <public key>"])
 
 
 def plots(record: RunRecord) -> list[str]:

@@ -136,33 +136,68 @@ def _fallback(ctx: RunContext, baseline) -> str:
 def build_manifest(ctx: RunContext, results: dict[str, Any], verdicts, decision, targets=None) -> Manifest:
     record = ctx.run.record
     q = results.get("quantize")
-    serve = results.get("serve")
-    perf = results.get("performance")
     baseline = ctx.baseline_model()
-    model_files = {p.name: {"size": p.stat().st_size} for p in sorted(baseline.path.iterdir()) if p.is_file()}
-    prov_files = (baseline.provenance or {}).get("files") or {}
-    for name, meta in model_files.items():  # the default model records its hashes; others are hashed here
-        meta["sha256"] = (prov_files.get(name) or {}).get("sha256") or sha256_file(baseline.path / name)
-    runtime: dict[str, Any] = {}
-    hardware: dict[str, Any] = {}
-    if isinstance(serve, ServeResult):
-        runtime = {
-            "mode": serve.mode, "engine_args": serve.engine_args, "identical_engine_args": serve.identical_engine_args,
-            "versions": serve.probe.get("versions"),
-            # what the engine build can run here (its kernel library and ops) and what both servers computed in
-            "engine_kernels": serve.probe.get("engine_kernels"), "dtype": serve.dtype,
-            "engines": {role: {"vllm_version": f.vllm_version, "served_model_name": f.served_model_name,
-                               "max_model_len": f.max_model_len,
-                               "linear_kernels": (f.log or {}).get("linear_kernels"),
-                               "attention_backend": (f.log or {}).get("attention_backend"),
-                               "kv_cache_dtype": (f.log or {}).get("kv_cache_dtype"),
-                               "kv_cache_tokens": (f.log or {}).get("kv_cache_tokens"),
-                               "engine_warnings": (f.log or {}).get("warnings")}
-                        for role, f in serve.engines.items()},
-            "compat": {role: c.model_dump() for role, c in serve.compat.items()},
-        }
-        hardware = {"device": serve.device, "gpus": serve.probe.get("gpus"), "cpu": serve.probe.get("cpu"),
-                    "driver": serve.probe.get("driver")}
+    runtime, hardware = _runtime_and_hardware(results.get("serve"))
+    extra = results.get("targets")
+    if isinstance(extra, TargetsResult):
+        runtime["targets"] = {n: _target_summary(o) for n, o in extra.targets.items()}
+    return Manifest(
+        quantlab=quantlab_identity(),
+        created_at=now_iso(),
+        run={"run_id": record.run_id, "recipe_history": record.recipe_history,
+             "stages": {n: {"status": r.status, "started_at": r.started_at, "finished_at": r.finished_at,
+                            "duration_s": r.duration_s} for n, r in record.stages.items() if n != NAME}},
+        recipe={"name": record.recipe_name, "sha256": record.recipe_sha256, "content": record.recipe},
+        model={"kind": baseline.kind, "source": baseline.source, "provenance": _without_files(baseline.provenance),
+               "files": _model_files(baseline)},
+        calibration=q.calibration if isinstance(q, QuantizeResult) else None,
+        quantization=_quantization(q, results.get("checkpoint")),
+        checkpoint_files=folder_files(ctx.checkpoint_dir),
+        runtime=runtime,
+        hardware=hardware,
+        results=_check_summaries(results),
+        raw_files=_raw_files(ctx),
+        gates=verdicts,
+        decision=decision,
+        targets=targets or {},
+    )
+
+
+def _model_files(baseline) -> dict[str, dict[str, Any]]:
+    """The unquantized model's files: size and sha256 (the default model records its
+    hashes; others are hashed here)."""
+    files = {p.name: {"size": p.stat().st_size} for p in sorted(baseline.path.iterdir()) if p.is_file()}
+    recorded = (baseline.provenance or {}).get("files") or {}
+    for name, meta in files.items():
+        meta["sha256"] = (recorded.get(name) or {}).get("sha256") or sha256_file(baseline.path / name)
+    return files
+
+
+def _runtime_and_hardware(serve: Any) -> tuple[dict[str, Any], dict[str, Any]]:
+    if not isinstance(serve, ServeResult):
+        return {}, {}
+    runtime = {
+        "mode": serve.mode, "engine_args": serve.engine_args, "identical_engine_args": serve.identical_engine_args,
+        "versions": serve.probe.get("versions"),
+        # what the engine build can run here (its kernel library and ops) and what both servers computed in
+        "engine_kernels": serve.probe.get("engine_kernels"), "dtype": serve.dtype,
+        "engines": {role: {"vllm_version": f.vllm_version, "served_model_name": f.served_model_name,
+                           "max_model_len": f.max_model_len,
+                           "linear_kernels": (f.log or {}).get("linear_kernels"),
+                           "attention_backend": (f.log or {}).get("attention_backend"),
+                           "kv_cache_dtype": (f.log or {}).get("kv_cache_dtype"),
+                           "kv_cache_tokens": (f.log or {}).get("kv_cache_tokens"),
+                           "engine_warnings": (f.log or {}).get("warnings")}
+                    for role, f in serve.engines.items()},
+        "compat": {role: c.model_dump() for role, c in serve.compat.items()},
+    }
+    hardware = {"device": serve.device, "gpus": serve.probe.get("gpus"), "cpu": serve.probe.get("cpu"),
+                "driver": serve.probe.get("driver")}
+    return runtime, hardware
+
+
+def _check_summaries(results: dict[str, Any]) -> dict[str, Any]:
+    """The manifest's summary of each check (the run record holds the full results)."""
     summaries: dict[str, Any] = {}
     quality = results.get("quality")
     if isinstance(quality, QualityResult):
@@ -175,7 +210,6 @@ def build_manifest(ctx: RunContext, results: dict[str, Any], verdicts, decision,
             "lm_eval_version": quality.lm_eval_version, "suites": quality.suites, "flips_file": quality.flips_file}
     extra = results.get("targets")
     if isinstance(extra, TargetsResult):
-        runtime["targets"] = {n: _target_summary(o) for n, o in extra.targets.items()}
         summaries["targets"] = {"primary": extra.primary, "prompts": extra.prompts, "max_tokens": extra.max_tokens,
                                 "targets": {n: {"status": o.status, "reason": o.reason,
                                                 "batch_mismatch_rate": o.batch_mismatch_rate,
@@ -187,6 +221,7 @@ def build_manifest(ctx: RunContext, results: dict[str, Any], verdicts, decision,
         summaries["stability"] = {"fallback": stab.fallback, "fallback_rate": stab.fallback_rate,
                                   "max_model_len": stab.max_model_len,
                                   "roles": {role: _stability_summary(r) for role, r in stab.roles.items()}}
+    perf = results.get("performance")
     if isinstance(perf, PerfResult):
         summaries["performance"] = {
             "interleaved": perf.interleaved, "points": [
@@ -199,34 +234,19 @@ def build_manifest(ctx: RunContext, results: dict[str, Any], verdicts, decision,
                 for p in perf.points],
             "memory": perf.memory, "cost": perf.cost, "workload": perf.workload_context,
             "unrepresentative": perf.unrepresentative}
-    # servers are stopped first, so their logs are complete when hashed
+    return summaries
+
+
+def _raw_files(ctx: RunContext) -> list[RawFile]:
+    """Every artifact of the checks, hashed (servers are stopped first, so their logs are
+    complete); checkpoint files are listed with their sha256 in checkpoint_files instead."""
     raw = []
-    for name, rec in record.stages.items():
+    for name, rec in ctx.run.record.stages.items():
         for a in rec.artifacts:
             f = ctx.run.path / a.path
-            # checkpoint files are listed with their sha256 in checkpoint_files
             if name != NAME and not a.path.startswith(f"{ctx.checkpoint_dir.name}/"):
                 raw.append(RawFile(path=a.path, sha256=sha256_file(f) if f.is_file() else None, role=a.role))
-    return Manifest(
-        quantlab=quantlab_identity(),
-        created_at=now_iso(),
-        run={"run_id": record.run_id, "recipe_history": record.recipe_history,
-             "stages": {n: {"status": r.status, "started_at": r.started_at, "finished_at": r.finished_at,
-                            "duration_s": r.duration_s} for n, r in record.stages.items() if n != NAME}},
-        recipe={"name": record.recipe_name, "sha256": record.recipe_sha256, "content": record.recipe},
-        model={"kind": baseline.kind, "source": baseline.source, "provenance": _without_files(baseline.provenance),
-               "files": model_files},
-        calibration=q.calibration if isinstance(q, QuantizeResult) else None,
-        quantization=_quantization(q, results.get("checkpoint")),
-        checkpoint_files=folder_files(ctx.checkpoint_dir),
-        runtime=runtime,
-        hardware=hardware,
-        results=summaries,
-        raw_files=raw,
-        gates=verdicts,
-        decision=decision,
-        targets=targets or {},
-    )
+    return raw
 
 
 def _quantization(q: Any, imported: Any) -> dict[str, Any]:

@@ -245,7 +245,8 @@ def serve(
     import time
 
     from quantlab.core.pipeline import latest_checkpoint, serve_one
-    from quantlab.core.recipe import ServeSpec, load_recipe
+    from quantlab.core.recipe import load_recipe
+    from quantlab.serving.spec import ServeSpec
 
     with exit_codes():
         dtype, spec, role = "bfloat16", ServeSpec(), "candidate"

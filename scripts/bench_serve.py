@@ -25,7 +25,8 @@ def main() -> int:
     from quantlab.core.errors import QuantlabError
     from quantlab.models.source import build_default_model
     from quantlab.core.pipeline import quantize_only, serve_one
-    from quantlab.core.recipe import ServeSpec, load_recipe
+    from quantlab.core.recipe import load_recipe
+    from quantlab.serving.spec import ServeSpec
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--repeats", type=int, default=1)

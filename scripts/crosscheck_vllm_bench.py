@@ -76,7 +76,7 @@ def main() -> int:
 
     from quantlab.models.source import build_default_model
     from quantlab.core.pipeline import serve_one
-    from quantlab.core.recipe import ServeSpec
+    from quantlab.serving.spec import ServeSpec
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", type=Path, help="model folder (default: the embedded default model, bf16)")

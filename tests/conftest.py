@@ -136,7 +136,7 @@ SERVED_FORMATS = (
 def serving_probe() -> dict:
     """The serving environment as quantlab's probe sees it (its kernel library and ops)."""
     from quantlab.serving.vllm_probe import probe_serving_env, serving_python
-    from quantlab.core.recipe import ServeSpec
+    from quantlab.serving.spec import ServeSpec
 
     return probe_serving_env(serving_python(ServeSpec()))
 
@@ -183,7 +183,7 @@ def tiny_server(tiny_served_checkpoint, serving_probe, tmp_path_factory):
     server uses this one. Yields (server, facts, plan)."""
     from quantlab.serving.vllm_facts import collect_facts
     from quantlab.serving.vllm_server import open_engine
-    from quantlab.core.recipe import ServeSpec
+    from quantlab.serving.spec import ServeSpec
     from quantlab.serving.plan import EngineTarget, plan_serving
 
     spec = ServeSpec(engine_args={"max_model_len": 512}, startup_timeout_s=600)

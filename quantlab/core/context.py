@@ -13,7 +13,8 @@ from typing import Any
 
 from quantlab.core.layout import CHECKPOINT_DIR, SERVE_LOG_DIR
 from quantlab.models.source import ResolvedModel, resolve_recipe_model
-from quantlab.core.recipe import PRIMARY_TARGET, LoadedRecipe, Recipe
+from quantlab.core.recipe import LoadedRecipe, Recipe
+from quantlab.serving.spec import PRIMARY_TARGET
 from quantlab.core.run import Artifact, RunDir
 
 Progress = Callable[[str], None]

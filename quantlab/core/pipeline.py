@@ -23,7 +23,8 @@ from quantlab.core.engine_time import engine_seconds
 from quantlab.core.errors import EngineError, GateFailure, QuantlabError, RecipeError
 from quantlab.core.fsutil import write_text_atomic
 from quantlab.core.layout import CHECKPOINT_DIR, ERROR_DIR
-from quantlab.core.recipe import LoadedRecipe, ServeSpec
+from quantlab.core.recipe import LoadedRecipe
+from quantlab.serving.spec import ServeSpec
 from quantlab.core.run import AttemptTime, RunDir, StageRecord, now_iso
 from quantlab.quantize import checkpoint_stage
 from quantlab.performance import stage as perf_stage

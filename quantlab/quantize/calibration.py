@@ -19,7 +19,7 @@ from typing import Any
 
 from quantlab.core.errors import RecipeError
 from quantlab.core.fsutil import sha256_file
-from quantlab.core.recipe import CalibrationSpec
+from quantlab.quantize.spec import CalibrationSpec
 
 ROLES = {"system", "user", "assistant", "tool"}
 

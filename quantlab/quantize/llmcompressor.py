@@ -34,7 +34,8 @@ from quantlab.models.source import ResolvedModel
 from quantlab.quantize.modifier_plan import plan_modifiers, raw_recipe_text
 from quantlab.quantize.preflight import ModelLayout, ModuleInfo, run_preflight
 from quantlab.core.progress import step
-from quantlab.core.recipe import LoadedRecipe, QuantizationSpec, Recipe
+from quantlab.core.recipe import LoadedRecipe, Recipe
+from quantlab.quantize.spec import QuantizationSpec
 
 Progress = Callable[[str], None]
 

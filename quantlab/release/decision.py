@@ -13,7 +13,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from quantlab.core.recipe import PRIMARY_TARGET
+from quantlab.serving.spec import PRIMARY_TARGET
 from quantlab.core.verdicts import GateVerdict, gate_id
 
 Decision = Literal["release", "blocked"]

@@ -12,7 +12,7 @@ from typing import Any
 
 from quantlab.quantize.compute_dtype import DtypeChoice, choose_dtype, float32_bytes
 from quantlab.core.errors import RecipeError
-from quantlab.core.recipe import PRIMARY_TARGET, ServeSpec, ServeTarget
+from quantlab.serving.spec import PRIMARY_TARGET, ServeSpec, ServeTarget
 from quantlab.serving.compat import CompatReport, check_compat
 
 ROLES = ("baseline", "candidate")

@@ -8,7 +8,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from quantlab.serving.vllm_server import Progress, VLLMServer, prepare_engine, start_together
-from quantlab.core.recipe import PRIMARY_TARGET
+from quantlab.serving.spec import PRIMARY_TARGET
 from quantlab.serving.plan import ServingPlan
 
 

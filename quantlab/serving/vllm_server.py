@@ -29,7 +29,7 @@ from quantlab.serving.vllm_probe import serving_python
 from quantlab.core.errors import EngineError, RecipeError
 from quantlab.core.layout import cache_dir
 from quantlab.core.progress import step
-from quantlab.core.recipe import ServeSpec
+from quantlab.serving.spec import ServeSpec
 from quantlab.serving.plan import ServingPlan, engine_arg_list
 
 Progress = Callable[[str], None]

@@ -13,7 +13,7 @@ from typing import Any
 
 from quantlab.core.context import RunContext
 from quantlab.core.errors import EngineError
-from quantlab.core.recipe import PRIMARY_TARGET
+from quantlab.serving.spec import PRIMARY_TARGET
 from quantlab.core.results import TargetOutcome, TargetsResult
 from quantlab.targets import gates as target_gates
 from quantlab.stability.spec import StabilitySpec
@@ -53,10 +53,54 @@ def _mismatch(texts: list[str | None], reference: list[str | None]) -> tuple[flo
     return (len(differing) / len(pairs) if pairs else None), len(pairs), differing
 
 
+def _check_target(ctx: RunContext, name: str, tp, sweep, primary: dict[str, dict[str, Any]]) -> TargetOutcome:
+    """One extra target: each of its roles served there in turn, swept, and compared with
+    the primary target's greedy answers."""
+    from quantlab.serving.vllm_facts import collect_facts
+
+    t = tp.target
+    if tp.plan is None:
+        ctx.progress(f"target {name}: not servable ({tp.unservable}); recorded as blocked")
+        return TargetOutcome(name=name, required=t.required, roles=t.roles, status="unservable",
+                             reason=tp.unservable, mode=tp.spec.mode)
+    plan = tp.plan
+    outcome = TargetOutcome(name=name, required=t.required, roles=t.roles, status="checked", mode=plan.spec.mode,
+                            device=plan.device, engine_args=plan.engine_args, probe=plan.probe)
+    started = time.monotonic()
+    for role in t.roles:
+        label = plan.label(role)
+        try:
+            server = ctx.engine(role, name)
+        except EngineError as err:
+            if t.required:
+                raise EngineError(f"serve target '{name}' (required): {err}") from None
+            ctx.progress(f"target {name}: the {role} server did not start; recorded as blocked")
+            outcome.status, outcome.reason = "not_started", str(err).splitlines()[0][:500]
+            break
+        facts = collect_facts(server, plan.target(role), device=plan.device)
+        outcome.engines[role] = facts
+        outcome.compat[role] = serve_stage.compat_record(plan.compat[role], facts.log)
+        result = sweep(label, server)
+        ctx.stop_engine(role, name)  # one extra target's server at a time
+        outcome.batch_mismatch_rate[role] = result["mismatch_rate"]
+        rate, compared, differing = _mismatch(result["greedy_texts"], primary[role]["greedy_texts"])
+        outcome.cross_mismatch_rate[role], outcome.compared[role] = rate, compared
+        outcome.errors[role] = result["errors"]
+        for i in differing[:3]:
+            outcome.examples.append({"role": role, "prompt": i,
+                                     "primary": primary[role]["greedy_texts"][i],
+                                     "target": result["greedy_texts"][i]})
+        if server.plan is not None and server.log_path.is_file():
+            ctx.add_artifact(str(server.log_path.relative_to(ctx.run.path)), f"{label}-server-log")
+    ctx.progress(f"target {name}: {outcome.status} in {time.monotonic() - started:.0f} s; greedy answers "
+                 "differing from the primary: " + (", ".join(
+                     f"{r} {v:.0%}" for r, v in outcome.cross_mismatch_rate.items() if v is not None) or "-"))
+    return outcome
+
+
 def run(ctx: RunContext) -> TargetsResult:
     from quantlab.models.tokenizer import load_tokenizer
     from quantlab.stability import probe as sp
-    from quantlab.serving.vllm_facts import collect_facts
 
     spec = ctx.recipe.stability or StabilitySpec()
     levels, timeout = _levels(spec), spec.request_timeout_s
@@ -75,47 +119,7 @@ def run(ctx: RunContext) -> TargetsResult:
     for role in sorted(needed, key=lambda r: (r not in running, r)):  # what runs first: no restart
         primary[role] = sweep(role, ctx.engine(role))
 
-    outcomes: dict[str, TargetOutcome] = {}
-    for name, tp in plans.items():
-        t = tp.target
-        if tp.plan is None:
-            ctx.progress(f"target {name}: not servable ({tp.unservable}); recorded as blocked")
-            outcomes[name] = TargetOutcome(name=name, required=t.required, roles=t.roles, status="unservable",
-                                           reason=tp.unservable, mode=tp.spec.mode)
-            continue
-        plan = tp.plan
-        outcome = TargetOutcome(name=name, required=t.required, roles=t.roles, status="checked", mode=plan.spec.mode,
-                                device=plan.device, engine_args=plan.engine_args, probe=plan.probe)
-        started = time.monotonic()
-        for role in t.roles:
-            label = plan.label(role)
-            try:
-                server = ctx.engine(role, name)
-            except EngineError as err:
-                if t.required:
-                    raise EngineError(f"serve target '{name}' (required): {err}") from None
-                ctx.progress(f"target {name}: the {role} server did not start; recorded as blocked")
-                outcome.status, outcome.reason = "not_started", str(err).splitlines()[0][:500]
-                break
-            facts = collect_facts(server, plan.target(role), device=plan.device)
-            outcome.engines[role] = facts
-            outcome.compat[role] = serve_stage.compat_record(plan.compat[role], facts.log)
-            result = sweep(label, server)
-            ctx.stop_engine(role, name)  # one extra target's server at a time
-            outcome.batch_mismatch_rate[role] = result["mismatch_rate"]
-            rate, compared, differing = _mismatch(result["greedy_texts"], primary[role]["greedy_texts"])
-            outcome.cross_mismatch_rate[role], outcome.compared[role] = rate, compared
-            outcome.errors[role] = result["errors"]
-            for i in differing[:3]:
-                outcome.examples.append({"role": role, "prompt": i,
-                                         "primary": primary[role]["greedy_texts"][i],
-                                         "target": result["greedy_texts"][i]})
-            if server.plan is not None and server.log_path.is_file():
-                ctx.add_artifact(str(server.log_path.relative_to(ctx.run.path)), f"{label}-server-log")
-        ctx.progress(f"target {name}: {outcome.status} in {time.monotonic() - started:.0f} s; greedy answers "
-                     "differing from the primary: " + (", ".join(
-                         f"{r} {v:.0%}" for r, v in outcome.cross_mismatch_rate.items() if v is not None) or "-"))
-        outcomes[name] = outcome
+    outcomes = {name: _check_target(ctx, name, tp, sweep, primary) for name, tp in plans.items()}
     verdicts = [v for name, tp in plans.items() for v in target_gates.verdicts(outcomes[name], tp.target)]
     return TargetsResult(primary={r: {"batch_mismatch_rate": p["mismatch_rate"], "errors": p["errors"]}
                                   for r, p in primary.items()},

@@ -115,7 +115,7 @@ def test_stability_stage_self_check_through_validate(tiny_server, tiny_served_ch
 
 def test_a_server_that_dies_during_a_probe_fails_naming_the_probe(tiny_served_checkpoint, tmp_path, prompts):
     from quantlab.serving.vllm_probe import probe_serving_env, serving_python
-    from quantlab.core.recipe import ServeSpec
+    from quantlab.serving.spec import ServeSpec
     from quantlab.serving.plan import EngineTarget, plan_serving
     from quantlab.stability.stage import run_probe
 

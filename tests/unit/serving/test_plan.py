@@ -9,7 +9,8 @@ import pytest
 from quantlab.serving.vllm_probe import serving_python
 from quantlab.serving.vllm_server import plan_launch
 from quantlab.core.errors import EngineError, RecipeError
-from quantlab.core.recipe import ServeSpec, parse_recipe
+from quantlab.core.recipe import parse_recipe
+from quantlab.serving.spec import ServeSpec
 from quantlab.serving.plan import (
     EngineTarget,
     effective_engine_args,

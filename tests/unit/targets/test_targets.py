@@ -9,7 +9,8 @@ import json
 import pytest
 
 from quantlab.core.errors import RecipeError
-from quantlab.core.recipe import ServeSpec, parse_recipe
+from quantlab.core.recipe import parse_recipe
+from quantlab.serving.spec import ServeSpec
 from quantlab.core.results import TargetOutcome
 from quantlab.serving.plan import plan_extra_target
 from quantlab.targets.gates import verdicts as judge

@@ -1,0 +1,36 @@
+"""The recipe's signing section."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=False)
+
+
+class SigningSpec(_Strict):
+    """How the release manifest (with the weights) is signed, by OpenSSF model-signing."""
+
+    method: Literal["key", "certificate", "sigstore", "none"] = Field(
+        "key", description="key: EC P-256 private key (offline); certificate: key + X.509 certificate chain; "
+        "sigstore: keyless through Sigstore (needs its services); none: an unsigned manifest.")
+    private_key: str | None = Field(
+        None, description="PEM private key (key and certificate methods), relative to the recipe. Unset with "
+        "method 'key': a local development key in quantlab's cache, created once (`quantlab keygen` makes one "
+        "to keep).")
+    password_env: str | None = Field(None, description="Name of the environment variable holding the key's "
+                                     "password (never the password itself).")
+    signing_certificate: str | None = Field(None, description="Certificate of the signing key (method certificate).")
+    certificate_chain: list[str] = Field(default_factory=list, description="Certificates up to the root.")
+    sigstore_staging: bool = Field(False, description="Sigstore's staging instance (for trying it out).")
+    identity_token_env: str | None = Field(None, description="Environment variable with an OIDC token for "
+                                           "Sigstore (CI workload identity); unset: Sigstore's own flow.")
+
+    @model_validator(mode="after")
+    def _fields_for_method(self) -> "SigningSpec":
+        if self.method == "certificate" and not (self.private_key and self.signing_certificate):
+            raise ValueError("method 'certificate' needs 'private_key' and 'signing_certificate'")
+        return self

@@ -291,10 +291,15 @@ def verify(
     certificate_chain: Annotated[Optional[list[Path]], typer.Option(
         help="Certificates up to the root (certificate signing); repeat for each.")] = None,
     sigstore_identity: Annotated[Optional[str], typer.Option(help="Expected signer identity (Sigstore).")] = None,
-    sigstore_issuer: Annotated[Optional[str], typer.Option(help="Expected OIDC issuer (Sigstore).")] = None,
+    sigstore_issuer: Annotated[Optional[str], typer.Option(help="Expected OIDC issuer (Sigstore); required "
+                                                           "with --sigstore-identity.")] = None,
+    allow_blocked: Annotated[bool, typer.Option(help="Check integrity alone: exit 0 for a verified folder whose "
+                                                "decision was 'blocked'.")] = False,
 ) -> None:
-    """Check a released folder: the signature, every file hash, no file added or missing, and
-    that the decision follows from the gate verdicts. Exit 0 verified, 1 not verified, 2 bad input."""
+    """Check a released folder: the signature, every file hash, no file added, missing or
+    linked, the signer the manifest names, and that the decision follows from the gate
+    verdicts. Exit 0 verified and released, 1 not verified (or verified but blocked, unless
+    --allow-blocked), 2 bad input."""
     from quantlab.release.manifest import read_manifest, verify_folder
 
     with exit_codes():
@@ -314,6 +319,15 @@ def verify(
         m = read_manifest(folder)
         typer.echo(f"verified {folder}: {len(m.checkpoint_files)} files and the manifest match the signature; "
                    f"decision '{m.decision.decision}' ({m.decision.why})")
+        if m.signer is not None and m.signer.key_fingerprint:
+            typer.echo(f"signed by key {m.signer.key_fingerprint}"
+                       + (" (quantlab's local development key: not for shipping)" if m.signer.development_key
+                          else ""))
+        if m.decision.decision != "release" and not allow_blocked:
+            err.print(f"[bold red]NOT RELEASED[/] {escape(str(folder))}: the signed decision is "
+                      f"'{m.decision.decision}'; pass --allow-blocked to check integrity alone", highlight=False,
+                      soft_wrap=True)
+            raise typer.Exit(1)
 
 
 @app.command()

@@ -56,7 +56,14 @@ def paired_values(task: str, metric: str, filt: str | None, base_rows: list[dict
         raise CheckError(f"task '{task}': {len(mismatched)} of {len(ids)} prompts differ between baseline and "
                          f"candidate (doc ids {mismatched[:5]}): the two runs did not ask the same thing; check "
                          "that both use the same tokenizer, chat template and task version")
-    return ids, [_value(base[i], metric) for i in ids], [_value(cand[i], metric) for i in ids]
+    values = {role: [_value(rows[i], metric) for i in ids] for role, rows in (("baseline", base), ("candidate", cand))}
+    for role, vs in values.items():
+        bad = [(i, v) for i, v in zip(ids, vs) if not all(math.isfinite(x) for x in (v if isinstance(v, tuple) else (v,)))]
+        if bad:  # one NaN would silently become "recovery undefined" or drop out of the bootstrap
+            raise CheckError(f"task '{task}': the {role}'s '{metric}' is not a finite number for {len(bad)} "
+                             f"sample(s) (doc id {bad[0][0]}: {bad[0][1]}); a score that is not a number cannot "
+                             "be compared: check the task's metric (and the server's answers in its samples file)")
+    return ids, values["baseline"], values["candidate"]
 
 
 def _is_binary(values: Sequence[Value]) -> bool:
@@ -70,7 +77,10 @@ def compare_task(task: str, slice_: str, metric: str, filt: str | None, higher_i
     value changed), each with the prompt and both answers."""
     ids, b, c = paired_values(task, metric, filt, base_rows, cand_rows)
     transform = TRANSFORMS.get(metric)
-    ci = paired_bootstrap(b, c, iters=iters, confidence=confidence, seed=seed, transform=transform)
+    try:
+        ci = paired_bootstrap(b, c, iters=iters, confidence=confidence, seed=seed, transform=transform)
+    except ValueError as err:
+        raise CheckError(f"task '{task}' ({metric}): {err}") from None
     binary = _is_binary(b) and _is_binary(c)
     base_only = sum(1 for x, y in zip(b, c, strict=True) if binary and x > y)
     cand_only = sum(1 for x, y in zip(b, c, strict=True) if binary and y > x)

@@ -85,10 +85,12 @@ def comparison_verdicts(cmp: TaskComparison, gates: QualityGates, *, scope: str,
         if few:
             add("min_recovery", "inconclusive", r, gates.min_recovery, f"only {cmp.n} samples "
                 f"(min_samples {gates.min_samples})")
-        elif r is None or r >= gates.min_recovery:
-            add("min_recovery", "pass", r, gates.min_recovery,
-                f"recovery {r:.3f} >= {gates.min_recovery:g}" if r is not None else "recovery undefined (zero "
-                "baseline score)")
+        elif r is None:  # a zero baseline score: the ratio says nothing, the difference still does
+            add("min_recovery", "pass" if d >= 0 else "inconclusive", r, gates.min_recovery,
+                "recovery undefined (zero baseline score)"
+                + ("; the candidate is not worse" if d >= 0 else "; the candidate scores lower"))
+        elif r >= gates.min_recovery:
+            add("min_recovery", "pass", r, gates.min_recovery, f"recovery {r:.3f} >= {gates.min_recovery:g}")
         elif worse_beyond_noise:
             add("min_recovery", "fail", r, gates.min_recovery, f"recovery {r:.3f} < {gates.min_recovery:g} and the "
                 "candidate is worse beyond the confidence interval")

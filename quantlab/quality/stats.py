@@ -70,6 +70,8 @@ def paired_bootstrap(base: Sequence[Value], cand: Sequence[Value], *, iters: int
     f = transform or (lambda x: x)
     bn, bd = _as_arrays(base)
     cn, cd = _as_arrays(cand)
+    if not all(np.isfinite(a).all() for a in (bn, bd, cn, cd)):
+        raise ValueError("a per-sample value is not a finite number: it cannot be resampled")
     point_b, point_c = f(bn.sum() / bd.sum()), f(cn.sum() / cd.sum())
     rng = np.random.default_rng(seed)
     n = len(base)
@@ -78,7 +80,9 @@ def paired_bootstrap(base: Sequence[Value], cand: Sequence[Value], *, iters: int
         rb = bn[idx].sum(1) / bd[idx].sum(1)
         rc = cn[idx].sum(1) / cd[idx].sum(1)
         diffs = np.vectorize(f)(rc) - np.vectorize(f)(rb) if transform else rc - rb
-    diffs = diffs[np.isfinite(diffs)]
+    if not np.isfinite(diffs).all():  # dropping them would narrow the interval without saying so
+        raise ValueError(f"{int((~np.isfinite(diffs)).sum())} of {iters} bootstrap resamples gave a difference that "
+                         "is not a finite number (a zero denominator, or a transform that overflows)")
     alpha = (1 - confidence) / 2
     low, high = (np.quantile(diffs, [alpha, 1 - alpha]) if diffs.size else (float("nan"), float("nan")))
     return PairedInterval(float(point_b), float(point_c), float(point_c - point_b), float(low), float(high),

@@ -27,10 +27,16 @@ def _source(ctx: RunContext) -> Path:
     return Path(ctx.import_from).expanduser().resolve()
 
 
+def _files(folder: Path) -> list[tuple[str, Path]]:
+    """(relative path, file) of every file below `folder`, subfolders included (a tokenizer
+    or an adapter may sit in one), but an earlier release's manifest and signature."""
+    return [(rel, p) for p in sorted(folder.rglob("*")) if p.is_file()
+            and (rel := p.relative_to(folder).as_posix()) not in SKIP]
+
+
 def inputs(ctx: RunContext) -> dict[str, Any]:
     src = _source(ctx)
-    files = {p.name: [p.stat().st_size, int(p.stat().st_mtime)] for p in sorted(src.iterdir()) if p.is_file()} \
-        if src.is_dir() else {}
+    files = {rel: [p.stat().st_size, int(p.stat().st_mtime)] for rel, p in _files(src)} if src.is_dir() else {}
     return {"source": str(src), "files": files}
 
 
@@ -39,7 +45,7 @@ def preflight(ctx: RunContext) -> None:
     if not src.is_dir():
         raise RecipeError(f"checkpoint folder {src} does not exist", field="--checkpoint")
     read_quant_config(src)  # config.json present and parsable, safetensors weights present
-    if list(src.glob("*.bin")) or list(src.glob("*.pt")) or list(src.glob("*.pth")):
+    if any(p.suffix in (".bin", ".pt", ".pth") for _, p in _files(src)):
         raise RecipeError(f"{src} holds pickle weight files (*.bin/*.pt): quantlab loads safetensors only; "
                           "convert the checkpoint to safetensors first", field="--checkpoint")
 
@@ -54,11 +60,10 @@ def run(ctx: RunContext) -> CheckpointResult:
     src = _source(ctx)
     ctx.progress(f"checkpoint: copying {src} into the run folder")
     with atomic_directory(ctx.checkpoint_dir, replace=True) as tmp:
-        for p in sorted(src.iterdir()):
-            if p.is_file() and p.name not in SKIP:
-                shutil.copy2(p, tmp / p.name)
-    files = {p.name: FileFact(size=p.stat().st_size, sha256=sha256_file(p))
-             for p in sorted(ctx.checkpoint_dir.iterdir()) if p.is_file()}
+        for rel, p in _files(src):
+            (tmp / rel).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(p, tmp / rel)  # a symlink's content, never the link: the copy is self-contained
+    files = {rel: FileFact(size=p.stat().st_size, sha256=sha256_file(p)) for rel, p in _files(ctx.checkpoint_dir)}
     for name in files:
         if name.endswith(".safetensors"):
             ctx.add_artifact(f"{CHECKPOINT_DIR}/{name}", "checkpoint-weights")

@@ -36,6 +36,15 @@ class RawFile(_M):
     role: str
 
 
+class Signer(_M):
+    """Who signed, as the release stage knew it before signing (the signature covers this)."""
+
+    method: str = Field(description="key, certificate or sigstore.")
+    key_fingerprint: str | None = Field(None, description="sha256 of the DER public key (key and certificate).")
+    development_key: bool = Field(False, description="quantlab's local development key: fine for trying, "
+                                  "never for shipping.")
+
+
 class Manifest(_M):
     manifest_version: Literal[1] = MANIFEST_VERSION
     quantlab: dict[str, Any]
@@ -55,6 +64,8 @@ class Manifest(_M):
     decision: DecisionRecord
     targets: dict[str, TargetDecision] = Field(default_factory=dict, description="Per serve target (only when "
                                                "the recipe names serve.targets): decision, why, required.")
+    signer: Signer | None = Field(None, description="Who signs it; None: unsigned (signing.method none), or a "
+                                  "manifest written before quantlab recorded the signer.")
 
 
 def policy_of_manifest(manifest: Manifest) -> DecisionPolicy:
@@ -68,9 +79,15 @@ def folder_files(folder: Path) -> dict[str, dict[str, Any]]:
     out = {}
     for p in sorted(Path(folder).rglob("*")):
         rel = p.relative_to(folder).as_posix()
-        if p.is_file() and rel not in (MANIFEST_FILE, SIGNATURE_FILE):
+        if p.is_file() and not p.is_symlink() and rel not in (MANIFEST_FILE, SIGNATURE_FILE):
             out[rel] = {"size": p.stat().st_size, "sha256": sha256_file(p)}
     return out
+
+
+def symlinks(folder: Path) -> list[str]:
+    """Symbolic links below `folder`: a released folder holds plain files only, so a link
+    (which could point anywhere after signing) is refused by name."""
+    return [p.relative_to(folder).as_posix() for p in sorted(Path(folder).rglob("*")) if p.is_symlink()]
 
 
 def read_manifest(folder: Path) -> Manifest:
@@ -100,17 +117,26 @@ def generate_keypair(private_path: Path, public_path: Path, *, overwrite: bool =
 
     private_path, public_path = Path(private_path), Path(public_path)
     for p in (private_path, public_path):
-        if p.exists() and not overwrite:
+        if (p.exists() or p.is_symlink()) and not overwrite:
             raise RecipeError(f"{p} already exists; choose another path or pass --overwrite")
     key = ec.generate_private_key(ec.SECP256R1())
     pem = key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
                             serialization.NoEncryption())
     private_path.parent.mkdir(parents=True, exist_ok=True)
-    fd = os.open(private_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "wb") as f:
-        f.write(pem)
-    public_path.write_bytes(key.public_key().public_bytes(serialization.Encoding.PEM,
-                                                          serialization.PublicFormat.SubjectPublicKeyInfo))
+    public_path.parent.mkdir(parents=True, exist_ok=True)
+    public_pem = key.public_key().public_bytes(serialization.Encoding.PEM,
+                                               serialization.PublicFormat.SubjectPublicKeyInfo)
+    for path, data, mode in ((private_path, pem, 0o600), (public_path, public_pem, 0o644)):
+        if overwrite and (path.is_symlink() or path.exists()):
+            path.unlink()  # the link itself, never where it points
+        # O_EXCL: never write through a file or link planted between the check and the write
+        try:
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0), mode)
+        except FileExistsError:
+            raise RecipeError(f"{path} appeared while the key was being written (a file or a link); choose "
+                              "another path") from None
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
 
 
 def public_key_fingerprint(public_pem: bytes) -> str:
@@ -183,7 +209,14 @@ def verify_signature(folder: Path, *, public_key: Path | None = None, certificat
     elif certificate_chain:
         cfg = cfg.use_certificate_verifier(certificate_chain=certificate_chain)
     elif sigstore_identity:
-        cfg = cfg.use_sigstore_verifier(identity=sigstore_identity, oidc_issuer=sigstore_issuer)
+        if not sigstore_issuer:
+            raise RecipeError("--sigstore-identity needs --sigstore-issuer: an identity means something only with "
+                              "the OIDC issuer that vouched for it (e.g. https://token.actions.githubusercontent.com)")
+        try:
+            cfg = cfg.use_sigstore_verifier(identity=sigstore_identity, oidc_issuer=sigstore_issuer)
+        except Exception as err:  # the trust root is fetched (TUF) from Sigstore's servers
+            return (f"Sigstore verification needs Sigstore's trust root, which could not be loaded (no network "
+                    f"access to Sigstore?): {type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}")
     else:
         raise RecipeError("say how to verify the signature: --public-key (key signing), --certificate-chain, "
                           "or --sigstore-identity with --sigstore-issuer")
@@ -196,11 +229,39 @@ def verify_signature(folder: Path, *, public_key: Path | None = None, certificat
     return None
 
 
+def _signer_problems(manifest: Manifest, signature_args: dict[str, Any]) -> list[str]:
+    """The manifest says how it is signed; verifying it another way, or with another key,
+    is a problem even where that signature holds."""
+    signer = manifest.signer
+    if signer is None:
+        return []
+    used = ("key" if signature_args.get("public_key") else "certificate" if signature_args.get("certificate_chain")
+            else "sigstore" if signature_args.get("sigstore_identity") else None)
+    if used == "key" and signer.method == "certificate":
+        used = "certificate"  # a certificate's public key verifies its signature too
+    if used is not None and used != signer.method:
+        return [f"the manifest says it is signed by method '{signer.method}', but it was verified by '{used}'"]
+    key = signature_args.get("public_key")
+    if key is not None and signer.key_fingerprint:
+        try:
+            given = public_key_fingerprint(Path(key).read_bytes())
+        except (OSError, ValueError) as err:
+            return [f"cannot read the public key {key}: {err}"]
+        if given != signer.key_fingerprint:
+            return [f"the manifest says it is signed by key {signer.key_fingerprint}, not by the key given ({given})"]
+    return []
+
+
 def verify_folder(folder: Path, **signature_args) -> list[str]:
-    """Every problem found in a released folder; an empty list means verified."""
+    """Every problem found in a released folder; an empty list means verified (the
+    integrity: whether the decision was release is the caller's to judge)."""
     folder = Path(folder)
-    manifest = read_manifest(folder)
-    problems = []
+    try:
+        manifest = read_manifest(folder)
+    except RecipeError as err:  # missing or malformed: not verified, whatever else holds
+        return [str(err)]
+    problems = [f"symlink: {name} (a released folder holds plain files only)" for name in symlinks(folder)]
+    problems += _signer_problems(manifest, signature_args)
     on_disk = folder_files(folder)
     for name, meta in manifest.checkpoint_files.items():
         if name not in on_disk:

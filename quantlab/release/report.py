@@ -335,7 +335,9 @@ def render_html(record: RunRecord, run_dir: Path) -> str:
             parts.append("<ul>" + "".join(f"<li>{e(n)}</li>" for n in notes) + "</ul>")
     for p in plots(record):
         f = run_dir / p
-        if f.is_file():  # embedded: the page is one self-contained file
+        # embedded: the page is one self-contained file; only a file inside the run folder
+        # (a run record naming any other path must not pull it into a report)
+        if f.is_file() and f.resolve().is_relative_to(run_dir.resolve()):
             data = base64.b64encode(f.read_bytes()).decode()
             parts.append(f"<p><img alt='{e(Path(p).stem)}' src='data:image/png;base64,{data}'></p>")
     parts.append("</body></html>")

@@ -18,6 +18,7 @@ from quantlab.release.manifest import (
     SIGNATURE_FILE,
     Manifest,
     RawFile,
+    Signer,
     folder_files,
     public_key_fingerprint,
     public_pem_of,
@@ -94,15 +95,18 @@ def run(ctx: RunContext) -> ReleaseResult:
     decision, targets = decided.record, decided.targets
     if targets:
         ctx.progress(f"release: {targets_line(targets)}")
-    manifest = build_manifest(ctx, results, verdicts, decision, targets)
+    s = ctx.recipe.signing
+    password = os.environ.get(s.password_env) if s.password_env else None
+    key, local_key = _key(ctx) if s.method in ("key", "certificate") else (None, False)
+    fingerprint = public_key_fingerprint(public_pem_of(key, password)) if key is not None else None
+    signer = Signer(method=s.method, key_fingerprint=fingerprint, development_key=local_key) \
+        if s.method != "none" else None
+    manifest = build_manifest(ctx, results, verdicts, decision, targets).model_copy(update={"signer": signer})
     folder = ctx.checkpoint_dir
     (folder / SIGNATURE_FILE).unlink(missing_ok=True)  # never leave an old signature next to a new manifest
     write_json_atomic(folder / MANIFEST_FILE, manifest.model_dump(mode="json"))
-    s = ctx.recipe.signing
-    signed, fingerprint, local_key = False, None, False
+    signed = False
     if s.method != "none":
-        password = os.environ.get(s.password_env) if s.password_env else None
-        key, local_key = _key(ctx) if s.method in ("key", "certificate") else (None, False)
         ctx.progress(f"release: signing {folder.name} ({len(manifest.checkpoint_files)} files + manifest) "
                      f"with method '{s.method}'")
         sign_folder(folder, method=s.method, private_key=key, password=password,
@@ -111,8 +115,6 @@ def run(ctx: RunContext) -> ReleaseResult:
                     use_staging=s.sigstore_staging,
                     identity_token=os.environ.get(s.identity_token_env) if s.identity_token_env else None)
         signed = True
-        if key is not None:
-            fingerprint = public_key_fingerprint(public_pem_of(key, password))
     # a copy beside the run record, so reports need not open the checkpoint
     shutil.copyfile(folder / MANIFEST_FILE, ctx.run.path / MANIFEST_FILE)
     ctx.add_artifact(f"{folder.name}/{MANIFEST_FILE}", "manifest")

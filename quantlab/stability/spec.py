@@ -54,8 +54,9 @@ class StabilityGates(_Strict):
                                                     "the baseline is the reference, not zero).")
     max_length_failures: int | None = Field(0, ge=0, description="Requests within the limit that failed, or a "
                                             "past-the-limit request not answered with a 4xx.")
-    max_server_errors: int | None = Field(0, ge=0, description="Bad requests answered with a 5xx or a dropped "
-                                          "connection, or after which /health failed.")
+    max_server_errors: int | None = Field(0, ge=0, description="Bad requests answered with a 5xx, a dropped "
+                                          "connection or a 200 (accepted, not refused), or after which /health "
+                                          "failed.")
     max_determinism_mismatch: float | None = Field(0.0, ge=0, le=1, description="Share of repeated greedy "
                                                    "requests whose text differed from the first answer.")
     max_soak_error_rate: float | None = Field(0.0, ge=0, le=1)

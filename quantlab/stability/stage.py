@@ -163,6 +163,8 @@ def _run_role(ctx: RunContext, role: str, spec: StabilitySpec, prompts, pool, ma
             out["soak"] = run_probe(ctx, role, server, f"soak {s.requests} requests at concurrency {s.concurrency}",
                                  sp.soak, url, name, prompts, requests=s.requests, concurrency=s.concurrency,
                                  max_tokens=s.max_tokens, timeout_s=t, sample_rss=_rss_sampler(server), bar=bar)
+            # quantlab launched it, so its memory must be readable: no samples then is a failure, not "unknown"
+            out["soak"]["memory_visible"] = server.proc is not None
     out["seconds"] = round(time.monotonic() - started, 1)
     return out
 

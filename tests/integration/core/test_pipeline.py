@@ -108,6 +108,9 @@ def test_failed_serve_then_resume_with_an_edited_serve_section(tmp_path, tiny_mo
     ckpt = run_dir / "checkpoint"
     manifest = json.loads((ckpt / "quantlab-manifest.json").read_text())
     assert manifest["decision"]["decision"] == "release"
+    # the signed manifest names its signer: the recipe's key, not the development key
+    assert manifest["signer"] == {"method": "key", "key_fingerprint": release["public_key_fingerprint"],
+                                  "development_key": False}
     assert manifest["checkpoint_files"]["model.safetensors"]["sha256"] == \
         record["stages"]["quantize"]["result"]["files"]["model.safetensors"]["sha256"]
     assert manifest["runtime"]["engines"]["candidate"]["linear_kernels"][served_format.layer] == [served_format.kernel]
@@ -147,7 +150,10 @@ def test_failed_serve_then_resume_with_an_edited_serve_section(tmp_path, tiny_mo
     blocked_manifest = json.loads((ckpt / "quantlab-manifest.json").read_text())
     assert blocked_manifest["decision"]["decision"] == "blocked"
     assert "baseline" in blocked_manifest["decision"]["fallback"]
-    assert ql("verify", ckpt, "--public-key", keys / "release.pub.pem").returncode == 0  # a signed "blocked"
+    # a correctly signed "blocked" release: verified, but a deploy step gated on verify must not ship it
+    not_released = ql("verify", ckpt, "--public-key", keys / "release.pub.pem")
+    assert not_released.returncode == 1 and "NOT RELEASED" in not_released.stderr, not_released.stderr
+    assert ql("verify", ckpt, "--public-key", keys / "release.pub.pem", "--allow-blocked").returncode == 0
 
 
 def test_unservable_recipe_fails_before_quantizing(tmp_path, tiny_model_dir):

@@ -100,3 +100,22 @@ def test_samples_needed_grows_as_the_gap_to_the_margin_shrinks():
     assert samples_needed(100, -0.05, -0.15, 0.05, 0.1) == 400
     assert samples_needed(100, -0.08, -0.18, 0.02, 0.1) == 2500
     assert samples_needed(100, -0.1, -0.2, 0.0, 0.1) is None  # the difference sits on the margin
+
+
+def test_a_sample_that_is_not_a_number_is_an_error_naming_task_and_sample():
+    """One NaN used to make recovery undefined (a pass) and drop out of the bootstrap."""
+    base = rows([1.0, 0.0] * 20)
+    cand = rows([1.0, 0.0] * 20)
+    cand[7]["metrics"]["acc"] = float("nan")
+    with pytest.raises(CheckError, match=r"task 't': the candidate's 'acc' is not a finite number for 1 sample\(s\) "
+                                         r"\(doc id 7: nan\)"):
+        judge(base, cand)
+
+
+def test_a_zero_baseline_score_passes_recovery_only_when_the_candidate_is_not_worse():
+    zero, better = rows([0.0] * 40, metric="f1"), rows([0.0] * 30 + [0.5] * 10, metric="f1")
+    cmp, _, vs = judge(zero, better, QualityGates(min_recovery=0.9), metric="f1")
+    assert cmp.recovery is None and by_gate(vs)["min_recovery"] == "pass"
+    negative, worse = rows([0.5] * 20 + [-0.5] * 20, metric="f1"), rows([0.5] * 20 + [-0.6] * 20, metric="f1")
+    cmp, _, vs = judge(negative, worse, QualityGates(min_recovery=0.9), metric="f1")
+    assert cmp.recovery is None and by_gate(vs)["min_recovery"] == "inconclusive"

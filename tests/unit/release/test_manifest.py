@@ -7,6 +7,8 @@ import json
 import os
 import shutil
 import stat
+import subprocess
+import sys
 
 import pytest
 
@@ -135,8 +137,62 @@ def test_unsigned_and_missing_manifest(tmp_path, keys):
     assert any("the manifest is unsigned" in p for p in verify_folder(folder, public_key=pub))
     shutil.rmtree(folder)
     folder.mkdir()
-    with pytest.raises(RecipeError, match="no quantlab-manifest.json"):
-        verify_folder(folder, public_key=pub)
+    [problem] = verify_folder(folder, public_key=pub)  # not verified (exit 1), not bad input
+    assert "no quantlab-manifest.json" in problem
+
+
+def test_a_malformed_manifest_is_not_verified(signed):
+    """It used to raise (exit 2): a manifest that fails the schema is a folder that does not verify."""
+    folder, pub = signed
+    (folder / MANIFEST_FILE).write_text('{"manifest_version": 1, "decision": "release"}')
+    [problem] = verify_folder(folder, public_key=pub)
+    assert "is not a valid quantlab manifest" in problem
+
+
+def test_a_symlink_in_a_released_folder_is_refused_by_name(signed, tmp_path):
+    folder, pub = signed
+    outside = tmp_path / "outside.json"
+    outside.write_text("{}")
+    (folder / "tokenizer.json").symlink_to(outside)
+    problems = verify_folder(folder, public_key=pub)
+    assert "symlink: tokenizer.json (a released folder holds plain files only)" in problems
+    assert "tokenizer.json" not in folder_files(folder)  # never hashed through the link
+
+
+def test_the_signer_the_manifest_names_is_checked(tmp_path, keys):
+    priv, pub = keys
+    folder = make_release(tmp_path / "ckpt")
+    m = json.loads((folder / MANIFEST_FILE).read_text())
+    m["signer"] = {"method": "key", "key_fingerprint": public_key_fingerprint(pub.read_bytes()),
+                   "development_key": True}
+    (folder / MANIFEST_FILE).write_text(json.dumps(m))
+    sign_folder(folder, method="key", private_key=priv)
+    assert verify_folder(folder, public_key=pub) == []
+    assert read_manifest(folder).signer.development_key
+    m["signer"]["method"] = "sigstore"  # signed by a key, claiming Sigstore
+    (folder / MANIFEST_FILE).write_text(json.dumps(m))
+    sign_folder(folder, method="key", private_key=priv)
+    [problem] = verify_folder(folder, public_key=pub)
+    assert "signed by method 'sigstore', but it was verified by 'key'" in problem
+
+
+def test_a_sigstore_identity_needs_its_issuer(signed):
+    folder, _ = signed
+    with pytest.raises(RecipeError, match="--sigstore-identity needs --sigstore-issuer"):
+        verify_folder(folder, sigstore_identity="someone@example.com")
+
+
+def test_keygen_never_writes_through_a_planted_symlink(tmp_path):
+    victim = tmp_path / "victim.txt"
+    victim.write_text("keep me")
+    link = tmp_path / "keys" / "new.pem"
+    link.parent.mkdir()
+    link.symlink_to(victim)
+    with pytest.raises(RecipeError, match="already exists"):
+        generate_keypair(link, tmp_path / "keys" / "new.pub.pem")
+    generate_keypair(link, tmp_path / "keys" / "new.pub.pem", overwrite=True)  # replaces the link itself
+    assert victim.read_text() == "keep me" and not link.is_symlink()
+    assert b"PRIVATE KEY" in link.read_bytes() and stat.S_IMODE(link.stat().st_mode) == 0o600
 
 
 def gv(verdict, target=None, gate="g"):
@@ -161,3 +217,29 @@ def test_a_target_decision_that_does_not_follow_from_the_gates(tmp_path, keys):
     sign_folder(folder, method="key", private_key=priv)  # signed, but inconsistent
     [problem] = verify_folder(folder, public_key=pub)
     assert "target 'gpu': decision 'release' does not follow" in problem
+
+
+def _verify_cli(*args):
+    from conftest import REPO
+
+    return subprocess.run([sys.executable, "-m", "quantlab", "verify", *map(str, args)], capture_output=True,
+                          text=True, cwd=REPO, timeout=120)
+
+
+def test_verify_exits_0_only_for_a_verified_release(tmp_path, keys):
+    """A deploy step gated on `quantlab verify` must not ship a correctly signed blocked release."""
+    priv, pub = keys
+    released = make_release(tmp_path / "released", [verdict("a", "pass")])
+    blocked = make_release(tmp_path / "blocked", [verdict("a", "fail")])
+    for folder in (released, blocked):
+        sign_folder(folder, method="key", private_key=priv)
+    assert _verify_cli(released, "--public-key", pub).returncode == 0
+    r = _verify_cli(blocked, "--public-key", pub)
+    assert r.returncode == 1 and "NOT RELEASED" in r.stderr and "'blocked'" in r.stderr
+    assert "verified" in r.stdout  # the integrity holds, and it says so
+    assert _verify_cli(blocked, "--public-key", pub, "--allow-blocked").returncode == 0
+    (blocked / MANIFEST_FILE).write_text("{not json")
+    r = _verify_cli(blocked, "--public-key", pub, "--allow-blocked")
+    assert r.returncode == 1 and "NOT VERIFIED" in r.stderr  # malformed: not verified, not bad input
+    r = _verify_cli(released, "--sigstore-identity", "someone@example.com")
+    assert r.returncode == 2 and "--sigstore-issuer" in r.stderr

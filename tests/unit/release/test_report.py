@@ -5,8 +5,10 @@ after a deliberate change of the reports."""
 
 from __future__ import annotations
 
+import base64
 import json
 import os
+import re
 from pathlib import Path
 from xml.etree import ElementTree as ET
 
@@ -53,6 +55,22 @@ def test_html_is_self_contained(record, tmp_path):
     page = render_html(record, tmp_path)  # the plots are not in tmp_path: the page says nothing of them
     assert "<h2 class='blocked'>BLOCKED" in page
     assert "src='http" not in page and "href=" not in page  # nothing fetched from anywhere
+
+
+def test_html_embeds_only_files_inside_the_run_folder(record, tmp_path):
+    """A run record naming a path outside its folder must not pull that file into a report."""
+    run_dir, secret = tmp_path / "run", tmp_path / "secret.png"
+    (run_dir / "performance").mkdir(parents=True)
+    secret.write_bytes(b"\x89PNG-not-for-the-report")
+    inside = run_dir / "performance" / "inside.png"
+    inside.write_bytes(b"\x89PNG-inside")
+    (run_dir / "performance" / "link.png").symlink_to(secret)
+    perf = record.stages["performance"].result.model_copy(
+        update={"plots": ["performance/inside.png", "../secret.png", str(secret), "performance/link.png"]})
+    stages = {**record.stages, "performance": record.stages["performance"].model_copy(update={"result": perf})}
+    page = render_html(record.model_copy(update={"stages": stages}), run_dir)
+    embedded = [base64.b64decode(m) for m in re.findall(r"base64,([A-Za-z0-9+/=]+)'", page)]
+    assert embedded == [b"\x89PNG-inside"]
 
 
 def test_summary_names_stages_decision_and_report(record, tmp_path):

@@ -8,7 +8,7 @@ from quantlab.stability.stage import fallback_rate
 
 
 def role(*, batch_rate=0.0, length_fail=0, greedy=0.0, seeded=0.0, server_errors=0, soak_errors=0, growth=10.0,
-         failing_rows=()):
+         failing_rows=(), accepted=(), memory_visible=True):
     rows = [{"prompt_tokens": n, "status": 200, "ok": True} for n in (96, 224, 428, 480)]
     rows.append({"prompt_tokens": 513, "status": 400, "ok": True, "healthy_after": True})
     for i in failing_rows:
@@ -20,9 +20,9 @@ def role(*, batch_rate=0.0, length_fail=0, greedy=0.0, seeded=0.0, server_errors
                         (("greedy", greedy), ("seeded", seeded))},
         "bad_requests": {"server_errors": server_errors, "rows": [
             {"case": "NaN temperature", "status": 500 if server_errors else 400, "server_error": bool(server_errors),
-             "healthy_after": True}]},
+             "healthy_after": True}], "accepted": list(accepted)},
         "soak": {"requests": 64, "errors": soak_errors, "empty": 0, "error_rate": soak_errors / 64,
-                 "rss_growth_mb": growth},
+                 "rss_growth_mb": growth, "memory_visible": memory_visible},
     }
 
 
@@ -55,8 +55,23 @@ def test_each_finding_fails_its_own_gate_with_the_evidence():
 
 
 def test_memory_of_an_external_server_is_inconclusive():
-    stab = {"baseline": role(growth=None), "candidate": role(growth=None)}
+    stab = {"baseline": role(growth=None, memory_visible=False), "candidate": role(growth=None, memory_visible=False)}
     assert verdicts(stab)["max_rss_growth_mb"] == "inconclusive"
+
+
+def test_unread_memory_of_a_launched_server_fails():
+    """It used to read as 'external server' (inconclusive, so released): quantlab launched
+    this one, so memory it could not read is a failed gate."""
+    stab = {"baseline": role(), "candidate": role(growth=None)}
+    [g] = [g for g in gates(stab, StabilitySpec()) if g.gate == "max_rss_growth_mb"]
+    assert g.verdict == "fail" and "could not be read" in g.detail
+
+
+def test_a_malformed_request_answered_200_fails_the_bad_request_gate():
+    """It used to be a note only: a server that accepts what it should refuse fails."""
+    stab = {"baseline": role(), "candidate": role(accepted=["top_p above 1"])}
+    [g] = [g for g in gates(stab, StabilitySpec()) if g.gate == "max_server_errors"]
+    assert g.verdict == "fail" and g.value == 1 and "top_p above 1 -> 200 (accepted)" in g.detail
 
 
 def test_fallback_rate_counts_what_the_candidate_failed_and_the_baseline_answered():

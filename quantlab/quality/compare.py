@@ -9,11 +9,10 @@ tokenizer, template or task version) and the comparison is refused, not guessed.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
 from typing import Any
 
 from quantlab.core.errors import CheckError
-from quantlab.quality.stats import PairedInterval, Value, mcnemar_exact, paired_bootstrap
+from quantlab.quality.stats import PairedInterval, Value, is_binary, mcnemar_exact, paired_interval
 from quantlab.core.results import TaskComparison
 
 LN2 = math.log(2)
@@ -66,10 +65,6 @@ def paired_values(task: str, metric: str, filt: str | None, base_rows: list[dict
     return ids, values["baseline"], values["candidate"]
 
 
-def _is_binary(values: Sequence[Value]) -> bool:
-    return all(not isinstance(v, tuple) and v in (0.0, 1.0) for v in values)
-
-
 def compare_task(task: str, slice_: str, metric: str, filt: str | None, higher_is_better: bool,
                  base_rows: list[dict], cand_rows: list[dict], *, confidence: float, iters: int, seed: int
                  ) -> tuple[TaskComparison, list[dict[str, Any]]]:
@@ -78,10 +73,10 @@ def compare_task(task: str, slice_: str, metric: str, filt: str | None, higher_i
     ids, b, c = paired_values(task, metric, filt, base_rows, cand_rows)
     transform = TRANSFORMS.get(metric)
     try:
-        ci = paired_bootstrap(b, c, iters=iters, confidence=confidence, seed=seed, transform=transform)
+        ci = paired_interval(b, c, iters=iters, confidence=confidence, seed=seed, transform=transform)
     except ValueError as err:
         raise CheckError(f"task '{task}' ({metric}): {err}") from None
-    binary = _is_binary(b) and _is_binary(c)
+    binary = is_binary(b) and is_binary(c)
     base_only = sum(1 for x, y in zip(b, c, strict=True) if binary and x > y)
     cand_only = sum(1 for x, y in zip(b, c, strict=True) if binary and y > x)
     base_map, cand_map = judged_rows(base_rows, metric, filt), judged_rows(cand_rows, metric, filt)
@@ -121,8 +116,8 @@ def pooled(comparisons: list[TaskComparison], rows: dict[str, tuple[list[Value],
         return None
     b = [v for t in members for v in rows[t.task][0]]
     c = [v for t in members for v in rows[t.task][1]]
-    ci: PairedInterval = paired_bootstrap(b, c, iters=iters, confidence=confidence, seed=seed)
-    binary = _is_binary(b) and _is_binary(c)
+    ci: PairedInterval = paired_interval(b, c, iters=iters, confidence=confidence, seed=seed)
+    binary = is_binary(b) and is_binary(c)
     worse = sum(1 for x, y in zip(b, c, strict=True) if binary and x > y)
     better = sum(1 for x, y in zip(b, c, strict=True) if binary and y > x)
     cmp = TaskComparison(task=f"slice:{slice_}", slice=slice_, metric="+".join(sorted({t.metric for t in members})),

@@ -17,7 +17,7 @@ from quantlab.core.results import TaskComparison
 from quantlab.core.verdicts import GateVerdict
 from quantlab.quality.compare import PREFIX_STEP, TRANSFORMS
 from quantlab.quality.spec import QualityGates, QualitySpec
-from quantlab.quality.stats import Value, paired_bootstrap
+from quantlab.quality.stats import Value, paired_interval
 
 CHECK = "quality"
 
@@ -143,7 +143,7 @@ def samples_to_verdict(b: Sequence[Value], c: Sequence[Value], verdict: str, mar
     n = len(b)
     smallest = n
     for k in range(n - PREFIX_STEP, PREFIX_STEP - 1, -PREFIX_STEP):
-        ci = paired_bootstrap(b[:k], c[:k], iters=iters, confidence=cmp.confidence, seed=seed,
+        ci = paired_interval(b[:k], c[:k], iters=iters, confidence=cmp.confidence, seed=seed,
                               transform=TRANSFORMS.get(cmp.metric))
         _, lo, hi = _oriented(ci.diff, ci.low, ci.high, cmp.higher_is_better)
         if ni_verdict(lo, hi, margin_frac_abs) != verdict:

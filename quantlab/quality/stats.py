@@ -1,8 +1,10 @@
 """Paired statistics for the quality stage: pure functions over per-sample values.
 
 Baseline and candidate answer the same prompts, so every comparison is paired:
-- pass/fail metrics: exact McNemar test on the discordant pairs;
-- any metric: a paired bootstrap confidence interval of the candidate-minus-baseline
+- pass/fail metrics: exact McNemar test on the discordant pairs, and Newcombe's hybrid
+  score interval (1998, method 10) for the difference of the paired proportions: honest
+  at zero and few discordant pairs, where a bootstrap interval collapses to [0, 0];
+- other metrics: a paired bootstrap confidence interval of the candidate-minus-baseline
   difference (resampling prompts, so the baseline/candidate pairing is kept);
 - next-token distributions: KL divergence of the candidate from the baseline on the
   top-k log-probabilities both servers return, with the mass outside the top k kept
@@ -87,6 +89,52 @@ def paired_bootstrap(base: Sequence[Value], cand: Sequence[Value], *, iters: int
     low, high = (np.quantile(diffs, [alpha, 1 - alpha]) if diffs.size else (float("nan"), float("nan")))
     return PairedInterval(float(point_b), float(point_c), float(point_c - point_b), float(low), float(high),
                           confidence, n)
+
+
+def is_binary(values: Sequence[Value]) -> bool:
+    return bool(values) and all(not isinstance(v, tuple) and v in (0.0, 1.0) for v in values)
+
+
+def paired_proportion_interval(base: Sequence[Value], cand: Sequence[Value], *, confidence: float = 0.95
+                               ) -> PairedInterval:
+    """Newcombe's hybrid score interval (Stat. Med. 1998;17:2635, method 10) for
+    p(candidate right) - p(baseline right) over paired pass/fail samples: the Wilson
+    intervals of the two marginal proportions (scipy), combined with the correlation of
+    the pairs. With no discordant pair in n samples it still spans about +-1.9/sqrt(n)."""
+    from scipy.stats import binomtest
+
+    if len(base) != len(cand):
+        raise ValueError(f"paired samples differ in count: {len(base)} baseline vs {len(cand)} candidate")
+    if not base:
+        raise ValueError("no samples to compare")
+    n = len(base)
+    both = sum(1 for x, y in zip(base, cand) if x and y)  # r
+    cand_only = sum(1 for x, y in zip(base, cand) if y and not x)  # s
+    base_only = sum(1 for x, y in zip(base, cand) if x and not y)  # t
+    neither = n - both - cand_only - base_only  # u
+    p1, p2 = (both + cand_only) / n, (both + base_only) / n  # candidate, baseline
+
+    def wilson(k: int) -> tuple[float, float]:
+        ci = binomtest(k, n).proportion_ci(confidence_level=confidence, method="wilson")
+        return float(ci.low), float(ci.high)
+
+    (l1, u1), (l2, u2) = wilson(both + cand_only), wilson(both + base_only)
+    margins = (both + cand_only) * (base_only + neither) * (both + base_only) * (cand_only + neither)
+    b = both * neither - cand_only * base_only
+    c = b - n / 2 if b > n / 2 else (b if b < 0 else 0.0)
+    phi = c / math.sqrt(margins) if margins > 0 else 0.0
+    d = p1 - p2
+    low = d - math.sqrt(max(0.0, (p1 - l1) ** 2 - 2 * phi * (p1 - l1) * (u2 - p2) + (u2 - p2) ** 2))
+    high = d + math.sqrt(max(0.0, (p2 - l2) ** 2 - 2 * phi * (p2 - l2) * (u1 - p1) + (u1 - p1) ** 2))
+    return PairedInterval(p2, p1, d, max(-1.0, low), min(1.0, high), confidence, n)
+
+
+def paired_interval(base: Sequence[Value], cand: Sequence[Value], *, confidence: float, iters: int, seed: int,
+                    transform=None) -> PairedInterval:
+    """The interval a gate judges: Newcombe's for pass/fail samples, else the bootstrap."""
+    if transform is None and is_binary(base) and is_binary(cand):
+        return paired_proportion_interval(base, cand, confidence=confidence)
+    return paired_bootstrap(base, cand, iters=iters, confidence=confidence, seed=seed, transform=transform)
 
 
 def topk_kl(base: dict[int, float], cand: dict[int, float]) -> float:

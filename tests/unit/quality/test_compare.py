@@ -119,3 +119,22 @@ def test_a_zero_baseline_score_passes_recovery_only_when_the_candidate_is_not_wo
     negative, worse = rows([0.5] * 20 + [-0.5] * 20, metric="f1"), rows([0.5] * 20 + [-0.6] * 20, metric="f1")
     cmp, _, vs = judge(negative, worse, QualityGates(min_recovery=0.9), metric="f1")
     assert cmp.recovery is None and by_gate(vs)["min_recovery"] == "inconclusive"
+
+
+def test_zero_discordance_at_20_samples_does_not_show_non_inferiority():
+    """The percentile bootstrap gave [0, 0] here, so non-inferiority passed with no
+    uncertainty; 20 agreeing pairs leave a drop of several points plausible."""
+    same = rows([1.0, 0.0] * 10)
+    cmp, _, vs = judge(same, same, QualityGates(non_inferiority_margin=0.1))
+    assert cmp.ci_low < -0.05 and cmp.ci_high > 0.05
+    [ni] = [v for v in vs if v.gate == "non_inferiority"]
+    assert ni.verdict == "inconclusive" and ni.samples_to_verdict and ni.samples_to_verdict > 20
+
+
+def test_one_gain_in_60_cannot_show_a_1_5_point_margin():
+    """Seen end to end: 60 items, one flip (a gain), no loss, margin 0.015 passed."""
+    base = [1.0] * 40 + [0.0] * 20
+    cand = [1.0] * 41 + [0.0] * 19
+    cmp, _, vs = judge(rows(base), rows(cand), QualityGates(non_inferiority_margin=0.015 / (40 / 60)))
+    assert cmp.worse == 0 and cmp.better == 1
+    assert {v.gate: v.verdict for v in vs}["non_inferiority"] == "inconclusive"

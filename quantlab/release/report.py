@@ -211,7 +211,18 @@ def _quantization_section(q: QuantizeResult) -> Section:
                     f"{q.compute_dtype['reason']}"] if q.compute_dtype and q.compute_dtype["dtype"]
                    != q.compute_dtype["model_dtype"] else [])
                 + ([f"reused the checkpoint quantized earlier from the same inputs (cache "
-                    f"{q.reused_from_cache[:12]}); the timings are that run's"] if q.reused_from_cache else []))
+                    f"{q.reused_from_cache[:12]}); the timings are that run's"] if q.reused_from_cache else [])
+                + _baseline_note(q.model))
+
+
+def _baseline_note(model: dict[str, Any]) -> list[str]:
+    """What the embedded default model is: every delta in this report is against it."""
+    prov = model.get("provenance") or {}
+    if model.get("kind") != "default" or not prov.get("gguf_file"):
+        return []
+    return [f"baseline: the embedded default model, {prov.get('model')} dequantized from {prov['gguf_file']} "
+            "(4-bit Q4_1) to bf16, not the original bf16 release: every delta here is against that model, whose "
+            "weights already carry 4-bit rounding, not against the original release"]
 
 
 def _checkpoint_section(ck: CheckpointResult) -> Section:

@@ -93,3 +93,14 @@ def test_summary_splits_the_time_into_the_engines_and_quantlabs_own(record, tmp_
     assert lines[4] == ("time: 6 min 12 s in all (preflights and reports included), engines at work 5 min 53 s, "
                         "quantlab's own 18.6 s (5.0%)")
     assert lines[5].startswith("decision: BLOCKED")
+
+
+def test_the_report_says_what_the_default_baseline_is(record):
+    """The embedded default model is a dequantized Q4_1 GGUF; every delta is against it."""
+    quantize = record.stages["quantize"].result
+    default = quantize.model_copy(update={"model": {**quantize.model, "kind": "default", "provenance": {
+        "model": "SmolLM2-135M-Instruct", "gguf_file": "SmolLM2-135M-Instruct.Q4_1.gguf"}}})
+    stages = {**record.stages, "quantize": record.stages["quantize"].model_copy(update={"result": default})}
+    md = render_markdown(record.model_copy(update={"stages": stages}))
+    assert "dequantized from SmolLM2-135M-Instruct.Q4_1.gguf (4-bit Q4_1) to bf16" in md
+    assert "Q4_1" not in render_markdown(record)  # a local model: nothing to say

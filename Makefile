@@ -21,7 +21,7 @@ demo: setup
 		recipe=$$(.venv/bin/quantlab recipes servable $(DEMO_RECIPES)) || exit $$?; \
 		echo "make demo: running $$recipe"; \
 		.venv/bin/quantlab run $$recipe; rc=$$?; \
-		if [ $$rc -eq 1 ]; then echo "make demo: the release was blocked by a gate (see above); the demo itself worked"; \
+		if [ $$rc -eq 1 ]; then echo "make demo: nothing was released: a gate failed, or a required one could not decide (see above); the demo itself worked"; \
 		elif [ $$rc -ne 0 ]; then exit $$rc; fi; \
 	fi
 

@@ -162,16 +162,29 @@ def _run_stages(loaded: LoadedRecipe, run: RunDir, progress: Progress, verbose: 
         _save_with_time(run, clock, progress)  # a failed run gets its report too
         raise
     ctx.close_engines()  # servers live across the check stages, never past the run
-    blocked = release_stage.decide_run(ctx).blocking  # an optional target's failures block that target only
-    run.record.status = "blocked" if blocked else "ok"
+    decided = release_stage.decide_run(ctx)  # an optional target's failures block that target only
+    run.record.status = "blocked" if decided.blocked else "ok"
     _save_with_time(run, clock, progress)
-    if blocked:
+    if decided.blocked:
         release = run.record.result("release")
         fallback = f"; fallback: {release.fallback}" if release is not None and release.fallback else ""
-        raise GateFailure(f"release blocked: {len(blocked)} gate(s) failed{fallback}; run record "
-                          f"{run.path / 'run.json'}:\n  - "
-                          + "\n  - ".join(f"{v.stage} {v.gate} at {v.scope}: {v.detail}" for v in blocked))
+        failed = [v for v in decided.blocking if v.verdict == "fail"]
+        unshown = [v for v in decided.blocking if v.verdict != "fail"]
+        head = (f"release blocked: {len(failed)} gate(s) failed" if failed else "release not shown: "
+                f"{len(unshown)} required gate(s) could not decide") + (
+            f" and {len(unshown)} could not decide" if failed and unshown else "")
+        raise GateFailure(f"{head}{fallback}; run record {run.path / 'run.json'}:\n  - "
+                          + "\n  - ".join(_blocking_line(v) for v in failed + unshown))
     return run
+
+
+def _blocking_line(v) -> str:
+    line = f"{v.stage} {v.gate} at {v.scope}: {v.detail}"
+    if v.verdict == "fail":
+        return line
+    need = f"; about {v.samples_to_verdict} samples would tell" if v.samples_to_verdict and \
+        f"{v.samples_to_verdict} samples would tell" not in v.detail else ""
+    return f"{line} (NOT SHOWN{need})"
 
 
 def write_run_reports(run: RunDir, progress: Progress) -> dict[str, Path]:

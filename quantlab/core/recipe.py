@@ -25,7 +25,7 @@ from pydantic import (
 
 from quantlab.core.errors import RecipeError
 from quantlab.quantize.spec import CalibrationSpec, QuantizationSpec
-from quantlab.release.spec import SigningSpec
+from quantlab.release.spec import ReleaseSpec, SigningSpec
 from quantlab.serving.spec import ServeSpec
 from quantlab.performance.spec import PerformanceSpec
 from quantlab.quality.spec import QualitySpec
@@ -66,6 +66,8 @@ class Recipe(_Strict):
         None, description="Performance checks: load workloads on baseline and candidate, SLOs, gates.")
     stability: StabilitySpec | None = Field(
         None, description="Stability checks: batch and length sweeps, determinism, bad requests, soak, fallback.")
+    release: ReleaseSpec = Field(default_factory=ReleaseSpec, description="What a gate that could not decide "
+                                 "does to the decision (release.policy).")
     signing: SigningSpec = Field(default_factory=SigningSpec, description="How the release manifest is signed.")
 
     @model_validator(mode="after")

@@ -241,10 +241,13 @@ class TargetsResult(_Result):
 
 class ReleaseResult(_Result):
     stage: Literal["release"] = "release"
-    decision: Literal["release", "blocked"]
+    decision: Literal["release", "blocked", "not_shown"]
     why: str
     fallback: str | None = None
     failed_gates: list[str] = Field(default_factory=list)
+    not_shown_gates: list[str] = Field(default_factory=list, description="Required gates that could not decide.")
+    not_shown_policy: dict[str, Any] | None = Field(None, description="release.policy's rules the decision was "
+                                                    "made under (None: before quantlab had them).")
     targets: dict[str, Any] = Field(default_factory=dict, description="Per serve target: decision, why, required "
                                     "(only when the recipe names serve.targets).")
     manifest: str = Field(description="The manifest, relative to the run directory (inside the checkpoint).")

@@ -1,10 +1,16 @@
 """The one place verdicts become a decision: `decide(verdicts, policy)`.
 
 The pipeline (exit code 1 and the run's status), the release stage (run.json and the
-manifest), the report (which failures block) and `quantlab verify` (does the manifest's
-decision follow from its verdicts) all call it. Rule: release when no gate that counts
-failed; inconclusive gates are listed but do not block. A gate of an optional serve
-target decides that target only; the primary target's gates count for every target.
+manifest), the report (which gates block) and `quantlab verify` (does the manifest's
+decision follow from its verdicts) all call it. Three outcomes, never more:
+- `blocked`: a gate that counts failed;
+- `not_shown`: none failed, but a required gate could not decide (verdict
+  "inconclusive": too few samples, an interval that straddles its limit, a value not
+  measured). Nothing is released on evidence it does not have;
+- `release`: every gate that counts passed, or could not decide and the recipe's
+  `release.policy` says `warn` for it (per gate, per check, or for all).
+A gate of an optional serve target decides that target only; the primary target's gates
+count for every target.
 """
 
 from __future__ import annotations
@@ -13,10 +19,11 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from quantlab.serving.spec import PRIMARY_TARGET
 from quantlab.core.verdicts import GateVerdict, gate_id
+from quantlab.serving.spec import PRIMARY_TARGET
 
-Decision = Literal["release", "blocked"]
+Decision = Literal["release", "blocked", "not_shown"]
+NotShown = Literal["block", "warn"]
 
 
 class _M(BaseModel):
@@ -29,10 +36,23 @@ class DecisionPolicy(_M):
     fallback: str = Field("", description="What to serve instead when blocked (recorded, not decided on).")
     targets: dict[str, bool] = Field(default_factory=dict, description="Serve target -> required, when the "
                                      "recipe names serve.targets (the primary target included); empty otherwise.")
+    not_shown: NotShown = Field("block", description="A gate that could not decide: block the release (default) "
+                                "or only warn.")
+    checks: dict[str, NotShown] = Field(default_factory=dict, description="Per check (quality, performance, ...).")
+    gates: dict[str, NotShown] = Field(default_factory=dict, description="Per gate, as 'check.gate'.")
 
     @property
     def optional_targets(self) -> frozenset[str]:
         return frozenset(n for n, required in self.targets.items() if not required)
+
+    def required(self, v: GateVerdict) -> bool:
+        """Whether this gate, when it cannot decide, holds the release back."""
+        rule = self.gates.get(f"{v.stage}.{v.gate}") or self.checks.get(v.stage) or self.not_shown
+        return rule == "block"
+
+    def rules(self) -> dict:
+        """The not-shown rules, as the manifest records them (so verify can decide again)."""
+        return {"not_shown": self.not_shown, "checks": dict(self.checks), "gates": dict(self.gates)}
 
 
 class DecisionRecord(_M):
@@ -41,8 +61,13 @@ class DecisionRecord(_M):
     decision: Decision
     why: str
     failed_gates: list[str] = Field(default_factory=list)
-    inconclusive_gates: list[str] = Field(default_factory=list)
-    fallback: str | None = Field(None, description="What to serve instead when blocked.")
+    inconclusive_gates: list[str] = Field(default_factory=list, description="Every gate that could not decide.")
+    not_shown_gates: list[str] = Field(default_factory=list, description="Those of them that are required: "
+                                       "they make the decision not_shown.")
+    fallback: str | None = Field(None, description="What to serve instead when not released.")
+    not_shown_policy: dict | None = Field(None, description="release.policy's rules this decision was made "
+                                          "under; None: a decision from before quantlab had them (then an "
+                                          "undecided gate never held a release back).")
 
 
 class TargetDecision(_M):
@@ -52,6 +77,7 @@ class TargetDecision(_M):
     required: bool
     why: str
     failed_gates: list[str] = Field(default_factory=list)
+    not_shown_gates: list[str] = Field(default_factory=list)
 
 
 class Decided(BaseModel):
@@ -63,57 +89,80 @@ class Decided(BaseModel):
 
     @property
     def blocked(self) -> bool:
-        return self.record.decision == "blocked"
+        """Not released: a gate failed, or a required gate could not decide."""
+        return self.record.decision != "release"
 
 
 def policy_for(recipe, *, fallback: str = "") -> DecisionPolicy:
-    """The policy a recipe sets: which serve targets are required."""
+    """The policy a recipe sets: which serve targets are required, what a gate that
+    cannot decide does (release.policy)."""
     extra = recipe.serve.targets
+    rules = recipe.release.policy
     return DecisionPolicy(fallback=fallback,
-                          targets={PRIMARY_TARGET: True, **{t.name: t.required for t in extra}} if extra else {})
+                          targets={PRIMARY_TARGET: True, **{t.name: t.required for t in extra}} if extra else {},
+                          not_shown=rules.not_shown, checks=dict(rules.checks), gates=dict(rules.gates))
 
 
 def decide(verdicts: list[GateVerdict], policy: DecisionPolicy) -> Decided:
-    """Release when no counting gate failed; see the module docstring."""
+    """blocked, not_shown or release; see the module docstring."""
     optional = policy.optional_targets
     counted = [v for v in verdicts if v.target is None or v.target not in optional]
-    blocking = [v for v in counted if v.verdict == "fail"]
-    failed = [gate_id(v) for v in blocking]
-    unsure = [gate_id(v) for v in counted if v.verdict == "inconclusive"]
+    failing = [v for v in counted if v.verdict == "fail"]
+    undecided = [v for v in counted if v.verdict == "inconclusive"]
+    holding = [v for v in undecided if policy.required(v)]
+    failed, unsure, unshown = ([gate_id(v) for v in vs] for vs in (failing, undecided, holding))
+    common = {"failed_gates": failed, "inconclusive_gates": unsure, "not_shown_gates": unshown,
+              "not_shown_policy": policy.rules()}
     if failed:
-        record = DecisionRecord(decision="blocked", why=f"{len(failed)} gate(s) failed: {', '.join(failed)}",
-                                failed_gates=failed, inconclusive_gates=unsure, fallback=policy.fallback)
+        why = f"{len(failed)} gate(s) failed: {', '.join(failed)}"
+        if unshown:
+            why += f"; {len(unshown)} more not shown: {', '.join(unshown)}"
+        record = DecisionRecord(decision="blocked", why=why, fallback=policy.fallback, **common)
+    elif unshown:
+        record = DecisionRecord(decision="not_shown", why=f"{len(unshown)} required gate(s) could not decide (not "
+                                f"shown): {', '.join(unshown)}; release.policy can make a gate warn instead",
+                                fallback=policy.fallback, **common)
     else:
         why = f"all {len(counted)} gate(s) passed" if counted else "no gate was configured"
-        if unsure:
-            why += f"; {len(unsure)} inconclusive (not blocking): {', '.join(unsure)}"
-        record = DecisionRecord(decision="release", why=why, inconclusive_gates=unsure)
-    return Decided(record=record, targets=_per_target(verdicts, policy.targets), blocking=blocking)
+        warned = [u for u in unsure if u not in unshown]
+        if warned:
+            why += f"; {len(warned)} not shown, warned by release.policy: {', '.join(warned)}"
+        record = DecisionRecord(decision="release", why=why, **common)
+    return Decided(record=record, targets=_per_target(verdicts, policy), blocking=failing + holding)
 
 
-def _per_target(verdicts: list[GateVerdict], required: dict[str, bool]) -> dict[str, TargetDecision]:
+def _per_target(verdicts: list[GateVerdict], policy: DecisionPolicy) -> dict[str, TargetDecision]:
     """One decision per serve target. The primary target's gates (quality, performance,
     stability: measured there) count for every target; each other target adds its own."""
     out = {}
-    for name, req in required.items():
+    for name, req in policy.targets.items():
         own = [v for v in verdicts if v.target is None or (name != PRIMARY_TARGET and v.target == name)]
         failed = [v for v in own if v.verdict == "fail"]
+        unshown = [v for v in own if v.verdict == "inconclusive" and policy.required(v)]
         if failed:
             local = [v.detail for v in failed if v.target == name]
             why = "; ".join(local) if local else f"{len(failed)} gate(s) failed on the primary target"
             out[name] = TargetDecision(decision="blocked", required=req, why=why,
-                                       failed_gates=[gate_id(v) for v in failed])
+                                       failed_gates=[gate_id(v) for v in failed],
+                                       not_shown_gates=[gate_id(v) for v in unshown])
+        elif unshown:
+            local = [v.detail for v in unshown if v.target == name]
+            why = "; ".join(local) if local else f"{len(unshown)} gate(s) not shown on the primary target"
+            out[name] = TargetDecision(decision="not_shown", required=req, why=why,
+                                       not_shown_gates=[gate_id(v) for v in unshown])
         else:
             out[name] = TargetDecision(decision="release", required=req, why=f"all {len(own)} gate(s) passed or "
-                                       "inconclusive" if own else "no gate was configured")
+                                       "warned" if own else "no gate was configured")
     return out
 
 
 def targets_line(decisions: dict[str, TargetDecision]) -> str:
     """'released for primary, cpu-eager; blocked for gpu (optional): no GPU ...'."""
     released = [n for n, d in decisions.items() if d.decision == "release"]
-    blocked = [f"{n}{'' if d.required else ' (optional)'}: {d.why}" for n, d in decisions.items()
-               if d.decision == "blocked"]
-    parts = ([f"released for {', '.join(released)}"] if released else []) + \
-        ([f"blocked for {'; '.join(blocked)}"] if blocked else [])
+    parts = [f"released for {', '.join(released)}"] if released else []
+    for word, decision in (("blocked", "blocked"), ("not shown", "not_shown")):
+        held = [f"{n}{'' if d.required else ' (optional)'}: {d.why}" for n, d in decisions.items()
+                if d.decision == decision]
+        if held:
+            parts.append(f"{word} for {'; '.join(held)}")
     return "; ".join(parts)

@@ -70,8 +70,9 @@ class Manifest(_M):
 
 def policy_of_manifest(manifest: Manifest) -> DecisionPolicy:
     """The policy a manifest's decision was made under, read back from it."""
+    rules = manifest.decision.not_shown_policy or {"not_shown": "warn"}  # before three outcomes: never held back
     return DecisionPolicy(fallback=manifest.decision.fallback or "",
-                          targets={n: t.required for n, t in manifest.targets.items()})
+                          targets={n: t.required for n, t in manifest.targets.items()}, **rules)
 
 
 def folder_files(folder: Path) -> dict[str, dict[str, Any]]:
@@ -274,11 +275,14 @@ def verify_folder(folder: Path, **signature_args) -> list[str]:
     expected = decide(manifest.gates, policy_of_manifest(manifest))
     for name, want in expected.targets.items():
         got = manifest.targets[name]
-        if (got.decision, got.failed_gates) != (want.decision, want.failed_gates):
+        if (got.decision, got.failed_gates, got.not_shown_gates) != \
+                (want.decision, want.failed_gates, want.not_shown_gates):
             problems.append(f"target '{name}': decision '{got.decision}' does not follow from the manifest's "
                             f"gate verdicts (they give '{want.decision}')")
     run_decision = expected.record
-    if run_decision.decision != manifest.decision.decision or run_decision.failed_gates != manifest.decision.failed_gates:
+    recorded = manifest.decision
+    if (run_decision.decision, run_decision.failed_gates, run_decision.not_shown_gates) != \
+            (recorded.decision, recorded.failed_gates, recorded.not_shown_gates):
         problems.append(f"decision '{manifest.decision.decision}' does not follow from the manifest's gate verdicts "
                         f"(they give '{run_decision.decision}': {run_decision.why})")
     sig_problem = verify_signature(folder, **signature_args)

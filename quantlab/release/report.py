@@ -44,7 +44,7 @@ def _results(record: RunRecord) -> dict[str, Any]:
 def decision_line(record: RunRecord) -> str:
     release = record.result("release")
     if isinstance(release, ReleaseResult):
-        word = "RELEASE" if release.decision == "release" else "BLOCKED"
+        word = {"release": "RELEASE", "blocked": "BLOCKED", "not_shown": "NOT SHOWN"}[release.decision]
         fallback = f" Fallback: {release.fallback}." if release.fallback else ""
         targets = ""
         if release.targets:
@@ -177,6 +177,16 @@ def sections(record: RunRecord) -> list[Section]:
     return out
 
 
+def _blocking(verdicts: list[GateVerdict], release: Any) -> set[int]:
+    """Which of these verdicts hold the release back, under the policy it was decided by
+    (no release result yet: the default, every gate required)."""
+    policy = DecisionPolicy()
+    if isinstance(release, ReleaseResult):
+        policy = DecisionPolicy(targets={n: d.get("required", True) for n, d in release.targets.items()},
+                                **(release.not_shown_policy or {"not_shown": "warn"}))
+    return {id(v) for v in decide(verdicts, policy).blocking}
+
+
 def _stages_section(record: RunRecord) -> Section:
     return ("Stages", ["stage", "status", "seconds", "engines at work (s)", "error"],
             [[s.name, s.status, f"{s.duration_s:.1f}", "-" if s.engine_s is None else f"{s.engine_s:.1f}",
@@ -186,13 +196,14 @@ def _stages_section(record: RunRecord) -> Section:
 
 def _gates_section(r: dict[str, Any]) -> Section:
     verdicts = all_verdicts(r)
-    rel = r.get("release")
-    policy = DecisionPolicy(targets={n: d.get("required", True) for n, d in rel.targets.items()}) \
-        if isinstance(rel, ReleaseResult) else DecisionPolicy()
-    blocking = {id(v) for v in decide(verdicts, policy).blocking}
+    blocking = _blocking(verdicts, r.get("release"))
 
     def label(v: GateVerdict) -> str:  # an optional target's failure blocks that target, not the release
-        return v.verdict.upper() + (" (optional target)" if v.verdict == "fail" and id(v) not in blocking else "")
+        if v.verdict == "fail":
+            return "FAIL" + ("" if id(v) in blocking else " (optional target)")
+        if v.verdict == "inconclusive":
+            return "NOT SHOWN" + ("" if id(v) in blocking else " (not required)")
+        return v.verdict.upper()
 
     return ("Gates", ["verdict", "stage", "gate", "scope", "value", "limit", "detail"],
                 [[label(v), v.stage, v.gate, v.scope, _fmt(v.value, 4), _fmt(v.limit, 4), v.detail]
@@ -319,8 +330,8 @@ def render_markdown(record: RunRecord) -> str:
 
 CSS = """body{font-family:system-ui,sans-serif;max-width:1100px;margin:2em auto;color:#222}
 table{border-collapse:collapse;margin:.5em 0 1em;font-size:14px}th,td{border:1px solid #ccc;padding:4px 8px;
-text-align:left}th{background:#f3f3f3}.release{color:#176f2c}.blocked{color:#b00020}.FAIL{color:#b00020;
-font-weight:bold}.PASS{color:#176f2c}.INCONCLUSIVE{color:#8a6d00}ul{font-size:14px;color:#444}img{max-width:100%}"""
+text-align:left}th{background:#f3f3f3}.release{color:#176f2c}.blocked{color:#b00020}.not_shown{color:#8a6d00}.FAIL{color:#b00020;
+font-weight:bold}.PASS{color:#176f2c}.NOT{color:#8a6d00}ul{font-size:14px;color:#444}img{max-width:100%}"""
 
 
 def render_html(record: RunRecord, run_dir: Path) -> str:
@@ -356,19 +367,26 @@ def render_html(record: RunRecord, run_dir: Path) -> str:
 
 
 def render_junit(record: RunRecord) -> str:
-    """One test case per gate (failure = failed gate, skipped = inconclusive), and one
-    error case per failed stage, so CI systems show them natively."""
-    verdicts: list[GateVerdict] = all_verdicts(_results(record))
+    """One test case per gate (failure = a failed gate, or a required one that could not
+    decide; skipped = one not shown that release.policy only warns about), and one error
+    case per failed stage, so CI systems show them natively."""
+    results = _results(record)
+    verdicts: list[GateVerdict] = all_verdicts(results)
+    blocking = _blocking(verdicts, results.get("release"))
+    unshown = sum(v.verdict == "inconclusive" and id(v) in blocking for v in verdicts)
     failed_stages = [s for s in record.stages.values() if s.status != "ok"]
     suite = ET.Element("testsuite", name=f"quantlab.{record.recipe_name}",
                        tests=str(len(verdicts) + len(failed_stages)),
-                       failures=str(sum(v.verdict == "fail" for v in verdicts)), errors=str(len(failed_stages)),
-                       skipped=str(sum(v.verdict == "inconclusive" for v in verdicts)))
+                       failures=str(sum(v.verdict == "fail" for v in verdicts) + unshown),
+                       errors=str(len(failed_stages)),
+                       skipped=str(sum(v.verdict == "inconclusive" for v in verdicts) - unshown))
     for v in verdicts:
         case = ET.SubElement(suite, "testcase", classname=f"{record.recipe_name}.{v.stage}",
                              name=f"{v.gate}@{v.scope}")
         if v.verdict == "fail":
             ET.SubElement(case, "failure", message=v.detail, type="GateFailed").text = v.detail
+        elif v.verdict == "inconclusive" and id(v) in blocking:  # required and not shown: nothing released
+            ET.SubElement(case, "failure", message=f"not shown: {v.detail}", type="GateNotShown").text = v.detail
         elif v.verdict == "inconclusive":
             ET.SubElement(case, "skipped", message=v.detail)
     for s in failed_stages:

@@ -1,4 +1,4 @@
-"""The recipe's signing section."""
+"""The recipe's release and signing sections."""
 
 from __future__ import annotations
 
@@ -34,3 +34,38 @@ class SigningSpec(_Strict):
         if self.method == "certificate" and not (self.private_key and self.signing_certificate):
             raise ValueError("method 'certificate' needs 'private_key' and 'signing_certificate'")
         return self
+
+
+CHECKS = ("quality", "performance", "stability", "targets")
+NotShown = Literal["block", "warn"]
+
+
+class ReleasePolicySpec(_Strict):
+    """What a gate that could not decide (not shown: too few samples, an interval that
+    straddles its limit, a value not measured) does to the decision."""
+
+    not_shown: NotShown = Field("block", description="block (default): the decision is not_shown, exit 1, and "
+                                "nothing is released; warn: listed, not holding the release back.")
+    checks: dict[str, NotShown] = Field(default_factory=dict, description="Per check: quality, performance, "
+                                        "stability, targets.")
+    gates: dict[str, NotShown] = Field(default_factory=dict, description="Per gate, as 'check.gate' (e.g. "
+                                       "'quality.non_inferiority'); wins over the check's and the default rule.")
+
+    @model_validator(mode="after")
+    def _known_names(self) -> "ReleasePolicySpec":
+        for name in self.checks:
+            if name not in CHECKS:
+                raise ValueError(f"checks: unknown check '{name}'; expected one of {', '.join(CHECKS)}")
+        for name in self.gates:
+            check, _, gate = name.partition(".")
+            if check not in CHECKS or not gate:
+                raise ValueError(f"gates: '{name}' is not 'check.gate' (e.g. 'quality.non_inferiority'); checks: "
+                                 f"{', '.join(CHECKS)}")
+        return self
+
+
+class ReleaseSpec(_Strict):
+    """How the release decision treats gates that could not decide."""
+
+    policy: ReleasePolicySpec = Field(default_factory=ReleasePolicySpec)
+

@@ -121,7 +121,8 @@ def run(ctx: RunContext) -> ReleaseResult:
     if signed:
         ctx.add_artifact(f"{folder.name}/{SIGNATURE_FILE}", "manifest-signature")
     return ReleaseResult(decision=decision.decision, why=decision.why, fallback=decision.fallback,
-                         failed_gates=decision.failed_gates,
+                         failed_gates=decision.failed_gates, not_shown_gates=decision.not_shown_gates,
+                         not_shown_policy=decision.not_shown_policy,
                          targets={n: d.model_dump(mode="json") for n, d in targets.items()},
                          manifest=f"{folder.name}/{MANIFEST_FILE}",
                          signed=signed, signing_method=s.method, public_key_fingerprint=fingerprint,

@@ -67,9 +67,15 @@ def test_quantized_run_on_default_model(tmp_path, default_model_dir, served_form
             assert point[role]["prompt_tokens"] == 4 * 128
     failed = [g for st in record["stages"].values() for g in (st.get("result") or {}).get("gates", [])
               if g["verdict"] == "fail"]
-    assert (r.returncode == 1) == bool(failed)
+    release = record["stages"]["release"]["result"]
+    assert (r.returncode == 1) == (release["decision"] != "release")
+    assert (release["decision"] == "blocked") == bool(failed)  # not_shown: none failed, a required one undecided
     for g in failed:  # a blocked release names the gate, the point and the measured numbers
         assert g["gate"] in r.stderr and g["scope"] in r.stderr and g["value"] is not None
+    for gate_id in release["not_shown_gates"]:  # and the gates that could not decide, each by name
+        check, _, rest = gate_id.partition(".")
+        gate, _, scope = rest.partition("@")
+        assert f"{check} {gate} at {scope}" in r.stderr
 
     quality = record["stages"]["quality"]["result"]
     assert {t["slice"] for t in quality["tasks"]} >= {"general", "knowledge", "structured", "long-context", "chat",

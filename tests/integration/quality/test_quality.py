@@ -35,13 +35,18 @@ def validated(recipe, checkpoint, tmp_path):
     return r, json.loads((run_dir / "run.json").read_text()), run_dir
 
 
-def test_self_validation_passes_every_gate_then_reuses_the_cached_baseline(tiny_server, tiny_served_checkpoint,
+def test_self_validation_fails_no_gate_shows_what_it_cannot_then_reuses_the_cached_baseline(tiny_server, tiny_served_checkpoint,
                                                                             tmp_path):
     server, _, _ = tiny_server
     recipe = self_check_recipe(tmp_path, server, tiny_served_checkpoint)
     # the model source is the checkpoint itself: baseline and candidate are the same weights on the same server
     r, record, run_dir = validated(recipe, tiny_served_checkpoint, tmp_path)
-    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    # nothing failed, but 20 samples cannot show non-inferiority: by default nothing is released (exit 1)
+    assert r.returncode == 1, r.stdout[-3000:] + r.stderr[-3000:]
+    release = record["stages"]["release"]["result"]
+    assert release["decision"] == "not_shown" and not release["failed_gates"] and release["not_shown_gates"]
+    assert all(g.startswith("quality.non_inferiority@") for g in release["not_shown_gates"])
+    assert "release not shown" in r.stderr and "NOT SHOWN" in r.stderr
     q = record["stages"]["quality"]["result"]
     assert sorted(t["task"] for t in q["tasks"]) == sorted(TASKS) and all(t["n"] == 20 for t in q["tasks"])
     gates = [g for g in q["gates"]]
@@ -64,8 +69,14 @@ def test_self_validation_passes_every_gate_then_reuses_the_cached_baseline(tiny_
     junit = (run_dir / "junit.xml").read_text()
     assert "ql_code" in junit and "non_inferiority" in junit
 
-    r2, record2, _ = validated(recipe, tiny_served_checkpoint, tmp_path)
+    # the recipe can say an undecided non-inferiority only warns: then it is released, listed as not shown
+    data = __import__("yaml").safe_load(recipe.read_text())
+    data["release"] = {"policy": {"gates": {"quality.non_inferiority": "warn"}}}
+    recipe = write_recipe(tmp_path, data, "warn.yaml")
+    r2, record2, run_dir2 = validated(recipe, tiny_served_checkpoint, tmp_path)
     assert r2.returncode == 0, r2.stderr[-3000:]
+    assert record2["stages"]["release"]["result"]["decision"] == "release"
+    assert "NOT SHOWN (not required)" in (run_dir2 / "report.md").read_text()
     q2 = record2["stages"]["quality"]["result"]
     assert q2["baseline_cached"] and set(q2["seconds"]) == {"candidate"}
     assert q2["baseline_cache_key"] == q["baseline_cache_key"]
@@ -73,7 +84,6 @@ def test_self_validation_passes_every_gate_then_reuses_the_cached_baseline(tiny_
     assert "reusing cached results" in r2.stdout + r2.stderr
 
     # a different sample limit is a different baseline: the cache must miss
-    data = __import__("yaml").safe_load(recipe.read_text())
     data["quality"]["limit"] = 21
     r3, record3, _ = validated(write_recipe(tmp_path, data, "limit21.yaml"), tiny_served_checkpoint, tmp_path)
     assert r3.returncode == 0 and not record3["stages"]["quality"]["result"]["baseline_cached"]

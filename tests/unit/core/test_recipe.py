@@ -149,3 +149,18 @@ def test_json_schema_describes_every_section():
     q = schema["$defs"]["QuantizationSpec"]
     assert q["additionalProperties"] is False
     assert "group_size" in q["properties"]
+
+
+def test_release_policy_names_known_checks_and_gates():
+    from quantlab.core.errors import RecipeError
+    from quantlab.core.recipe import parse_recipe
+
+    base = {"name": "r", "quantization": {"method": "rtn", "scheme": "W8A16"}}
+    r = parse_recipe({**base, "release": {"policy": {"not_shown": "warn", "checks": {"performance": "block"},
+                                                     "gates": {"quality.non_inferiority": "warn"}}}})
+    assert r.release.policy.gates == {"quality.non_inferiority": "warn"}
+    assert parse_recipe(base).release.policy.not_shown == "block"  # nothing released on evidence it lacks
+    with pytest.raises(RecipeError, match="unknown check 'qualiti'"):
+        parse_recipe({**base, "release": {"policy": {"checks": {"qualiti": "warn"}}}})
+    with pytest.raises(RecipeError, match="is not 'check.gate'"):
+        parse_recipe({**base, "release": {"policy": {"gates": {"non_inferiority": "warn"}}}})

@@ -12,12 +12,38 @@ def verdict(gate, v, scope="w/c1"):
 def test_decision_follows_the_verdicts():
     base = DecisionPolicy(fallback="base")
     assert decide([], base).record.decision == "release"
-    d = decide([verdict("a", "pass"), verdict("b", "inconclusive")], base).record
-    assert d.decision == "release" and d.inconclusive_gates == ["performance.b@w/c1"] and "inconclusive" in d.why
     decided = decide([verdict("a", "pass"), verdict("b", "fail", "w/c8")], base)
     d = decided.record
     assert d.decision == "blocked" and d.failed_gates == ["performance.b@w/c8"] and d.fallback == "base"
     assert decided.blocked and [v.scope for v in decided.blocking] == ["w/c8"]
+
+
+def test_a_required_gate_that_could_not_decide_releases_nothing():
+    """It used to release: 'inconclusive never blocks', so quality.limit: 10 (every quality
+    gate below min_samples) released a model nothing had been shown about."""
+    decided = decide([verdict("a", "pass"), verdict("b", "inconclusive")], DecisionPolicy(fallback="base"))
+    d = decided.record
+    assert d.decision == "not_shown" and decided.blocked and d.fallback == "base"
+    assert d.inconclusive_gates == d.not_shown_gates == ["performance.b@w/c1"] and "could not decide" in d.why
+    assert [v.gate for v in decided.blocking] == ["b"]
+    # failed and not shown together: blocked, both listed
+    both = decide([verdict("a", "fail"), verdict("b", "inconclusive", "w/c2")], DecisionPolicy()).record
+    assert both.decision == "blocked" and both.not_shown_gates == ["performance.b@w/c2"]
+
+
+def test_release_policy_can_warn_per_gate_per_check_or_for_all():
+    unsure = [verdict("a", "pass"), verdict("b", "inconclusive")]
+    for policy in (DecisionPolicy(not_shown="warn"), DecisionPolicy(checks={"performance": "warn"}),
+                   DecisionPolicy(gates={"performance.b": "warn"})):
+        d = decide(unsure, policy).record
+        assert d.decision == "release" and d.not_shown_gates == [] and "warned by release.policy" in d.why
+    # the gate's own rule wins over its check's and the default
+    assert decide(unsure, DecisionPolicy(not_shown="warn", gates={"performance.b": "block"})).record.decision \
+        == "not_shown"
+    assert decide(unsure, DecisionPolicy(checks={"performance": "warn"}, gates={"performance.b": "block"})
+                  ).record.decision == "not_shown"
+    assert decide(unsure, DecisionPolicy()).record.not_shown_policy == {"not_shown": "block", "checks": {},
+                                                                          "gates": {}}
 
 
 def gv(verdict, target=None, gate="g"):
@@ -39,3 +65,14 @@ def test_per_target_decisions():
     d = decide([gv("fail"), gv("pass", "cpu2")], DecisionPolicy(targets={"primary": True, "cpu2": True})).targets
     assert {x.decision for x in d.values()} == {"blocked"}
     assert d["cpu2"].why == "1 gate(s) failed on the primary target"
+
+
+def test_a_target_with_a_gate_that_could_not_decide_is_not_shown():
+    verdicts = [gv("pass"), gv("inconclusive", "cpu2", "max_mismatch")]
+    decided = decide(verdicts, DecisionPolicy(targets={"primary": True, "cpu2": False}))
+    assert decided.record.decision == "release"  # an optional target decides itself only
+    assert decided.targets["cpu2"].decision == "not_shown"
+    assert decided.targets["cpu2"].not_shown_gates == ["targets.max_mismatch@cpu2"]
+    assert targets_line(decided.targets) == ("released for primary; not shown for cpu2 (optional): "
+                                             "max_mismatch on cpu2")
+

@@ -104,3 +104,21 @@ def test_the_report_says_what_the_default_baseline_is(record):
     md = render_markdown(record.model_copy(update={"stages": stages}))
     assert "dequantized from SmolLM2-135M-Instruct.Q4_1.gguf (4-bit Q4_1) to bf16" in md
     assert "Q4_1" not in render_markdown(record)  # a local model: nothing to say
+
+
+def test_a_required_gate_that_could_not_decide_is_a_junit_failure_and_says_not_shown(record):
+    perf = record.stages["performance"].result
+    gates = [g.model_copy(update={"verdict": "inconclusive"}) if i == 0 else g for i, g in enumerate(perf.gates)]
+    stages = {**record.stages, "performance": record.stages["performance"].model_copy(
+        update={"result": perf.model_copy(update={"gates": gates})})}
+    release = record.stages["release"].result
+    for rules, kind in (({"not_shown": "block", "checks": {}, "gates": {}}, "failure"),
+                        ({"not_shown": "warn", "checks": {}, "gates": {}}, "skipped")):
+        rel = release.model_copy(update={"not_shown_policy": rules})
+        run = record.model_copy(update={"stages": {**stages, "release": record.stages["release"].model_copy(
+            update={"result": rel})}})
+        case = [c for c in ET.fromstring(render_junit(run)).findall("testcase")
+                if c.get("name") == f"{gates[0].gate}@{gates[0].scope}"][0]
+        assert case.find(kind) is not None
+        label = "NOT SHOWN |" if kind == "failure" else "NOT SHOWN (not required) |"
+        assert label in render_markdown(run)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from quantlab.core.results import TaskComparison
@@ -28,22 +29,45 @@ Paired = tuple[TaskComparison, Sequence[Value], Sequence[Value]]
 def verdicts(spec: QualitySpec, tasks: list[Paired], slices: list[Paired], kl: dict[str, Any] | None
              ) -> list[GateVerdict]:
     """Every quality gate: per task, per slice (pooled), and on the KL summary. A task or
-    slice whose gates are disabled in the recipe gets none."""
+    slice whose gates are disabled in the recipe gets none.
+
+    The family: a release needs every gate to pass, and each pass is judged at its own
+    confidence (requiring all of them is an intersection-union test: no adjustment is
+    needed to keep a worse model from passing). A block needs only one gate to fail, so
+    the fail side is adjusted (Bonferroni): a gate fails only when the candidate is worse
+    beyond the interval at 1 - (1 - confidence) / m, m the gated comparisons, which keeps
+    an unchanged model's chance of a quality block at most 1 - confidence (one-sided)."""
     iters, seed = spec.bootstrap_iters // 4, spec.seed
-    out: list[GateVerdict] = []
+    gated = []
     for cmp, b, c in tasks:
         override = spec.task_gates.get(cmp.task)
         if not (override and override.disabled):
-            out += comparison_verdicts(cmp, task_gates(spec, cmp.task, cmp.slice), scope=cmp.task, b=b, c=c,
-                                       iters=iters, seed=seed)
+            gated.append((cmp, b, c, task_gates(spec, cmp.task, cmp.slice), cmp.task))
     for cmp, b, c in slices:
         override = spec.slice_gates.get(cmp.slice)
         if not (override and override.disabled):
-            out += comparison_verdicts(cmp, slice_gates(spec, cmp.slice), scope=f"slice:{cmp.slice}", b=b, c=c,
-                                       iters=iters, seed=seed)
+            gated.append((cmp, b, c, slice_gates(spec, cmp.slice), f"slice:{cmp.slice}"))
+    out: list[GateVerdict] = []
+    for cmp, b, c, g, scope in gated:
+        family = FailFamily(size=len(gated), confidence=1 - (1 - cmp.confidence) / len(gated))
+        if family.size > 1:
+            ci = paired_interval(b, c, confidence=family.confidence, iters=spec.bootstrap_iters, seed=seed,
+                                 transform=None if scope.startswith("slice:") else TRANSFORMS.get(cmp.metric))
+            family = FailFamily(family.size, family.confidence, ci.low, ci.high)
+        out += comparison_verdicts(cmp, g, scope=scope, b=b, c=c, iters=iters, seed=seed, family=family)
     if kl is not None:
         out += kl_verdicts(kl, spec)
     return out
+
+
+@dataclass(frozen=True)
+class FailFamily:
+    """The fail side's interval, adjusted for the number of gated comparisons."""
+
+    size: int
+    confidence: float
+    low: float | None = None  # candidate - baseline, as the comparison's own interval
+    high: float | None = None
 
 
 def task_gates(spec: QualitySpec, task: str, slice_: str) -> QualityGates:
@@ -66,14 +90,21 @@ def _oriented(cmp_diff: float, low: float, high: float, hib: bool) -> tuple[floa
 
 
 def comparison_verdicts(cmp: TaskComparison, gates: QualityGates, *, scope: str, b: Sequence[Value] | None = None,
-             c: Sequence[Value] | None = None, iters: int = 2000, seed: int = 0) -> list[GateVerdict]:
-    """The configured gates on one comparison (a task or a pooled slice)."""
+                        c: Sequence[Value] | None = None, iters: int = 2000, seed: int = 0,
+                        family: FailFamily | None = None) -> list[GateVerdict]:
+    """The configured gates on one comparison (a task or a pooled slice). A gate fails
+    only beyond the family's interval (see verdicts); alone, its own."""
     out: list[GateVerdict] = []
     d, lo, hi = _oriented(cmp.diff, cmp.ci_low, cmp.ci_high, cmp.higher_is_better)
     pct = f"{cmp.confidence:.0%}"
     base_line = (f"{cmp.metric}: baseline {cmp.baseline:.4g}, candidate {cmp.candidate:.4g} over {cmp.n} paired "
                  f"samples; difference {cmp.diff:+.4g} ({pct} CI {cmp.ci_low:+.4g} .. {cmp.ci_high:+.4g})")
-    worse_beyond_noise = hi < 0
+    fail_hi = hi  # the candidate's best plausible difference, for the fail side
+    if family is not None and family.low is not None:
+        _, _, fail_hi = _oriented(cmp.diff, family.low, family.high, cmp.higher_is_better)
+        base_line += (f"; fail side at {family.confidence:.2%} (Bonferroni over {family.size} gated comparisons): "
+                      f"{family.low:+.4g} .. {family.high:+.4g}")
+    worse_beyond_noise = fail_hi < 0
     few = cmp.n < gates.min_samples
 
     def add(gate: str, verdict: str, value, limit, why: str, needed: int | None = None) -> None:
@@ -111,6 +142,9 @@ def comparison_verdicts(cmp: TaskComparison, gates: QualityGates, *, scope: str,
     if gates.non_inferiority_margin is not None:
         margin = gates.non_inferiority_margin * abs(cmp.baseline)
         verdict = ni_verdict(lo, hi, margin)
+        downgraded = verdict == "fail" and fail_hi >= -margin
+        if downgraded:
+            verdict = "inconclusive"  # below the margin at its own confidence, not at the family's
         if few:
             verdict = "inconclusive"
         needed = None
@@ -121,8 +155,10 @@ def comparison_verdicts(cmp: TaskComparison, gates: QualityGates, *, scope: str,
         why = {"pass": f"the interval's worse end {lo:+.4g} is above -{margin:.4g} (margin "
                        f"{gates.non_inferiority_margin:g} x baseline)",
                "fail": f"the whole interval is below -{margin:.4g}: worse than the margin allows",
-               "inconclusive": (f"only {cmp.n} samples" if few else f"the interval {lo:+.4g} .. {hi:+.4g} "
-                                f"straddles -{margin:.4g}") + (f"; about {needed} samples would tell"
+               "inconclusive": (f"only {cmp.n} samples" if few else
+                                f"the whole {pct} interval is below -{margin:.4g}, but not the fail side's "
+                                "(adjusted for the family of gates)" if downgraded else
+                                f"the interval {lo:+.4g} .. {hi:+.4g} straddles -{margin:.4g}") + (f"; about {needed} samples would tell"
                                                               if needed else "")}[verdict]
         add("non_inferiority", verdict, lo, -margin, why, needed)
     return out

@@ -138,3 +138,34 @@ def test_one_gain_in_60_cannot_show_a_1_5_point_margin():
     cmp, _, vs = judge(rows(base), rows(cand), QualityGates(non_inferiority_margin=0.015 / (40 / 60)))
     assert cmp.worse == 0 and cmp.better == 1
     assert {v.gate: v.verdict for v in vs}["non_inferiority"] == "inconclusive"
+
+
+def test_the_fail_side_is_adjusted_for_the_family_of_gates():
+    """One gate failing is enough to block, so with many gates each fails only beyond a
+    Bonferroni-adjusted interval: a marginal loss alone among 12 is not a block, a large
+    one still is; passing still needs every gate at its own confidence."""
+    from quantlab.quality import gates as quality_gates
+    from quantlab.quality.compare import paired_values
+    from quantlab.quality.spec import QualitySpec
+
+    spec = QualitySpec.model_validate({})
+
+    def paired(name, base, cand):
+        b_rows, c_rows = rows(base, prompt=name), rows(cand, prompt=name)
+        cmp, _ = compare_task(name, name, "acc", None, True, b_rows, c_rows, confidence=0.95, iters=500, seed=0)
+        _, bv, cv = paired_values(name, "acc", None, b_rows, c_rows)
+        return cmp, bv, cv
+
+    good = [1.0] * 60 + [0.0] * 40
+    # 16 right answers lost, 4 gained: recovery 0.8, worse beyond the 95% interval but not far beyond
+    marginal = [1.0] * 44 + [0.0] * 16 + [1.0] * 4 + [0.0] * 36
+    large = [1.0] * 20 + [0.0] * 80
+    tasks = [paired(f"t{i}", good, good) for i in range(10)] + [paired("marginal", good, marginal),
+                                                                 paired("large", good, large)]
+    alone = {v.gate: v.verdict for v in quality_gates.verdicts(spec, tasks[-2:-1], [], None)}
+    family = {(v.gate, v.scope): v for v in quality_gates.verdicts(spec, tasks, [], None)}
+    assert alone["min_recovery"] == "fail"
+    assert family[("min_recovery", "marginal")].verdict == "inconclusive"
+    assert "Bonferroni over 12 gated comparisons" in family[("min_recovery", "marginal")].detail
+    assert family[("min_recovery", "large")].verdict == "fail"
+    assert family[("min_recovery", "t0")].verdict == "pass"

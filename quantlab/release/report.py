@@ -206,24 +206,24 @@ def _gates_section(r: dict[str, Any]) -> Section:
         return v.verdict.upper()
 
     return ("Gates", ["verdict", "stage", "gate", "scope", "value", "limit", "detail"],
-                [[label(v), v.stage, v.gate, v.scope, _fmt(v.value, 4), _fmt(v.limit, 4), v.detail]
-                 for v in sorted(verdicts, key=lambda v: ({"fail": 0, "inconclusive": 1}.get(v.verdict, 2), v.scope))],
-                [] if verdicts else ["no gate configured"])
+            [[label(v), v.stage, v.gate, v.scope, _fmt(v.value, 4), _fmt(v.limit, 4), v.detail]
+             for v in sorted(verdicts, key=lambda v: ({"fail": 0, "inconclusive": 1}.get(v.verdict, 2), v.scope))],
+            [] if verdicts else ["no gate configured"])
 
 
 def _quantization_section(q: QuantizeResult) -> Section:
     cal = q.calibration or {}
     return ("Quantization", ["method", "scheme", "layers", "checkpoint MB", "calibration", "GPTQ max loss"],
-                [[q.method, q.scheme or "raw", str(q.layers_quantized), f"{q.size_bytes / 1e6:.1f}",
-                  f"{cal.get('num_samples', '-')} samples, {cal.get('num_tokens', '-')} tokens, sha256 "
-                  f"{str(cal.get('sha256', '-'))[:12]}" if cal else "none (data-free)", _fmt(q.gptq_max_loss)]],
-                [f"llm-compressor {q.versions.get('llmcompressor')}, torch {q.versions.get('torch')}"]
-                + ([f"calibrated in {q.compute_dtype['dtype']}, exported in {q.compute_dtype['model_dtype']}: "
-                    f"{q.compute_dtype['reason']}"] if q.compute_dtype and q.compute_dtype["dtype"]
-                   != q.compute_dtype["model_dtype"] else [])
-                + ([f"reused the checkpoint quantized earlier from the same inputs (cache "
-                    f"{q.reused_from_cache[:12]}); the timings are that run's"] if q.reused_from_cache else [])
-                + _baseline_note(q.model))
+            [[q.method, q.scheme or "raw", str(q.layers_quantized), f"{q.size_bytes / 1e6:.1f}",
+              f"{cal.get('num_samples', '-')} samples, {cal.get('num_tokens', '-')} tokens, sha256 "
+              f"{str(cal.get('sha256', '-'))[:12]}" if cal else "none (data-free)", _fmt(q.gptq_max_loss)]],
+            [f"llm-compressor {q.versions.get('llmcompressor')}, torch {q.versions.get('torch')}"]
+            + ([f"calibrated in {q.compute_dtype['dtype']}, exported in {q.compute_dtype['model_dtype']}: "
+                f"{q.compute_dtype['reason']}"] if q.compute_dtype and q.compute_dtype["dtype"]
+               != q.compute_dtype["model_dtype"] else [])
+            + ([f"reused the checkpoint quantized earlier from the same inputs (cache "
+                f"{q.reused_from_cache[:12]}); the timings are that run's"] if q.reused_from_cache else [])
+            + _baseline_note(q.model))
 
 
 def _baseline_note(model: dict[str, Any]) -> list[str]:
@@ -238,7 +238,7 @@ def _baseline_note(model: dict[str, Any]) -> list[str]:
 
 def _checkpoint_section(ck: CheckpointResult) -> Section:
     return ("Checkpoint", ["format", "from", "MB"], [[ck.format, ck.source, f"{ck.size_bytes / 1e6:.1f}"]],
-                ["validated as given (quantlab validate): no quantization ran in this run"])
+            ["validated as given (quantlab validate): no quantization ran in this run"])
 
 
 def _serving_section(s: ServeResult) -> Section:
@@ -262,7 +262,7 @@ def _serving_section(s: ServeResult) -> Section:
     for role, c in s.compat.items():
         notes += [f"{role}: {w}" for w in c.warnings + c.notes]
     return ("Serving", ["model", "vLLM", "linear kernels", "KV cache", "start-up s", "smoke completion"],
-                rows, notes)
+            rows, notes)
 
 
 def _performance_section(p: PerfResult) -> Section:
@@ -290,15 +290,15 @@ def _performance_section(p: PerfResult) -> Section:
     notes += p.notes
     notes += [f"NOT REPRESENTATIVE of a production server: {why}" for why in p.unrepresentative]
     return ("Performance", ["point", "out tok/s base", "out tok/s cand", "ratio", "P99 TTFT ms base",
-                                "P99 TTFT ms cand", "ratio", "P99 TPOT ms base", "P99 TPOT ms cand",
-                                "error rate base / cand"], rows, notes)
+                            "P99 TTFT ms cand", "ratio", "P99 TPOT ms base", "P99 TPOT ms cand",
+                            "error rate base / cand"], rows, notes)
 
 
 def _manifest_section(rel: ReleaseResult) -> Section:
     key = "local development key" if rel.local_development_key else (rel.public_key_fingerprint or "")
     return ("Manifest", ["manifest", "signed", "method", "key"],
-                [[rel.manifest, "yes" if rel.signed else "NO", rel.signing_method, key]],
-                [f"verify: quantlab verify {Path(rel.manifest).parent} --public-key <public key>"])
+            [[rel.manifest, "yes" if rel.signed else "NO", rel.signing_method, key]],
+            [f"verify: quantlab verify {Path(rel.manifest).parent} --public-key <public key>"])
 
 
 def plots(record: RunRecord) -> list[str]:

@@ -198,6 +198,8 @@ def _print_plan(loaded, runs_dir: Path, checkpoint: Path | None = None) -> None:
         total += est or 0.0
         why = step["why"] + (f"; {step['reuses']}" if step["reuses"] else "")
         typer.echo(f"  {step['stage']:<12} {when:<44} {why}")
+        for line in step["details"]:
+            typer.echo(f"      {line}")
     typer.echo(f"  estimated total: ~{total:.0f} s" + (f" plus {', '.join(unknown)}" if unknown else ""))
 
 

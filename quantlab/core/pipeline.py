@@ -256,8 +256,9 @@ def dry_run(loaded: LoadedRecipe, runs_root: Path, *, progress: Progress,
     """`quantlab run --dry-run`: validate, run every stage's preflight (model layout,
     serving compatibility of the scheme the recipe will export, suites, data files) in
     a throw-away run folder, and return the plan: each stage, why it would run, what it
-    would take from the cache, and an estimate in seconds from the newest earlier run of
-    this recipe that ran it ok."""
+    would take from the cache, an estimate in seconds from the newest earlier run of
+    this recipe that ran it ok, and what the stage plans (`plan(ctx)`: the quality
+    gates' noise floor and the regressions they can see)."""
     import shutil
     import tempfile
 
@@ -272,6 +273,7 @@ def dry_run(loaded: LoadedRecipe, runs_root: Path, *, progress: Progress,
             if stage.NAME in todo:
                 stage.preflight(ctx)
         reused = {s.NAME: s.reuses(ctx) for s in ctx.stages if s.NAME in todo and hasattr(s, "reuses")}
+        details = {s.NAME: s.plan(ctx) for s in ctx.stages if s.NAME in todo and hasattr(s, "plan")}
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     estimates: dict[str, tuple[float, str]] = {}
@@ -285,7 +287,8 @@ def dry_run(loaded: LoadedRecipe, runs_root: Path, *, progress: Progress,
             if st.status == "ok" and name not in estimates:
                 estimates[name] = (st.duration_s, record.run_id)
     return [{"stage": name, "why": why, "estimate_s": estimates.get(name, (None, None))[0],
-             "from_run": estimates.get(name, (None, None))[1], "reuses": reused.get(name)}
+             "from_run": estimates.get(name, (None, None))[1], "reuses": reused.get(name),
+             "details": details.get(name) or []}
             for name, why in todo.items()]
 
 

@@ -18,7 +18,7 @@ from quantlab.quality.suites import Suite, load_suites
 from quantlab.core.fsutil import write_json_atomic, write_text_atomic
 from quantlab.core.progress import step
 from quantlab.quality import gates as quality_gates
-from quantlab.quality.compare import compare_task, paired_values, pooled
+from quantlab.quality.compare import TRANSFORMS, compare_task, paired_values, pooled
 from quantlab.quality.spec import QualitySpec
 from quantlab.quality.stats import kl_summary, top_token, topk_kl
 from quantlab.core.results import QualityResult, TaskComparison
@@ -335,3 +335,35 @@ def baseline_cached(ctx: RunContext) -> bool:
         return _cache_parts(ctx, suites, [t.task for _, t in work], ctx.serving_plan())
 
     return result_cache.lookup_parts(result_cache.QUALITY, parts) is not None
+
+
+def plan(ctx: RunContext) -> list[str]:
+    """`--dry-run`: what each gated pass/fail task and slice can tell with its samples
+    (quality/planner.py; perplexity-type tasks depend on their per-sample spread)."""
+    from quantlab.quality.planner import ASSUMED_DISCORDANCE, ASSUMED_SCORE, plan_gate
+    from quantlab.quality.suites import sample_count
+
+    spec: QualitySpec = ctx.recipe.quality
+    work, _ = _runnable(_suites(ctx), ctx.recipe_max_model_len())
+    sized = []
+    for suite, task in work:
+        count = sample_count(suite, task.task)
+        override = spec.task_gates.get(task.task)
+        if count is None or task.metric in TRANSFORMS or (override and override.disabled):
+            continue
+        sized.append((task, min(count, spec.limit) if spec.limit else count))
+    slices: dict[str, int] = {}
+    for task, n in sized:
+        slices[task.slice] = slices.get(task.slice, 0) + n
+    pooled_slices = {name: n for name, n in slices.items()
+                     if sum(1 for t, _ in sized if t.slice == name) >= 2 and not (
+                         spec.slice_gates.get(name) and spec.slice_gates[name].disabled)}
+    family = len(sized) + len(pooled_slices)
+    lines = [f"quality gates, planned: {family} gated pass/fail comparisons; assumed a baseline score of "
+             f"{ASSUMED_SCORE:.0%} and {ASSUMED_DISCORDANCE:.0%} of answers changing between two servers of the "
+             "same model (drops are shares of all samples)"]
+    for task, n in sized:
+        lines.append(plan_gate(task.task, n, quality_gates.task_gates(spec, task.task, task.slice), family).line())
+    for name, n in sorted(pooled_slices.items()):
+        lines.append(plan_gate(f"slice:{name}", n, quality_gates.slice_gates(spec, name), family).line())
+    return lines

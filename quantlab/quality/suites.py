@@ -152,3 +152,19 @@ def load_suites(spec: QualitySpec, recipe_dir: Path) -> list[Suite]:
             raise RecipeError(f"quality.slice_gates names slice '{name}', which no task belongs to "
                               f"(slices: {', '.join(sorted(slices))})", field=f"quality.slice_gates.{name}")
     return [s for s in suites if s.tasks]
+
+
+def sample_count(suite: Suite, task: str) -> int | None:
+    """How many samples a local task has (lines of its test split's JSONL); None for a
+    hub task or a split quantlab cannot count without lm-eval."""
+    path = suite.task_files.get(task)
+    if suite.folder is None or path is None:
+        return None
+    data = yaml.load(path.read_text(), Loader=_TaskYamlLoader)  # noqa: S506 (SafeLoader subclass)
+    files = (data.get("dataset_kwargs") or {}).get("data_files") or {}
+    split = data.get("test_split") or "test"
+    rel = files.get(split) if isinstance(files, dict) else None
+    if not isinstance(rel, str) or not (suite.folder / rel).is_file():
+        return None
+    with open(suite.folder / rel, "rb") as f:
+        return sum(1 for line in f if line.strip())

@@ -240,8 +240,11 @@ def test_dry_run_plans_without_starting_anything(tmp_path, tiny_model_dir, serve
     assert r.returncode == 0, r.stderr
     lines = r.stdout.splitlines()
     assert "preflights passed; nothing was started" in lines[0]
-    planned = [line.split()[0] for line in lines[1:-1]]
+    planned = [line.split()[0] for line in lines[1:-1] if not line.startswith("      ")]
     assert planned == ["quantize", "serve", "quality", "release"]  # no performance/stability section here
+    # under the quality stage, what its gate can tell with 20 samples (the planner)
+    [gate_plan] = [line for line in lines if line.strip().startswith("ql_lastword ")]
+    assert "n 20" in gate_plan and "non-inferiority" in gate_plan
     assert "no estimate" in r.stdout  # no earlier run to estimate from
     assert not (tmp_path / "runs").exists() and serving_env_processes() - before == set()
 

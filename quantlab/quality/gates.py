@@ -99,12 +99,15 @@ def comparison_verdicts(cmp: TaskComparison, gates: QualityGates, *, scope: str,
     pct = f"{cmp.confidence:.0%}"
     base_line = (f"{cmp.metric}: baseline {cmp.baseline:.4g}, candidate {cmp.candidate:.4g} over {cmp.n} paired "
                  f"samples; difference {cmp.diff:+.4g} ({pct} CI {cmp.ci_low:+.4g} .. {cmp.ci_high:+.4g})")
-    fail_hi = hi  # the candidate's best plausible difference, for the fail side
+    fail_lo, fail_hi = lo, hi  # the fail side's interval (hi: the candidate's best plausible difference)
     if family is not None and family.low is not None:
-        _, _, fail_hi = _oriented(cmp.diff, family.low, family.high, cmp.higher_is_better)
+        _, fail_lo, fail_hi = _oriented(cmp.diff, family.low, family.high, cmp.higher_is_better)
         base_line += (f"; fail side at {family.confidence:.2%} (Bonferroni over {family.size} gated comparisons): "
                       f"{family.low:+.4g} .. {family.high:+.4g}")
     worse_beyond_noise = fail_hi < 0
+    # why a breach is not a failure: inside its own interval, or only inside the family's
+    noise = (f"worse beyond its own {pct} interval, but not beyond the fail side's (adjusted for the family of "
+             "gates)") if hi < 0 <= fail_hi else "within the noise (the interval includes no change)"
     few = cmp.n < gates.min_samples
 
     def add(gate: str, verdict: str, value, limit, why: str, needed: int | None = None) -> None:
@@ -127,7 +130,7 @@ def comparison_verdicts(cmp: TaskComparison, gates: QualityGates, *, scope: str,
                 "candidate is worse beyond the confidence interval")
         else:
             add("min_recovery", "inconclusive", r, gates.min_recovery, f"recovery {r:.3f} < "
-                f"{gates.min_recovery:g} but within the noise (the interval includes no change)")
+                f"{gates.min_recovery:g} but {noise}")
     if gates.max_drop is not None:
         drop = -d
         if few:
@@ -137,8 +140,7 @@ def comparison_verdicts(cmp: TaskComparison, gates: QualityGates, *, scope: str,
         elif worse_beyond_noise:
             add("max_drop", "fail", drop, gates.max_drop, f"drop {drop:.4g} > {gates.max_drop:g} and beyond the noise")
         else:
-            add("max_drop", "inconclusive", drop, gates.max_drop, f"drop {drop:.4g} > {gates.max_drop:g} but "
-                "within the noise")
+            add("max_drop", "inconclusive", drop, gates.max_drop, f"drop {drop:.4g} > {gates.max_drop:g} but {noise}")
     if gates.non_inferiority_margin is not None:
         margin = gates.non_inferiority_margin * abs(cmp.baseline)
         verdict = ni_verdict(lo, hi, margin)
@@ -150,16 +152,16 @@ def comparison_verdicts(cmp: TaskComparison, gates: QualityGates, *, scope: str,
         needed = None
         if verdict != "inconclusive" and b is not None and c is not None:
             needed = samples_to_verdict(b, c, verdict, margin, cmp, iters=iters, seed=seed)
-        elif verdict == "inconclusive":
-            needed = samples_needed(cmp.n, d, lo, hi, margin)
+        elif verdict == "inconclusive":  # for a downgraded fail: until the fail side's interval clears the margin
+            needed = samples_needed(cmp.n, d, *((fail_lo, fail_hi) if downgraded else (lo, hi)), margin)
         why = {"pass": f"the interval's worse end {lo:+.4g} is above -{margin:.4g} (margin "
                        f"{gates.non_inferiority_margin:g} x baseline)",
                "fail": f"the whole interval is below -{margin:.4g}: worse than the margin allows",
                "inconclusive": (f"only {cmp.n} samples" if few else
                                 f"the whole {pct} interval is below -{margin:.4g}, but not the fail side's "
                                 "(adjusted for the family of gates)" if downgraded else
-                                f"the interval {lo:+.4g} .. {hi:+.4g} straddles -{margin:.4g}") + (f"; about {needed} samples would tell"
-                                                              if needed else "")}[verdict]
+                                f"the interval {lo:+.4g} .. {hi:+.4g} straddles -{margin:.4g}")
+               + (f"; about {needed} samples would tell" if needed else "")}[verdict]
         add("non_inferiority", verdict, lo, -margin, why, needed)
     return out
 

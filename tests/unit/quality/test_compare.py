@@ -167,5 +167,8 @@ def test_the_fail_side_is_adjusted_for_the_family_of_gates():
     assert alone["min_recovery"] == "fail"
     assert family[("min_recovery", "marginal")].verdict == "inconclusive"
     assert "Bonferroni over 12 gated comparisons" in family[("min_recovery", "marginal")].detail
+    # it says why: worse beyond its own interval, not beyond the family's (not "within the noise")
+    assert "worse beyond its own 95% interval, but not beyond the fail side's" in \
+        family[("min_recovery", "marginal")].detail
     assert family[("min_recovery", "large")].verdict == "fail"
     assert family[("min_recovery", "t0")].verdict == "pass"

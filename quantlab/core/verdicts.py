@@ -39,10 +39,6 @@ def gate_id(v: GateVerdict) -> str:
     return f"{v.stage}.{v.gate}@{v.scope}"
 
 
-def failed(verdicts: list[GateVerdict]) -> list[GateVerdict]:
-    return [v for v in verdicts if v.verdict == "fail"]
-
-
 def all_verdicts(results: dict[str, Any]) -> list[GateVerdict]:
     """Every gate verdict held by the stage results of a run record."""
     out: list[GateVerdict] = []

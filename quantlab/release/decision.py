@@ -93,6 +93,13 @@ class Decided(BaseModel):
         return self.record.decision != "release"
 
 
+def recorded_policy(targets: dict[str, bool], rules: dict | None, *, fallback: str = "") -> DecisionPolicy:
+    """The policy a recorded decision (run.json's release result, a manifest) was made
+    under. One recorded before quantlab kept its rules never held a release back for an
+    undecided gate."""
+    return DecisionPolicy(fallback=fallback, targets=targets, **(rules or {"not_shown": "warn"}))
+
+
 def policy_for(recipe, *, fallback: str = "") -> DecisionPolicy:
     """The policy a recipe sets: which serve targets are required, what a gate that
     cannot decide does (release.policy)."""

@@ -19,7 +19,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from quantlab.core.errors import RecipeError
 from quantlab.core.fsutil import sha256_file
 from quantlab.core.verdicts import GateVerdict
-from quantlab.release.decision import DecisionPolicy, DecisionRecord, TargetDecision, decide
+from quantlab.release.decision import DecisionPolicy, DecisionRecord, TargetDecision, decide, recorded_policy
 
 MANIFEST_VERSION = 1
 MANIFEST_FILE = "quantlab-manifest.json"
@@ -70,9 +70,8 @@ class Manifest(_M):
 
 def policy_of_manifest(manifest: Manifest) -> DecisionPolicy:
     """The policy a manifest's decision was made under, read back from it."""
-    rules = manifest.decision.not_shown_policy or {"not_shown": "warn"}  # before three outcomes: never held back
-    return DecisionPolicy(fallback=manifest.decision.fallback or "",
-                          targets={n: t.required for n, t in manifest.targets.items()}, **rules)
+    return recorded_policy({n: t.required for n, t in manifest.targets.items()}, manifest.decision.not_shown_policy,
+                           fallback=manifest.decision.fallback or "")
 
 
 def folder_files(folder: Path) -> dict[str, dict[str, Any]]:

@@ -13,8 +13,8 @@ from pathlib import Path
 from typing import Any
 from xml.etree import ElementTree as ET
 
-from quantlab.core.verdicts import all_verdicts
-from quantlab.release.decision import DecisionPolicy, TargetDecision, decide, targets_line
+from quantlab.core.verdicts import all_verdicts, gate_id
+from quantlab.release.decision import DecisionPolicy, TargetDecision, decide, recorded_policy, targets_line
 from quantlab.core.results import (
     CheckpointResult,
     PerfResult,
@@ -177,14 +177,12 @@ def sections(record: RunRecord) -> list[Section]:
     return out
 
 
-def _blocking(verdicts: list[GateVerdict], release: Any) -> set[int]:
-    """Which of these verdicts hold the release back, under the policy it was decided by
-    (no release result yet: the default, every gate required)."""
-    policy = DecisionPolicy()
-    if isinstance(release, ReleaseResult):
-        policy = DecisionPolicy(targets={n: d.get("required", True) for n, d in release.targets.items()},
-                                **(release.not_shown_policy or {"not_shown": "warn"}))
-    return {id(v) for v in decide(verdicts, policy).blocking}
+def _blocking(verdicts: list[GateVerdict], release: Any) -> set[str]:
+    """The ids of the verdicts that hold the release back, under the policy it was
+    decided by (no release result yet: the default, every gate required)."""
+    policy = recorded_policy({n: d.get("required", True) for n, d in release.targets.items()},
+                             release.not_shown_policy) if isinstance(release, ReleaseResult) else DecisionPolicy()
+    return {gate_id(v) for v in decide(verdicts, policy).blocking}
 
 
 def _stages_section(record: RunRecord) -> Section:
@@ -200,9 +198,9 @@ def _gates_section(r: dict[str, Any]) -> Section:
 
     def label(v: GateVerdict) -> str:  # an optional target's failure blocks that target, not the release
         if v.verdict == "fail":
-            return "FAIL" + ("" if id(v) in blocking else " (optional target)")
+            return "FAIL" + ("" if gate_id(v) in blocking else " (optional target)")
         if v.verdict == "inconclusive":
-            return "NOT SHOWN" + ("" if id(v) in blocking else " (not required)")
+            return "NOT SHOWN" + ("" if gate_id(v) in blocking else " (not required)")
         return v.verdict.upper()
 
     return ("Gates", ["verdict", "stage", "gate", "scope", "value", "limit", "detail"],
@@ -373,7 +371,7 @@ def render_junit(record: RunRecord) -> str:
     results = _results(record)
     verdicts: list[GateVerdict] = all_verdicts(results)
     blocking = _blocking(verdicts, results.get("release"))
-    unshown = sum(v.verdict == "inconclusive" and id(v) in blocking for v in verdicts)
+    unshown = sum(v.verdict == "inconclusive" and gate_id(v) in blocking for v in verdicts)
     failed_stages = [s for s in record.stages.values() if s.status != "ok"]
     suite = ET.Element("testsuite", name=f"quantlab.{record.recipe_name}",
                        tests=str(len(verdicts) + len(failed_stages)),
@@ -385,7 +383,7 @@ def render_junit(record: RunRecord) -> str:
                              name=f"{v.gate}@{v.scope}")
         if v.verdict == "fail":
             ET.SubElement(case, "failure", message=v.detail, type="GateFailed").text = v.detail
-        elif v.verdict == "inconclusive" and id(v) in blocking:  # required and not shown: nothing released
+        elif v.verdict == "inconclusive" and gate_id(v) in blocking:  # required and not shown: nothing released
             ET.SubElement(case, "failure", message=f"not shown: {v.detail}", type="GateNotShown").text = v.detail
         elif v.verdict == "inconclusive":
             ET.SubElement(case, "skipped", message=v.detail)

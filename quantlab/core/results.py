@@ -128,6 +128,8 @@ class PerfPoint(_Result):
     monitor: dict[str, list[dict[str, Any]]] = Field(description="Engine and process samples, per role per repeat.")
     near_client_ceiling: bool = False
     raw_files: list[str] = Field(default_factory=list)
+    intervals: dict[str, dict[str, Any]] = Field(default_factory=dict, description="Bootstrap intervals of the "
+                                                 "gated figures: 'ratio:<metric>' and 'candidate:<metric>'.")
 
 
 class PerfResult(_Result):

@@ -1,19 +1,23 @@
 """The performance gates: workload points and the recipe's limits to verdicts (pure).
 
-A verdict is pass, fail or inconclusive, always with the value, the limit and a line
-saying what was compared. Performance ratios are medians over alternately measured
-repeats; a ratio beyond its limit but within the run-to-run noise is still a fail (the
-limit is the user's), and the detail says that the difference is within the noise.
+A verdict is pass, fail or not shown (inconclusive), always with the value, the limit
+and a line saying what was compared. Ratios are medians over alternately measured
+repeats. Each gated figure carries a bootstrap interval (performance/noise.py): a gate
+passes when the interval's one-sided bound at the recipe's confidence is within the
+limit, fails only when the family-adjusted bound is beyond it (so an unchanged model
+is blocked on noise at most 1 - confidence of the time, across all performance gates),
+and is not shown while the interval includes the limit. A figure without an interval
+(no per-request rows) is judged on its point value, and the detail says so.
 """
 
 from __future__ import annotations
 
-
-
-from quantlab.performance.metrics import metric
-from quantlab.performance.spec import PerfGates
 from quantlab.core.results import PerfPoint
 from quantlab.core.verdicts import GateVerdict
+from quantlab.performance.metrics import metric
+from quantlab.performance.spec import PerfGates
+
+CHECK = "performance"
 
 # gate field -> (comparison key or candidate metric, kind, direction)
 PERF_GATES = {
@@ -26,6 +30,16 @@ PERF_GATES = {
 }
 
 
+def interval_key(key: str, kind: str) -> str:
+    """Where a gated figure's interval is kept in PerfPoint.intervals."""
+    return f"{'ratio' if kind == 'ratio' else 'candidate'}:{key}"
+
+
+def judged_by_interval(gates: PerfGates) -> list[str]:
+    """The set gates whose figure gets a bootstrap interval (the error rate is counted, not sampled)."""
+    return [g for g in PERF_GATES if getattr(gates, g) is not None and g != "max_error_rate"]
+
+
 def verdicts(points: list[PerfPoint], gates: PerfGates) -> list[GateVerdict]:
     """Every performance gate at every workload point."""
     out = []
@@ -35,24 +49,43 @@ def verdicts(points: list[PerfPoint], gates: PerfGates) -> list[GateVerdict]:
             limit = getattr(gates, gate)
             if limit is None:
                 continue
-            noise_note = ""
             if kind == "ratio":
-                cmp = p.comparison.get(key) or {}
-                value = cmp.get("ratio")
+                value = (p.comparison.get(key) or {}).get("ratio")
                 what = f"{key} candidate/baseline (median of {len(p.candidate_repeats)} paired repeats)"
-                if cmp.get("beyond_noise") is False:
-                    noise_note = f"; the difference is within the run-to-run spread ({cmp.get('noise'):.1%})"
             else:
                 value = metric(p.candidate, key)
                 what = f"candidate {key}"
             if value is None:
-                out.append(GateVerdict(stage="performance", gate=gate, scope=scope, verdict="inconclusive",
+                out.append(GateVerdict(stage=CHECK, gate=gate, scope=scope, verdict="inconclusive",
                                        value=None, limit=limit, detail=f"{what}: not measured (no successful "
                                        "request, or a single output token)"))
                 continue
-            ok = value >= limit if direction == "min" else value <= limit
-            sign = ">=" if direction == "min" else "<="
-            out.append(GateVerdict(stage="performance", gate=gate, scope=scope, verdict="pass" if ok else "fail",
-                                   value=value, limit=limit,
-                                   detail=f"{what} = {value:.4g}, needs {sign} {limit:g}{noise_note}"))
+            if gate == "max_error_rate":  # every request sent is counted: a fact of this run, not an estimate
+                verdict = "fail" if value > limit else "pass"
+                why = "counted over every request sent (failed and timed-out ones)"
+            else:
+                verdict, why = _judge(value, limit, direction, p.intervals.get(interval_key(key, kind)))
+            out.append(GateVerdict(stage=CHECK, gate=gate, scope=scope, verdict=verdict, value=value, limit=limit,
+                                   detail=f"{what} = {value:.4g}, needs {'>=' if direction == 'min' else '<='} "
+                                   f"{limit:g}; {why}"))
     return out
+
+
+def _judge(value: float, limit: float, direction: str, iv: dict | None) -> tuple[str, str]:
+    worse = (lambda x: x < limit) if direction == "min" else (lambda x: x > limit)
+    if iv is None:
+        return ("fail" if worse(value) else "pass"), "judged on the measured value (no interval)"
+    # the bound nearest the limit from the good side (pass) and from the bad side (fail)
+    pass_bound, fail_bound = ((iv["pass_low"], iv["fail_high"]) if direction == "min"
+                              else (iv["pass_high"], iv["fail_low"]))
+    conf = 1 - (iv["fail_alpha"])
+    span = (f"interval {iv['pass_low']:.3g} .. {iv['pass_high']:.3g} (one-sided bounds), fail side "
+            f"{iv['fail_low']:.3g} .. {iv['fail_high']:.3g} at {conf:.2%} (family-adjusted); "
+            f"{iv['repeats']} repeat(s), >= {iv['requests']} requests each, {iv['draws']} bootstrap draws")
+    if worse(fail_bound):
+        return "fail", f"beyond the limit even at the fail side's bound; {span}"
+    if not worse(pass_bound):
+        return "pass", f"within the limit at the interval's bound; {span}"
+    side = "beyond" if worse(value) else "within"
+    return "inconclusive", (f"not shown: the value is {side} the limit but the interval includes it (more "
+                            f"repeats, performance.max_repeats, or more requests per point would narrow it); {span}")

@@ -81,7 +81,8 @@ class SLO(_Strict):
 
 class PerfGates(_Strict):
     """Each gate is checked at every workload point. Ratios are candidate / baseline,
-    medians over the repeats; unset gates are not checked."""
+    medians over the paired repeats, judged with their bootstrap interval (see
+    performance.confidence); unset gates are not checked."""
 
     min_throughput_ratio: float | None = Field(0.8, gt=0, description="Output tokens/s, candidate / baseline.")
     max_p99_ttft_ratio: float | None = Field(1.5, gt=0, description="P99 TTFT, candidate / baseline.")
@@ -95,6 +96,15 @@ class PerformanceSpec(_Strict):
     workloads: list[Workload] = Field(min_length=1)
     repeats: int = Field(2, ge=1, le=20, description="Baseline and candidate are measured alternately "
                          "(A, B, A, B, ...) this many times each, so machine drift cancels.")
+    max_repeats: int | None = Field(None, ge=1, le=50, description="Measure more paired repeats, one at a time, "
+                                    "of the workload points whose gates are not shown yet (their interval "
+                                    "includes the limit), up to this many; unset: exactly `repeats`. Needs "
+                                    "serve.side_by_side.")
+    confidence: float = Field(0.95, gt=0.5, lt=1, description="A ratio or latency gate passes when its one-sided "
+                              "bootstrap bound at this confidence is within the limit; it fails only when the "
+                              "family-adjusted bound is beyond it; otherwise it is not shown.")
+    bootstrap_draws: int = Field(4000, ge=500, le=100_000, description="Draws of the hierarchical bootstrap "
+                                 "(repeats, then requests within each) behind each gated figure's interval.")
     slo: SLO = Field(default_factory=SLO)
     gates: PerfGates = Field(default_factory=PerfGates)
     price_per_hour: float | None = Field(None, gt=0, description="Hardware price per hour (any currency) for "
@@ -107,4 +117,7 @@ class PerformanceSpec(_Strict):
         names = [w.name for w in self.workloads]
         if len(set(names)) != len(names):
             raise ValueError(f"workload names must be unique; got {names}")
+        if self.max_repeats is not None and self.max_repeats < self.repeats:
+            raise ValueError(f"max_repeats ({self.max_repeats}) is the most repeats adaptive measuring may take, "
+                             f"so it cannot be below repeats ({self.repeats}); raise it or leave it unset")
         return self

@@ -16,6 +16,7 @@ from quantlab.core.errors import EngineError, RecipeError
 from quantlab.core.fsutil import sha256_file, write_text_atomic
 from quantlab.performance import gates as perf_gates
 from quantlab.performance.metrics import compare, median_metrics, summarize
+from quantlab.performance.noise import RepeatSample, interval, ratio_draws, value_draws
 from quantlab.performance.spec import PerformanceSpec, Workload, max_length
 from quantlab.core.progress import step
 from quantlab.core.results import PerfPoint, PerfResult, ServeResult
@@ -149,8 +150,15 @@ def run(ctx: RunContext) -> PerfResult:
         notes.append("serve.side_by_side is false, so one server ran at a time: all repeats of one model were "
                       "measured before the other's, and machine drift between the two blocks is not cancelled. "
                       "Set serve.side_by_side: true for alternating A/B measurements")
-    measured = _measure_all(ctx, spec, order, _requests(ctx, spec), device=plan.device)
-    points = _points_of(spec, measured, client, notes)
+    requests = _requests(ctx, spec)
+    measured = _Measured()
+    _measure_all(ctx, spec, order, requests, measured, device=plan.device)
+    looks = _looks(spec, interleaved, notes)
+    if looks > 1:
+        first = _points_of(spec, measured, client, [], looks=looks)
+        order = _more_repeats(ctx, spec, order, requests, measured, first, device=plan.device, looks=looks,
+                              notes=notes)
+    points = _points_of(spec, measured, client, notes, looks=looks)
     context = _context(ctx, plan)
     plots = _plots(ctx, points, context["label"], notes)
     return PerfResult(
@@ -187,24 +195,29 @@ class _Measured:
     metrics: dict[tuple[str, str], dict[str, list]] = field(default_factory=dict)
     monitor: dict[tuple[str, str], dict[str, list]] = field(default_factory=dict)
     raw: dict[tuple[str, str], list[str]] = field(default_factory=dict)
+    samples: dict[tuple[str, str], dict[str, list[RepeatSample]]] = field(default_factory=dict)
+    warmed: set[tuple[str, str]] = field(default_factory=set)  # (role, workload) already warmed up
     cpu_s: float = 0.0  # the load generator's CPU time, for its share of a core
     wall_s: float = 0.0
 
 
 def _measure_all(ctx: RunContext, spec: PerformanceSpec, order: list[tuple[int, str]], requests: dict[str, list],
-                 *, device: str) -> _Measured:
-    """Every point of every workload, on each server in the scheduled order."""
+                 out: _Measured, *, device: str, only: set[tuple[str, str]] | None = None) -> None:
+    """Every point of every workload (or only the (workload, point) pairs named), on each
+    server in the scheduled order, added to `out`."""
     from quantlab.performance.loadgen import run_point
 
-    out = _Measured()
-    warmed: set[tuple[str, str]] = set()
+    warmed = out.warmed
     slo = spec.slo.model_dump()
     total_blocks = len(order)
-    n_points = len(order) * sum(len(_points(w)) for w in spec.workloads)
+    n_points = len(order) * sum(1 for w in spec.workloads for pt in _points(w)
+                                if only is None or (w.name, pt[0]) in only)
     with step(ctx.progress, "performance: load points", total=n_points, unit="points", announce=False) as bar:
         for block, (rep, role) in enumerate(order, 1):
             server = ctx.engine(role)
             for w in spec.workloads:
+                if only is not None and not any((w.name, pt[0]) in only for pt in _points(w)):
+                    continue
                 reqs = [_for_server(r, server.served_name) for r in requests[w.name]]
                 if w.warmup_requests and (role, w.name) not in warmed:
                     # once per server and workload, before its first measured point: what warming pays
@@ -215,6 +228,8 @@ def _measure_all(ctx: RunContext, spec: PerformanceSpec, order: list[tuple[int, 
                                   concurrency=top, timeout_s=w.request_timeout_s)
                     warmed.add((role, w.name))
                 for point, conc, rate in _points(w):
+                    if only is not None and (w.name, point) not in only:
+                        continue
                     bar.detail(f"performance [{block}/{total_blocks}] {role} repeat {rep + 1}: {w.name} {point}, "
                                f"{len(reqs)} requests")
                     metrics, msum, rel, result = _measure(ctx, server, role, rep, w, reqs, point, conc, rate,
@@ -224,13 +239,56 @@ def _measure_all(ctx: RunContext, spec: PerformanceSpec, order: list[tuple[int, 
                     out.metrics.setdefault((w.name, point), {}).setdefault(role, []).append(metrics)
                     out.monitor.setdefault((w.name, point), {}).setdefault(role, []).append(msum)
                     out.raw.setdefault((w.name, point), []).append(rel)
+                    out.samples.setdefault((w.name, point), {}).setdefault(role, []).append(
+                        RepeatSample.of(result.records, result.wall_s))
                     bar.advance()
-    return out
 
 
-def _points_of(spec: PerformanceSpec, measured: _Measured, client: dict | None, notes: list[str]) -> list[PerfPoint]:
-    """Each point's medians over repeats and paired candidate/baseline ratios."""
+def _looks(spec: PerformanceSpec, interleaved: bool, notes: list[str]) -> int:
+    """How many times the gates may be looked at (the first measurement plus one per
+    adaptive repeat); the fail side's alpha is split over them."""
+    if spec.max_repeats is None or spec.max_repeats == spec.repeats:
+        return 1
+    if not interleaved:
+        notes.append("performance.max_repeats is set but serve.side_by_side is false: adaptive repeats need both "
+                     "servers up, so exactly `repeats` were measured")
+        return 1
+    return spec.max_repeats - spec.repeats + 1
+
+
+def _more_repeats(ctx: RunContext, spec: PerformanceSpec, order: list[tuple[int, str]], requests: dict[str, list],
+                  measured: _Measured, points: list[PerfPoint], *, device: str, looks: int,
+                  notes: list[str]) -> list[tuple[int, str]]:
+    """One more paired repeat at a time of the points whose gates are not shown, until
+    they are decided or performance.max_repeats is reached. Returns the whole order."""
+    order = list(order)
+    for rep in range(spec.repeats, spec.max_repeats):
+        undecided = {tuple(v.scope.split("/", 1)) for v in perf_gates.verdicts(points, spec.gates)
+                     if v.verdict == "inconclusive" and v.value is not None}
+        if not undecided:
+            break
+        ctx.progress(f"performance: {len(undecided)} point(s) not decided yet, measuring repeat {rep + 1} of "
+                     f"at most {spec.max_repeats}")
+        block = [(rep, r) for r in (ROLES if rep % 2 == 0 else ROLES[::-1])]
+        _measure_all(ctx, spec, block, requests, measured, device=device, only=undecided)
+        order += block
+        points = _points_of(spec, measured, None, [], looks=looks)
+    extra = len(order) // 2 - spec.repeats
+    if extra:
+        notes.append(f"adaptive repeats: {extra} more paired repeat(s) of the points not yet decided "
+                     f"(performance.max_repeats {spec.max_repeats}); the fail side's alpha is split over {looks} looks")
+    return order
+
+
+def _points_of(spec: PerformanceSpec, measured: _Measured, client: dict | None, notes: list[str], *,
+               looks: int = 1) -> list[PerfPoint]:
+    """Each point's medians over repeats, paired candidate/baseline ratios, and the gated
+    figures' intervals. The fail side's alpha: 1 - confidence split over every gated
+    figure at every point and every look (Bonferroni)."""
     points = []
+    n_points = sum(len(_points(w)) for w in spec.workloads)
+    family = max(1, len(perf_gates.judged_by_interval(spec.gates)) * n_points * looks)
+    fail_alpha = (1 - spec.confidence) / family
     for w in spec.workloads:
         for point, conc, rate in _points(w):
             reps = measured.metrics[(w.name, point)]
@@ -242,11 +300,33 @@ def _points_of(spec: PerformanceSpec, measured: _Measured, client: dict | None, 
                                     candidate_repeats=reps["candidate"],
                                     comparison=compare(reps["baseline"], reps["candidate"]),
                                     monitor=measured.monitor[(w.name, point)], near_client_ceiling=near,
-                                    raw_files=measured.raw[(w.name, point)]))
+                                    raw_files=measured.raw[(w.name, point)],
+                                    intervals=_intervals(spec, measured.samples[(w.name, point)],
+                                                         fail_alpha=fail_alpha, seed=w.seed)))
             if near:
                 notes.append(f"{w.name}/{point}: {asked:.0f} requests/s is over half the load generator's own "
                              f"ceiling here ({client['requests_per_s']:.0f}/s): the client may limit this point")
     return points
+
+
+def _intervals(spec: PerformanceSpec, samples: dict[str, list[RepeatSample]], *, fail_alpha: float,
+               seed: int) -> dict[str, dict[str, Any]]:
+    """The bootstrap interval of every gated figure at one point."""
+    out: dict[str, dict[str, Any]] = {}
+    b, c = samples.get("baseline", []), samples.get("candidate", [])
+    fewest = min([len(s.e2e) for s in b + c] or [0])
+    for gate in perf_gates.judged_by_interval(spec.gates):
+        key, kind, _ = perf_gates.PERF_GATES[gate]
+        name = perf_gates.interval_key(key, kind)
+        if name in out:
+            continue
+        draws = (ratio_draws(b, c, key, draws=spec.bootstrap_draws, seed=seed) if kind == "ratio"
+                 else value_draws(c, key, draws=spec.bootstrap_draws, seed=seed))
+        if draws is not None:
+            out[name] = interval(draws, confidence=spec.confidence, fail_alpha=fail_alpha,
+                                 repeats=min(len(b), len(c)) if kind == "ratio" else len(c),
+                                 requests=fewest).as_dict()
+    return out
 
 
 def _short(req, tokens: int = WARMUP_OUTPUT_TOKENS):

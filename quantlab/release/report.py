@@ -66,9 +66,12 @@ def _fmt(v: Any, digits: int = 3) -> str:
     return str(v)
 
 
-def _ratio(c: dict[str, Any]) -> str:
+def _ratio(c: dict[str, Any], iv: dict[str, Any] | None = None) -> str:
+    """The median ratio with its bootstrap interval where there is one, else the range over repeats."""
     if not c or c.get("ratio") is None:
         return "-"
+    if iv:
+        return f"{c['ratio']:.2f} ({iv['pass_low']:.2f}-{iv['pass_high']:.2f})"
     mark = "" if c.get("beyond_noise") is None else ("" if c["beyond_noise"] else " ~")
     return f"{c['ratio']:.2f} [{c['ratio_min']:.2f}-{c['ratio_max']:.2f}]{mark}"
 
@@ -268,12 +271,16 @@ def _performance_section(p: PerfResult) -> Section:
     for pt in p.points:
         b, c, cmp = pt.baseline, pt.candidate, pt.comparison
         rows.append([f"{pt.workload}/{pt.point}", _fmt(b["output_tokens_per_s"]), _fmt(c["output_tokens_per_s"]),
-                     _ratio(cmp.get("output_tokens_per_s")), _fmt(b["ttft_ms"]["p99"]), _fmt(c["ttft_ms"]["p99"]),
-                     _ratio(cmp.get("ttft_ms.p99")), _fmt(b["tpot_ms"]["p99"]), _fmt(c["tpot_ms"]["p99"]),
+                     _ratio(cmp.get("output_tokens_per_s"), pt.intervals.get("ratio:output_tokens_per_s")),
+                     _fmt(b["ttft_ms"]["p99"]), _fmt(c["ttft_ms"]["p99"]),
+                     _ratio(cmp.get("ttft_ms.p99"), pt.intervals.get("ratio:ttft_ms.p99")),
+                     _fmt(b["tpot_ms"]["p99"]), _fmt(c["tpot_ms"]["p99"]),
                      f"{_fmt(b['error_rate'])} / {_fmt(c['error_rate'])}"])
     notes = [f"{p.workload_context.get('label')}; measured {' '.join(p.order)}"
              + ("" if p.interleaved else " (not interleaved)"),
-             "ratios are candidate / baseline, median [range] over paired repeats; ~ = within run-to-run noise"]
+             "ratios are candidate / baseline, the median over paired repeats with (its bootstrap interval, "
+             "one-sided bounds at performance.confidence) where gated, else [range over repeats]; ~ = within "
+             "run-to-run noise"]
     for role, m in p.memory.items():
         notes.append(f"{role} memory: checkpoint {_fmt((m.get('checkpoint_bytes_on_disk') or 0) / 1e6)} MB, "
                      f"peak {_fmt((m.get('peak_bytes') or 0) / 1e9)} GB ({m.get('peak_is')}), KV capacity "

@@ -132,7 +132,10 @@ def test_failed_serve_then_resume_with_an_edited_serve_section(tmp_path, tiny_mo
     bad = ql("verify", tampered, "--public-key", keys / "release.pub.pem")
     assert bad.returncode == 1 and "changed file: model.safetensors" in bad.stderr
 
-    data["performance"] = {**TINY_PERF, "gates": {**TINY_PERF["gates"], "max_p99_ttft_ms": 0.001}}
+    # an absolute limit no server meets, and a ratio gate at 1.0 that noise alone leaves undecided:
+    # adaptive repeats measure the undecided points again (up to max_repeats)
+    data["performance"] = {**TINY_PERF, "max_repeats": 3,
+                           "gates": {**TINY_PERF["gates"], "max_p99_ttft_ms": 0.001, "max_p99_ttft_ratio": 1.0}}
     write_recipe(tmp_path, data)
     blocked = ql("run", recipe, "--runs-dir", tmp_path / "runs", "--resume", run_dir)
     assert blocked.returncode == 1, blocked.stderr[-3000:]
@@ -144,6 +147,22 @@ def test_failed_serve_then_resume_with_an_edited_serve_section(tmp_path, tiny_mo
     failed = [g for g in record["stages"]["performance"]["result"]["gates"] if g["verdict"] == "fail"]
     assert {g["scope"] for g in failed} == {"short/c1", "short/c2"}
     assert all(g["value"] > 0.001 for g in failed)  # real measured TTFTs
+    perf = record["stages"]["performance"]["result"]
+    for p in perf["points"]:
+        iv = p["intervals"]["candidate:ttft_ms.p99"]
+        assert 0 < iv["fail_low"] <= iv["pass_low"] <= iv["pass_high"] <= iv["fail_high"]
+        assert iv["fail_alpha"] == pytest.approx(0.05 / (2 * 2 * 2))  # 2 interval gates x 2 points x 2 looks
+    ratio = [g for g in perf["gates"] if g["gate"] == "max_p99_ttft_ratio"]
+    assert len(ratio) == 2 and all("bootstrap draws" in g["detail"] for g in ratio)
+    extra = len(perf["order"]) - 4
+    assert extra in (0, 2)
+    # a gate still not shown at the end means the third repeat was measured for it
+    if any(g["verdict"] == "inconclusive" for g in ratio):
+        assert extra == 2
+    if extra:
+        assert any("adaptive repeats" in n for n in perf["notes"])
+        again = {f for p in perf["points"] for f in p["raw_files"] if f.endswith("-r3.jsonl")}
+        assert again and all((run_dir / f).is_file() for f in again)
 
     again = ql("run", recipe, "--runs-dir", tmp_path / "runs", "--resume", run_dir)
     assert again.returncode == 1 and again.stderr.count("done earlier with the same inputs, skipped") == 4

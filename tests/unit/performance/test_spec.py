@@ -49,26 +49,53 @@ def test_missing_prompt_dataset_names_the_field(tmp_path):
         load_recipe(f)
 
 
-def point(tp_ratio, p99_ttft_ms, error_rate=0.0, noise=0.05):
-    cmp = {"output_tokens_per_s": {"ratio": tp_ratio, "noise": noise, "beyond_noise": abs(tp_ratio - 1) > noise},
-           "ttft_ms.p99": {"ratio": 1.0, "noise": noise, "beyond_noise": False},
-           "tpot_ms.p99": {"ratio": None}}
+def point(tp_ratio, p99_ttft_ms, error_rate=0.0, intervals=None):
+    cmp = {"output_tokens_per_s": {"ratio": tp_ratio}, "ttft_ms.p99": {"ratio": 1.0}, "tpot_ms.p99": {"ratio": None}}
     cand = {"ttft_ms": {"p99": p99_ttft_ms}, "tpot_ms": {"p99": None}, "error_rate": error_rate}
     return PerfPoint(workload="w", point="c8", concurrency=8, baseline={}, candidate=cand, baseline_repeats=[{}],
-                     candidate_repeats=[{}], comparison=cmp, monitor={})
+                     candidate_repeats=[{}], comparison=cmp, monitor={}, intervals=intervals or {})
 
 
-def test_perf_gate_verdicts():
+def iv(pass_low, pass_high, fail_low, fail_high):
+    return {"pass_low": pass_low, "pass_high": pass_high, "fail_low": fail_low, "fail_high": fail_high,
+            "fail_alpha": 0.004, "draws": 4000, "repeats": 2, "requests": 16}
+
+
+def test_perf_gate_verdicts_without_intervals_judge_the_value():
     gates = PerfGates(min_throughput_ratio=0.9, max_p99_ttft_ms=500, max_p99_tpot_ratio=1.2, max_error_rate=0.0)
     v = {g.gate: g for g in perf_gates([point(0.7, 400)], gates)}
     assert v["min_throughput_ratio"].verdict == "fail" and v["min_throughput_ratio"].value == pytest.approx(0.7)
+    assert "no interval" in v["min_throughput_ratio"].detail
     assert v["max_p99_ttft_ms"].verdict == "pass"
     assert v["max_p99_tpot_ratio"].verdict == "inconclusive"  # not measured
     assert v["max_error_rate"].verdict == "pass"
-    v = {g.gate: g for g in perf_gates([point(0.88, 600, error_rate=0.05, noise=0.2)], gates)}
-    assert v["min_throughput_ratio"].verdict == "fail" and "within the run-to-run spread" in \
-        v["min_throughput_ratio"].detail
+    v = {g.gate: g for g in perf_gates([point(0.95, 600, error_rate=0.05)], gates)}
     assert v["max_p99_ttft_ms"].verdict == "fail" and v["max_error_rate"].verdict == "fail"
+
+
+def test_perf_gates_fail_only_beyond_the_interval_and_are_not_shown_inside_it():
+    gates = PerfGates(min_throughput_ratio=0.8, max_p99_ttft_ratio=1.5, max_p99_ttft_ms=500, max_p99_tpot_ratio=None)
+    # the GPTQ run that failed once at 1.513 against 1.5: inside the noise, so not shown
+    noisy = {"ratio:output_tokens_per_s": iv(0.82, 1.1, 0.78, 1.2),
+             "ratio:ttft_ms.p99": iv(1.2, 1.7, 1.1, 1.8), "candidate:ttft_ms.p99": iv(300, 450, 280, 480)}
+    v = {g.gate: g for g in perf_gates([point(0.95, 400, intervals=noisy)], gates)}
+    assert v["min_throughput_ratio"].verdict == "pass"
+    assert v["max_p99_ttft_ratio"].verdict == "inconclusive" and "interval includes it" in \
+        v["max_p99_ttft_ratio"].detail and "max_repeats" in v["max_p99_ttft_ratio"].detail
+    assert v["max_p99_ttft_ms"].verdict == "pass"
+    # beyond the limit at the one-sided bound, but not at the family-adjusted one: still not shown
+    edge = {"ratio:output_tokens_per_s": iv(0.7, 0.79, 0.66, 0.83)}
+    assert perf_gates([point(0.75, 400, intervals=edge)], gates)[0].verdict == "inconclusive"
+    worse = {"ratio:output_tokens_per_s": iv(0.6, 0.7, 0.55, 0.75), "ratio:ttft_ms.p99": iv(1.7, 2.1, 1.6, 2.2),
+             "candidate:ttft_ms.p99": iv(520, 700, 510, 720)}
+    v = {g.gate: g for g in perf_gates([point(0.65, 600, intervals=worse)], gates)}
+    assert [v[g].verdict for g in ("min_throughput_ratio", "max_p99_ttft_ratio", "max_p99_ttft_ms")] == ["fail"] * 3
+    assert "beyond the limit even at the fail side's bound" in v["max_p99_ttft_ratio"].detail
+
+
+def test_max_repeats_below_repeats_is_refused():
+    with pytest.raises(RecipeError, match=r"max_repeats \(2\).*cannot be below repeats \(3\)"):
+        recipe({"workloads": [{"name": "a"}], "repeats": 3, "max_repeats": 2})
 
 
 def test_warm_up_requests_keep_the_prompt_and_shorten_the_answer():

@@ -80,7 +80,10 @@ class RunContext:
         """What stands for the baseline's weights in cache keys (hashed once per run): its
         model files, or an external endpoint's URL and served name."""
         if self._baseline_id is None:
-            plan = self.serving_plan()
+            # before the checkpoint exists (a dry run, the early cache check) the predicted plan
+            # names the same baseline
+            ready = self._plan is not None or (self.checkpoint_dir / "config.json").is_file()
+            plan = self.serving_plan(predicted=not ready)
             target = plan.target("baseline")
             if plan.spec.mode == "endpoint" or target.model_dir is None:
                 # quantlab cannot see an external server's weights: the endpoint and its model name stand for them

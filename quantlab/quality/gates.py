@@ -17,7 +17,7 @@ from typing import Any
 from quantlab.core.results import TaskComparison
 from quantlab.core.verdicts import GateVerdict
 from quantlab.quality.compare import PREFIX_STEP, TRANSFORMS
-from quantlab.quality.spec import QualityGates, QualitySpec
+from quantlab.quality.spec import QualityGates, QualitySpec, ni_margin
 from quantlab.quality.stats import Value, paired_interval
 
 CHECK = "quality"
@@ -142,7 +142,7 @@ def comparison_verdicts(cmp: TaskComparison, gates: QualityGates, *, scope: str,
         else:
             add("max_drop", "inconclusive", drop, gates.max_drop, f"drop {drop:.4g} > {gates.max_drop:g} but {noise}")
     if gates.non_inferiority_margin is not None:
-        margin = gates.non_inferiority_margin * abs(cmp.baseline)
+        margin = ni_margin(gates, cmp.baseline)
         verdict = ni_verdict(lo, hi, margin)
         downgraded = verdict == "fail" and fail_hi >= -margin
         if downgraded:
@@ -154,8 +154,10 @@ def comparison_verdicts(cmp: TaskComparison, gates: QualityGates, *, scope: str,
             needed = samples_to_verdict(b, c, verdict, margin, cmp, iters=iters, seed=seed)
         elif verdict == "inconclusive":  # for a downgraded fail: until the fail side's interval clears the margin
             needed = samples_needed(cmp.n, d, *((fail_lo, fail_hi) if downgraded else (lo, hi)), margin)
-        why = {"pass": f"the interval's worse end {lo:+.4g} is above -{margin:.4g} (margin "
-                       f"{gates.non_inferiority_margin:g} x baseline)",
+        floor = gates.non_inferiority_min_margin
+        how = (f"the floor non_inferiority_min_margin {floor:g}" if floor and margin == floor
+               else f"margin {gates.non_inferiority_margin:g} x baseline")
+        why = {"pass": f"the interval's worse end {lo:+.4g} is above -{margin:.4g} ({how})",
                "fail": f"the whole interval is below -{margin:.4g}: worse than the margin allows",
                "inconclusive": (f"only {cmp.n} samples" if few else
                                 f"the whole {pct} interval is below -{margin:.4g}, but not the fail side's "

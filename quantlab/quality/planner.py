@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from quantlab.quality.spec import QualityGates
+from quantlab.quality.spec import QualityGates, ni_margin
 from quantlab.quality.stats import paired_proportion_interval
 
 ASSUMED_SCORE = 0.5  # the baseline's share of right answers, where nothing better is known
@@ -21,7 +21,7 @@ class GatePlan:
     scope: str
     n: int
     half_width: float  # of the interval of an unchanged model, at the gate's confidence
-    margin: float | None  # non-inferiority, absolute (margin x the assumed baseline score)
+    margin: float | None  # non-inferiority, absolute (margin x the baseline score, or its floor)
     can_show: bool | None  # can non-inferiority pass at all with n samples
     samples_to_show: int | None  # about how many would let it pass
     blocks_drop: float | None  # the smallest drop (share of samples) the fail side (family) catches
@@ -52,7 +52,7 @@ def plan_gate(scope: str, n: int, gates: QualityGates, family: int, *, score: fl
               discordance: float = ASSUMED_DISCORDANCE) -> GatePlan:
     unchanged = paired_proportion_interval(*_table(n, score, discordance, 0.0), confidence=gates.confidence)
     half = (unchanged.high - unchanged.low) / 2
-    margin = gates.non_inferiority_margin * score if gates.non_inferiority_margin is not None else None
+    margin = ni_margin(gates, score)
     can_show = samples = None
     if margin is not None:
         can_show = n >= gates.min_samples and unchanged.low >= -margin

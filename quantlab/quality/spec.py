@@ -30,15 +30,29 @@ class QualityGates(_Strict):
                                                  "interval of the paired difference must stay above -margin x "
                                                  "|baseline| (pass); entirely below it fails; otherwise "
                                                  "inconclusive.")
+    non_inferiority_min_margin: float | None = Field(None, ge=0, description="A floor under the non-inferiority "
+                                                     "margin, in the metric's own units (0.05 = five points of "
+                                                     "accuracy): margin = max(margin x |baseline|, this). A "
+                                                     "relative margin alone shrinks to nothing on a task the "
+                                                     "baseline mostly fails (10% of an 11% score is 1 point, "
+                                                     "which no suite of a few hundred samples can show).")
     confidence: float = Field(0.95, gt=0.5, lt=1, description="Two-sided confidence of the paired bootstrap "
                               "interval.")
     min_samples: int = Field(20, ge=1, description="Fewer paired samples than this: every gate is inconclusive.")
+
+
+def ni_margin(gates: "QualityGates", baseline: float) -> float | None:
+    """The non-inferiority margin in the metric's units, or None when the gate is off."""
+    if gates.non_inferiority_margin is None:
+        return None
+    return max(gates.non_inferiority_margin * abs(baseline), gates.non_inferiority_min_margin or 0.0)
 
 
 class GateOverride(_Strict):
     min_recovery: float | None = Field(None, gt=0, le=2)
     max_drop: float | None = Field(None, ge=0)
     non_inferiority_margin: float | None = Field(None, ge=0, le=1)
+    non_inferiority_min_margin: float | None = Field(None, ge=0)
     confidence: float | None = Field(None, gt=0.5, lt=1)
     min_samples: int | None = Field(None, ge=1)
     disabled: bool = Field(False, description="Report this task or slice without gating it.")

@@ -339,12 +339,15 @@ def baseline_cached(ctx: RunContext) -> bool:
 
 def plan(ctx: RunContext) -> list[str]:
     """`--dry-run`: what each gated pass/fail task and slice can tell with its samples
-    (quality/planner.py; perplexity-type tasks depend on their per-sample spread)."""
+    (quality/planner.py; perplexity-type tasks depend on their per-sample spread). The
+    baseline's scores come from its cached results where there are some, else from a
+    stated assumption."""
     from quantlab.quality.planner import ASSUMED_DISCORDANCE, ASSUMED_SCORE, plan_gate
     from quantlab.quality.suites import sample_count
 
     spec: QualitySpec = ctx.recipe.quality
     work, _ = _runnable(_suites(ctx), ctx.recipe_max_model_len())
+    scores = _cached_baseline_scores(ctx, work)
     sized = []
     for suite, task in work:
         count = sample_count(suite, task.task)
@@ -359,11 +362,46 @@ def plan(ctx: RunContext) -> list[str]:
                      if sum(1 for t, _ in sized if t.slice == name) >= 2 and not (
                          spec.slice_gates.get(name) and spec.slice_gates[name].disabled)}
     family = len(sized) + len(pooled_slices)
-    lines = [f"quality gates, planned: {family} gated pass/fail comparisons; assumed a baseline score of "
-             f"{ASSUMED_SCORE:.0%} and {ASSUMED_DISCORDANCE:.0%} of answers changing between two servers of the "
-             "same model (drops are shares of all samples)"]
+    source = (f"the baseline's own scores from its cached results where known (else {ASSUMED_SCORE:.0%})"
+              if scores else f"an assumed baseline score of {ASSUMED_SCORE:.0%} (no cached baseline results yet)")
+    lines = [f"quality gates, planned: {family} gated pass/fail comparisons; {source}, and "
+             f"{ASSUMED_DISCORDANCE:.0%} of answers changing between two servers of the same model (drops are "
+             "shares of all samples)"]
     for task, n in sized:
-        lines.append(plan_gate(task.task, n, quality_gates.task_gates(spec, task.task, task.slice), family).line())
+        lines.append(plan_gate(task.task, n, quality_gates.task_gates(spec, task.task, task.slice), family,
+                               score=scores.get(task.task, ASSUMED_SCORE)).line())
     for name, n in sorted(pooled_slices.items()):
-        lines.append(plan_gate(f"slice:{name}", n, quality_gates.slice_gates(spec, name), family).line())
+        members = [(t, m) for t, m in sized if t.slice == name]
+        score = sum(scores.get(t.task, ASSUMED_SCORE) * m for t, m in members) / max(1, sum(m for _, m in members))
+        lines.append(plan_gate(f"slice:{name}", n, quality_gates.slice_gates(spec, name), family,
+                               score=score).line())
     return lines
+
+
+def _cached_baseline_scores(ctx: RunContext, work: list[tuple[Suite, Any]]) -> dict[str, float]:
+    """Each task's baseline score from the baseline's cached per-sample results (the
+    served length this recipe asks for), or {} when nothing is cached."""
+    spec: QualitySpec = ctx.recipe.quality
+    if not spec.baseline_cache:
+        return {}
+    from quantlab.quality.lmeval import read_samples
+
+    def parts() -> dict[str, Any]:
+        # before the quantize stage (a dry run) the plan is the one predicted from the recipe
+        ready = (ctx.checkpoint_dir / "config.json").is_file()
+        return _cache_parts(ctx, _suites(ctx), [t.task for _, t in work], ctx.serving_plan(predicted=not ready))
+
+    folder = result_cache.lookup_parts(result_cache.QUALITY, parts)
+    if folder is None:
+        return {}
+    scores = {}
+    for _, task in work:
+        try:
+            rows, _ = read_samples(folder, task.task)
+            _, values, _ = paired_values(task.task, task.metric, task.filter, rows, rows)
+        except (OSError, ValueError, KeyError, CheckError):
+            continue
+        finite = [float(v) for v in values if isinstance(v, (int, float))]
+        if finite:
+            scores[task.task] = sum(finite) / len(finite)
+    return scores

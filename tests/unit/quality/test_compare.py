@@ -172,3 +172,24 @@ def test_the_fail_side_is_adjusted_for_the_family_of_gates():
         family[("min_recovery", "marginal")].detail
     assert family[("min_recovery", "large")].verdict == "fail"
     assert family[("min_recovery", "t0")].verdict == "pass"
+
+
+def test_a_margin_floor_lets_a_low_scoring_task_show_non_inferiority():
+    """10% of an 11% score is about one point, which 300 samples cannot show even with
+    only 2 answers changing; a floor of 5 points can be shown, and the detail says which
+    margin applied."""
+    base = [1.0] * 33 + [0.0] * 267
+    cand = [1.0] * 32 + [0.0] * 268  # one right answer lost ...
+    cand[40] = 1.0  # ... and one gained: 2 of 300 pairs differ
+    relative = QualityGates(non_inferiority_margin=0.1)
+    _, _, vs = judge(rows(base), rows(cand), relative)
+    assert by_gate(vs)["non_inferiority"] == "inconclusive"
+    floored = QualityGates(non_inferiority_margin=0.1, non_inferiority_min_margin=0.05)
+    _, _, vs = judge(rows(base), rows(cand), floored)
+    [ni] = [v for v in vs if v.gate == "non_inferiority"]
+    assert ni.verdict == "pass" and ni.limit == pytest.approx(-0.05) and "non_inferiority_min_margin" in ni.detail
+    # the floor never lowers a larger relative margin
+    high = rows([1.0] * 270 + [0.0] * 30)
+    _, _, vs = judge(high, high, floored)
+    [ni] = [v for v in vs if v.gate == "non_inferiority"]
+    assert ni.limit == pytest.approx(-0.09)

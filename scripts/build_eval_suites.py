@@ -317,10 +317,21 @@ def main() -> int:
     write_jsonl(args.out / "prose_ppl.jsonl", prose(paras, rng, 40, 600, 1500))
     write_jsonl(args.out / "kl_text.jsonl", prose(paras, rng, 32, 900, 1200))
     write_jsonl(args.out / "knowledge_mc.jsonl", knowledge_mc(rng))
-    write_jsonl(args.out / "arithmetic.jsonl", arithmetic(rng, 60))
-    write_jsonl(args.out / "json_extract.jsonl", json_extraction(rng, 40))
-    for words in (150, 350, 700, 1300):
-        write_jsonl(args.out / f"passkey_{words}w.jsonl", passkey(paras, rng, words, 10))
+    # Sized so the gates can decide (see eval_suites/default/README.md): the first items
+    # of each file are the original ones (same seed, same order), more are appended from a
+    # second generator, so a run with quality.limit sees the same first samples as before.
+    more = random.Random(SEED + 1)
+    arith = arithmetic(rng, 60)
+    extraction = json_extraction(rng, 40)
+    keys = {words: passkey(paras, rng, words, 10) for words in (150, 350, 700, 1300)}
+    seen = {r["question"] for r in arith}  # appended questions are new ones (paired samples should differ)
+    fresh = [r for r in arithmetic(more, 600) if r["question"] not in seen and not seen.add(r["question"])]
+    write_jsonl(args.out / "arithmetic.jsonl", arith + fresh[:90])
+    write_jsonl(args.out / "json_extract.jsonl", extraction + json_extraction(more, 60))
+    # more of the short haystacks, which cost least to evaluate: 60 / 40 / 30 / 20 items, 150 pooled
+    for words, rows in keys.items():
+        write_jsonl(args.out / f"passkey_{words}w.jsonl",
+                    rows + passkey(paras, more, words, {150: 50, 350: 30, 700: 20, 1300: 10}[words]))
     write_jsonl(args.out / "code.jsonl", code_tasks())
     write_jsonl(args.out / "chat.jsonl", chat_tasks())
     write_jsonl(args.out / "chat_fewshot.jsonl", chat_fewshot())

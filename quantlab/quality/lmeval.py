@@ -87,8 +87,11 @@ def _child(spec_path: str) -> int:
         print(f"{PROGRESS}start {i}/{len(work)} {task}", flush=True)
         t0 = time.monotonic()
         try:
+            picked = (spec.get("samples") or {}).get(task)
             r = lm_eval.simple_evaluate(model=lm, tasks=[task], task_manager=tm, log_samples=True,
-                                        limit=spec.get("limit"), random_seed=spec["seed"],
+                                        limit=None if picked is not None else spec.get("limit"),
+                                        samples={task: picked} if picked is not None else None,
+                                        random_seed=spec["seed"],
                                         numpy_random_seed=spec["seed"], torch_random_seed=spec["seed"],
                                         fewshot_random_seed=spec["seed"], bootstrap_iters=0,
                                         apply_chat_template=part["chat"], fewshot_as_multiturn=part["chat"])
@@ -111,7 +114,7 @@ def _child(spec_path: str) -> int:
 
 def run_tasks(*, tasks: list[str], chat_tasks: list[str] | None = None, base_url: str, served_name: str,
               tokenizer: str | None, suite_dir: Path | None, out_dir: Path, log_path: Path, seed: int,
-              limit: int | None, num_concurrent: int, request_timeout_s: float, max_retries: int,
+              limit: int | None, num_concurrent: int, samples: dict[str, list[int]] | None = None, request_timeout_s: float, max_retries: int,
               deadline_s: float, offline: bool, trust_remote_code: bool, progress: Callable[[str], None],
               is_alive: Callable[[], bool] = lambda: True) -> None:
     """Run `tasks` (completions API) then `chat_tasks` (chat completions API, the model's
@@ -134,7 +137,7 @@ def run_tasks(*, tasks: list[str], chat_tasks: list[str] | None = None, base_url
                 "tasks": list(names), "chat": chat}
 
     spec = {"parts": [part(names, chat) for names, chat in ((tasks, False), (chat_tasks or [], True)) if names],
-            "seed": seed, "limit": limit, "out_dir": str(out_dir),
+            "seed": seed, "limit": limit, "samples": samples, "out_dir": str(out_dir),
             "include_path": str(suite_dir) if suite_dir else None, "include_defaults": suite_dir is None}
     spec_path = out_dir / "lmeval-spec.json"
     spec_path.write_text(json.dumps(spec, indent=2))

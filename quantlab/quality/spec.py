@@ -108,6 +108,14 @@ class KLSpec(_Strict):
                                             "models' most likely next token is the same.")
 
 
+class SequentialSpec(_Strict):
+    """How `samples: auto` grows each task's sample: `first`, then x `growth` per look."""
+
+    first: int = Field(40, ge=10, le=100_000, description="Samples per task at the first look.")
+    growth: float = Field(2.0, gt=1, le=10, description="Each look evaluates up to this many times the "
+                          "samples of the one before (the last look takes all the data there is).")
+
+
 class QualitySpec(_Strict):
     suites: list[str] = Field(default_factory=lambda: ["default"], description="Shipped suite names "
                               "(eval_suites/<name>) or suite folders relative to the recipe.")
@@ -115,6 +123,13 @@ class QualitySpec(_Strict):
                                        "...) downloaded from the hub: for machines with a network.")
     tasks: list[TaskName] | None = Field(None, description="Run only these tasks of the suites.")
     limit: int | None = Field(None, ge=1, description="At most this many samples per task (the first ones).")
+    samples: Literal["all", "auto"] = Field("all", description="all: the candidate answers every sample (up to "
+                                            "limit). auto: evaluate until decided: the candidate answers the "
+                                            "first samples of each task, then more at each look, and a task "
+                                            "stops as soon as its gates (and its slice's) are decided; each look "
+                                            "is judged at 1 - (1 - confidence) / looks, so stopping early keeps "
+                                            "the error rates. The baseline answers every sample (it is cached).")
+    sequential: SequentialSpec = Field(default_factory=SequentialSpec)
     seed: int = 1234
     num_concurrent: int = Field(8, ge=1, le=256, description="Requests lm-eval keeps in flight.")
     request_timeout_s: float = Field(300, gt=0, le=3600)

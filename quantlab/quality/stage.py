@@ -106,7 +106,10 @@ def _runnable(suites: list[Suite], max_len: int | None) -> tuple[list[tuple[Suit
     return run, skipped
 
 
-def _evaluate(ctx: RunContext, role: str, work: list[tuple[Suite, Any]], out: Path) -> float:
+def _evaluate(ctx: RunContext, role: str, work: list[tuple[Suite, Any]], out: Path, *,
+              samples: dict[str, list[int]] | None = None, deadline_s: float | None = None) -> float:
+    """`work` through lm-eval against one role's server; `samples` picks doc indices per
+    task instead of the first `quality.limit`."""
     from quantlab.quality.lmeval import run_tasks
 
     spec: QualitySpec = ctx.recipe.quality
@@ -131,9 +134,11 @@ def _evaluate(ctx: RunContext, role: str, work: list[tuple[Suite, Any]], out: Pa
             run_tasks(tasks=by_api[False], chat_tasks=by_api[True], base_url=server.base_url,
                       served_name=server.served_name,
                       tokenizer=str(_tokenizer_dir(ctx, role)), suite_dir=folders[suite_name], out_dir=out,
-                      log_path=ctx.run.path / OUT_DIR / f"{role}-lmeval.log", seed=spec.seed, limit=spec.limit,
+                      log_path=ctx.run.path / OUT_DIR / f"{role}-lmeval.log", seed=spec.seed,
+                      limit=None if samples is not None else spec.limit, samples=samples,
                       num_concurrent=spec.num_concurrent, request_timeout_s=spec.request_timeout_s,
-                      max_retries=spec.max_retries, deadline_s=spec.timeout_s, offline=folders[suite_name] is not None,
+                      max_retries=spec.max_retries, deadline_s=deadline_s or spec.timeout_s,
+                      offline=folders[suite_name] is not None,
                       trust_remote_code=ctx.recipe.model.trust_remote_code, progress=progress,
                       is_alive=lambda s=server: s.proc is None or s.proc.poll() is None)
             try:
@@ -191,10 +196,15 @@ def run(ctx: RunContext) -> QualityResult:
     seconds: dict[str, float] = {}
     cached, key = _baseline(ctx, suites, work, kl_token_ids, base_dir, seconds)
     cand_dir.mkdir(parents=True, exist_ok=True)
-    seconds["candidate"] = _evaluate(ctx, "candidate", work, cand_dir)
+    notes: list[str] = []
+    looks: dict[str, int] = {}
+    if spec.samples == "auto":
+        seconds["candidate"], looks = _evaluate_until_decided(ctx, work, base_dir, cand_dir, notes)
+    else:
+        seconds["candidate"] = _evaluate(ctx, "candidate", work, cand_dir)
     kl_result = _kl_result(ctx, kl_token_ids, base_dir, cand_dir)
-    tasks, flips, lm_eval_version = _compare_tasks(spec, work, base_dir, cand_dir)
-    slices = _pool_slices(spec, tasks)
+    tasks, flips, lm_eval_version = _compare_tasks(spec, work, base_dir, cand_dir, looks=looks)
+    slices = _pool_slices(spec, tasks, looks=looks)
     gates = quality_gates.verdicts(spec, tasks, slices, kl_result)
     write_text_atomic(out / "flips.jsonl", "".join(json.dumps(f, default=str) + "\n" for f in flips))
     ctx.add_artifact(f"{OUT_DIR}/flips.jsonl", "quality-flips")
@@ -205,7 +215,6 @@ def run(ctx: RunContext) -> QualityResult:
             ctx.add_artifact(rel, f"quality-{role}-samples")
             raw.append(rel)
     comparisons, slice_comparisons = [cmp for cmp, _, _ in tasks], [cmp for cmp, _, _ in slices]
-    notes = []
     plots = _plots(ctx, comparisons + slice_comparisons, notes)
     if cached:
         notes.append(f"baseline results from the cache ({cached}); no baseline evaluation ran")
@@ -266,38 +275,120 @@ def _kl_result(ctx: RunContext, kl_token_ids, base_dir: Path, cand_dir: Path) ->
     return result
 
 
-def _compare_tasks(spec: QualitySpec, work: list[tuple[Suite, Any]], base_dir: Path, cand_dir: Path
+def _compare_tasks(spec: QualitySpec, work: list[tuple[Suite, Any]], base_dir: Path, cand_dir: Path, *,
+                   looks: dict[str, int] | None = None
                    ) -> tuple[list[quality_gates.Paired], list[dict[str, Any]], str | None]:
     """Each task's samples joined and compared: (comparison, baseline values, candidate
-    values) per task, every flip, and the lm-eval version that wrote them."""
+    values) per task, every flip, and the lm-eval version that wrote them. With `looks`
+    (evaluate until decided) the candidate answered a prefix: the baseline is cut to the
+    same samples and the interval widened for the task's planned looks."""
     from quantlab.quality.lmeval import read_samples
+    from quantlab.quality.sequential import look_confidence
 
     tasks, flips, lm_eval_version = [], [], None
     for _, task in work:
         b_rows, b_sum = read_samples(base_dir, task.task)
         c_rows, c_sum = read_samples(cand_dir, task.task)
+        confidence = quality_gates.task_gates(spec, task.task, task.slice).confidence
+        if looks:
+            answered = {r["doc_id"] for r in c_rows}
+            b_rows = [r for r in b_rows if r["doc_id"] in answered]
+            confidence = look_confidence(confidence, looks.get(task.task, 1))
         lm_eval_version = c_sum.get("lm_eval")
         hib = (c_sum.get("higher_is_better") or {}).get(task.metric, True)
         cmp, task_flips = compare_task(task.task, task.slice, task.metric, task.filter, hib, b_rows, c_rows,
-                                       confidence=quality_gates.task_gates(spec, task.task, task.slice).confidence,
-                                       iters=spec.bootstrap_iters, seed=spec.seed)
+                                       confidence=confidence, iters=spec.bootstrap_iters, seed=spec.seed)
         flips += task_flips
         _, bv, cv = paired_values(task.task, task.metric, task.filter, b_rows, c_rows)
         tasks.append((cmp, bv, cv))
     return tasks, flips, lm_eval_version
 
 
-def _pool_slices(spec: QualitySpec, tasks: list[quality_gates.Paired]) -> list[quality_gates.Paired]:
-    """Each slice's pass/fail tasks pooled into one paired comparison."""
+def _pool_slices(spec: QualitySpec, tasks: list[quality_gates.Paired], *, looks: dict[str, int] | None = None
+                 ) -> list[quality_gates.Paired]:
+    """Each slice's pass/fail tasks pooled into one paired comparison (judged, when
+    evaluating until decided, at the confidence of its most-looked-at task)."""
+    from quantlab.quality.sequential import look_confidence
+
     comparisons = [cmp for cmp, _, _ in tasks]
     values = {cmp.task: (bv, cv) for cmp, bv, cv in tasks}
     out = []
     for name in sorted({c.slice for c in comparisons}):
-        pool = pooled(comparisons, values, name, confidence=quality_gates.slice_gates(spec, name).confidence,
+        most = max([(looks or {}).get(c.task, 1) for c in comparisons if c.slice == name] or [1])
+        pool = pooled(comparisons, values, name,
+                      confidence=look_confidence(quality_gates.slice_gates(spec, name).confidence, most),
                       iters=spec.bootstrap_iters, seed=spec.seed)
         if pool is not None:
             out.append(pool)
     return out
+
+
+def _evaluate_until_decided(ctx: RunContext, work: list[tuple[Suite, Any]], base_dir: Path, cand_dir: Path,
+                            notes: list[str]) -> tuple[float, dict[str, int]]:
+    """`quality.samples: auto`: the candidate answers each task's samples look by look
+    (quality/sequential.py) until the task's gates and its slice's are decided, its data
+    runs out, or quality.timeout_s is spent. Each look's answers land in
+    candidate/look-<k>/ and are appended to the task's file. Returns (seconds, planned
+    looks per task)."""
+    from quantlab.quality.lmeval import read_samples
+    from quantlab.quality.sequential import schedule, undecided_tasks
+
+    spec: QualitySpec = ctx.recipe.quality
+    available = {t.task: len({r["doc_id"] for r in read_samples(base_dir, t.task)[0]}) for _, t in work}
+    plans = {task: schedule(n, spec.sequential.first, spec.sequential.growth) for task, n in available.items()}
+    looks = {task: len(p) for task, p in plans.items()}
+    slice_of = {t.task: t.slice for _, t in work}
+    answered = dict.fromkeys(plans, 0)
+    stopped: dict[str, tuple[int, str]] = {}
+    pending = set(plans)
+    spent = 0.0
+    for look in range(max(looks.values())):
+        todo = {task: list(range(answered[task], plans[task][look])) for task in sorted(pending)
+                if look < len(plans[task])}
+        if not todo:
+            break
+        left = spec.timeout_s - spent
+        if left <= 0:
+            for task in pending:
+                stopped[task] = (look, "quality.timeout_s spent")
+            break
+        ctx.progress(f"quality candidate: look {look + 1}, {sum(map(len, todo.values()))} more samples of "
+                     f"{len(todo)} undecided task(s)")
+        folder = cand_dir / f"look-{look + 1}"
+        spent += _evaluate(ctx, "candidate", [(s, t) for s, t in work if t.task in todo], folder, samples=todo,
+                           deadline_s=left)
+        for task in todo:
+            _append_samples(folder, cand_dir, task)
+            answered[task] = plans[task][look]
+        tasks, _, _ = _compare_tasks(spec, work, base_dir, cand_dir, looks=looks)
+        still = undecided_tasks(quality_gates.verdicts(spec, tasks, _pool_slices(spec, tasks, looks=looks), None),
+                                slice_of)
+        for task in list(pending):
+            if task not in still:
+                stopped[task] = (look + 1, "decided")
+            elif answered[task] >= available[task]:
+                stopped[task] = (look + 1, "data exhausted")
+            else:
+                continue
+            pending.discard(task)
+    parts = [f"{task} {answered[task]}/{available[task]} at look {k} of {looks[task]} ({why})"
+             for task, (k, why) in sorted(stopped.items())]
+    notes.append("evaluated until decided (quality.samples: auto; each look judged at 1 - (1 - confidence) / "
+                 "planned looks): " + "; ".join(parts))
+    return spent, looks
+
+
+def _append_samples(folder: Path, into: Path, task: str) -> None:
+    """One look's answers added to the task's file (and its summary's sample count)."""
+    from quantlab.quality.lmeval import read_samples
+
+    rows, summary = read_samples(folder, task)
+    if (into / f"{task}.jsonl").is_file():
+        earlier, _ = read_samples(into, task)
+        rows = earlier + rows
+    summary["n_samples"] = len(rows)
+    write_text_atomic(into / f"{task}.jsonl", "".join(json.dumps(r, default=str) + "\n" for r in rows))
+    write_json_atomic(into / f"{task}.summary.json", summary)
 
 
 def _plots(ctx: RunContext, comparisons: list[TaskComparison], notes: list[str]) -> list[str]:

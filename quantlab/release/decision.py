@@ -39,7 +39,8 @@ class DecisionPolicy(_M):
     not_shown: NotShown = Field("block", description="A gate that could not decide: block the release (default) "
                                 "or only warn.")
     checks: dict[str, NotShown] = Field(default_factory=dict, description="Per check (quality, performance, ...).")
-    gates: dict[str, NotShown] = Field(default_factory=dict, description="Per gate, as 'check.gate'.")
+    gates: dict[str, NotShown] = Field(default_factory=dict, description="Per gate, as 'check.gate' or, for one "
+                                       "scope, 'check.gate@scope'.")
 
     @property
     def optional_targets(self) -> frozenset[str]:
@@ -47,7 +48,8 @@ class DecisionPolicy(_M):
 
     def required(self, v: GateVerdict) -> bool:
         """Whether this gate, when it cannot decide, holds the release back."""
-        rule = self.gates.get(f"{v.stage}.{v.gate}") or self.checks.get(v.stage) or self.not_shown
+        rule = (self.gates.get(f"{v.stage}.{v.gate}@{v.scope}") or self.gates.get(f"{v.stage}.{v.gate}")
+                or self.checks.get(v.stage) or self.not_shown)
         return rule == "block"
 
     def rules(self) -> dict:

@@ -49,7 +49,8 @@ class ReleasePolicySpec(_Strict):
     checks: dict[str, NotShown] = Field(default_factory=dict, description="Per check: quality, performance, "
                                         "stability, targets.")
     gates: dict[str, NotShown] = Field(default_factory=dict, description="Per gate, as 'check.gate' (e.g. "
-                                       "'quality.non_inferiority'); wins over the check's and the default rule.")
+                                       "'quality.non_inferiority'), or for one scope 'check.gate@scope' (e.g. "
+                                       "'quality.non_inferiority@ql_code'); the most specific rule wins.")
 
     @model_validator(mode="after")
     def _known_names(self) -> "ReleasePolicySpec":
@@ -57,10 +58,10 @@ class ReleasePolicySpec(_Strict):
             if name not in CHECKS:
                 raise ValueError(f"checks: unknown check '{name}'; expected one of {', '.join(CHECKS)}")
         for name in self.gates:
-            check, _, gate = name.partition(".")
-            if check not in CHECKS or not gate:
-                raise ValueError(f"gates: '{name}' is not 'check.gate' (e.g. 'quality.non_inferiority'); checks: "
-                                 f"{', '.join(CHECKS)}")
+            check, _, gate = name.partition("@")[0].partition(".")
+            if check not in CHECKS or not gate or name.endswith("@"):
+                raise ValueError(f"gates: '{name}' is not 'check.gate' or 'check.gate@scope' (e.g. "
+                                 f"'quality.non_inferiority@ql_code'); checks: {', '.join(CHECKS)}")
         return self
 
 

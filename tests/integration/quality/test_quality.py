@@ -89,6 +89,42 @@ def test_self_validation_fails_no_gate_shows_what_it_cannot_then_reuses_the_cach
     assert r3.returncode == 0 and not record3["stages"]["quality"]["result"]["baseline_cached"]
 
 
+def test_evaluate_until_decided_stops_each_task_at_its_first_decided_look(tiny_server, tiny_served_checkpoint,
+                                                                         tmp_path):
+    """`samples: auto` on the same weights and server, limit 80: looks at 20, 40 and 80
+    samples (20 and 30 for the 30-item code task), each judged at 1 - 0.05 / looks.
+    Identical answers and a 20-point margin: every task is decided (released), at one of
+    its looks; the candidate's files hold exactly the samples of the looks taken, joined
+    with the baseline's on doc id; and at least one task stopped before its data ran out
+    (a 30% score at 20 samples is narrow enough, a 0% score needs 40)."""
+    from quantlab.quality.sequential import schedule
+
+    server, _, _ = tiny_server
+    data = __import__("yaml").safe_load(self_check_recipe(tmp_path, server, tiny_served_checkpoint).read_text())
+    data["quality"].update(limit=80, samples="auto", sequential={"first": 20, "growth": 2},
+                           gates={"non_inferiority_margin": 0.1, "non_inferiority_min_margin": 0.2},
+                           kl={"enabled": False})
+    r, record, run_dir = validated(write_recipe(tmp_path, data, "auto.yaml"), tiny_served_checkpoint, tmp_path)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    q = record["stages"]["quality"]["result"]
+    assert all(g["verdict"] == "pass" for g in q["gates"]), q["gates"]
+    [note] = [n for n in q["notes"] if n.startswith("evaluated until decided")]
+    early = 0
+    for t in q["tasks"]:
+        base = (run_dir / "quality" / "baseline" / f"{t['task']}.jsonl").read_text().splitlines()
+        plan = schedule(len(base), 20, 2)
+        assert len(base) <= 80 and t["n"] in plan, (t["task"], t["n"], plan)
+        assert t["confidence"] == pytest.approx(1 - 0.05 / len(plan))
+        assert f"{t['task']} {t['n']}/{len(base)} at look {plan.index(t['n']) + 1} of {len(plan)} (decided)" in note
+        # each look asked lm-eval for the next doc indices only, and they joined on doc id
+        cand = [json.loads(x) for x in (run_dir / "quality" / "candidate" / f"{t['task']}.jsonl").read_text()
+                .splitlines()]
+        assert sorted(row["doc_id"] for row in cand) == list(range(t["n"]))
+        early += t["n"] < len(base)
+    assert sorted(t["task"] for t in q["tasks"]) == sorted(TASKS) and early >= 1
+    assert "look 1" in r.stdout + r.stderr
+
+
 def test_server_errors_during_evaluation_fail_clearly_naming_the_task(tiny_server, tiny_served_checkpoint,
                                                                       tmp_path, monkeypatch):
     from quantlab.quality.lmeval import run_tasks

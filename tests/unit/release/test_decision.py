@@ -44,6 +44,23 @@ def test_release_policy_can_warn_per_gate_per_check_or_for_all():
                   ).record.decision == "not_shown"
     assert decide(unsure, DecisionPolicy()).record.not_shown_policy == {"not_shown": "block", "checks": {},
                                                                           "gates": {}}
+    # one scope of a gate: warn there, block elsewhere
+    two = [verdict("b", "inconclusive", "w/c1"), verdict("b", "inconclusive", "w/c8")]
+    d = decide(two, DecisionPolicy(gates={"performance.b@w/c1": "warn"})).record
+    assert d.decision == "not_shown" and d.not_shown_gates == ["performance.b@w/c8"]
+    assert decide(two, DecisionPolicy(gates={"performance.b": "warn", "performance.b@w/c8": "block"})
+                  ).record.not_shown_gates == ["performance.b@w/c8"]
+
+
+def test_policy_names_are_checked():
+    import pytest
+
+    from quantlab.release.spec import ReleasePolicySpec
+
+    assert ReleasePolicySpec(gates={"quality.non_inferiority@ql_code": "warn"}).gates
+    for bad in ("quality", "nope.gate", "quality.non_inferiority@"):
+        with pytest.raises(ValueError, match="is not 'check.gate' or 'check.gate@scope'"):
+            ReleasePolicySpec(gates={bad: "warn"})
 
 
 def gv(verdict, target=None, gate="g"):

@@ -29,4 +29,5 @@ def test_a_larger_family_needs_a_larger_drop_to_block():
 def test_sample_counts_come_from_the_suite_data():
     suite = load_suite(SHIPPED / "default")
     counts = {t.task: sample_count(suite, t.task) for t in suite.tasks}
-    assert counts["ql_passkey_150w"] == 10 and all(n and n > 0 for n in counts.values())
+    assert counts["ql_passkey_150w"] == 60 and counts["ql_passkey_1300w"] == 20 and counts["ql_arithmetic"] == 150
+    assert all(n and n > 0 for n in counts.values())

@@ -34,7 +34,7 @@ def test_quantized_run_on_default_model(tmp_path, default_model_dir, served_form
     data["serve"] = {"engine_args": {"max_model_len": 2048}, "side_by_side": True}
     # the shipped gates on a small load (the shipped workload takes minutes); a blocked
     # release (exit 1) is a legitimate outcome: a quantized format is often slower than bf16 on a CPU
-    data["performance"].update(repeats=1, client_check=False, workloads=[
+    data["performance"].update(repeats=1, max_repeats=None, client_check=False, workloads=[
         {"name": "short", "prompt_tokens": 128, "output_tokens": 16, "concurrency": [1, 4], "num_requests": 4}])
     data["quality"].update(E2E_QUALITY)
     data["stability"].update(prompts=4, batch={"concurrency": [4]}, determinism={"repeats": 2},

@@ -4,8 +4,9 @@ Baseline and candidate answer the same prompts, so every comparison is paired:
 - pass/fail metrics: exact McNemar test on the discordant pairs, and Newcombe's hybrid
   score interval (1998, method 10) for the difference of the paired proportions: honest
   at zero and few discordant pairs, where a bootstrap interval collapses to [0, 0];
-- other metrics: a paired bootstrap confidence interval of the candidate-minus-baseline
-  difference (resampling prompts, so the baseline/candidate pairing is kept);
+- other metrics: a paired BCa bootstrap confidence interval (scipy) of the
+  candidate-minus-baseline difference (resampling prompts, so the baseline/candidate
+  pairing is kept);
 - next-token distributions: KL divergence of the candidate from the baseline on the
   top-k log-probabilities both servers return, with the mass outside the top k kept
   as one "rest" bucket (what a top-k API allows; llama.cpp's KL mode sees the whole
@@ -18,6 +19,7 @@ lm-eval aggregates as a ratio of sums (perplexities weighted by words or bytes).
 from __future__ import annotations
 
 import math
+import warnings
 from dataclasses import dataclass
 from typing import Sequence
 
@@ -62,33 +64,47 @@ class PairedInterval:
 
 def paired_bootstrap(base: Sequence[Value], cand: Sequence[Value], *, iters: int = 2000, confidence: float = 0.95,
                      seed: int = 0, transform=None) -> PairedInterval:
-    """Percentile bootstrap CI of aggregate(cand) - aggregate(base), resampling sample
-    indices jointly. `transform` maps an aggregate before differencing (e.g. a
-    perplexity from a mean log-likelihood)."""
+    """BCa bootstrap CI (scipy.stats.bootstrap, paired) of aggregate(cand) -
+    aggregate(base), resampling sample indices jointly. `transform` maps an aggregate
+    before differencing (e.g. a perplexity from a mean log-likelihood). BCa corrects the
+    percentile interval's bias and skew (a perplexity difference is skewed); where every
+    resample gives the same difference (identical answers) the interval is that point."""
+    from scipy.stats import bootstrap
+
     if len(base) != len(cand):
         raise ValueError(f"paired samples differ in count: {len(base)} baseline vs {len(cand)} candidate")
     if not base:
         raise ValueError("no samples to compare")
-    f = transform or (lambda x: x)
+    f = np.vectorize(transform) if transform else (lambda x: x)
     bn, bd = _as_arrays(base)
     cn, cd = _as_arrays(cand)
     if not all(np.isfinite(a).all() for a in (bn, bd, cn, cd)):
         raise ValueError("a per-sample value is not a finite number: it cannot be resampled")
-    point_b, point_c = f(bn.sum() / bd.sum()), f(cn.sum() / cd.sum())
-    rng = np.random.default_rng(seed)
+    point_b, point_c = float(f(bn.sum() / bd.sum())), float(f(cn.sum() / cd.sum()))
+
+    def difference(b_num, b_den, c_num, c_den, axis=-1):
+        with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+            return f(c_num.sum(axis) / c_den.sum(axis)) - f(b_num.sum(axis) / b_den.sum(axis))
+
     n = len(base)
-    idx = rng.integers(0, n, size=(iters, n))
-    with np.errstate(divide="ignore", invalid="ignore"):
-        rb = bn[idx].sum(1) / bd[idx].sum(1)
-        rc = cn[idx].sum(1) / cd[idx].sum(1)
-        diffs = np.vectorize(f)(rc) - np.vectorize(f)(rb) if transform else rc - rb
+    if n < 2:
+        return PairedInterval(point_b, point_c, point_c - point_b, point_c - point_b, point_c - point_b,
+                              confidence, n)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # scipy warns on a degenerate distribution; handled below
+        res = bootstrap((bn, bd, cn, cd), difference, paired=True, vectorized=True, n_resamples=iters,
+                        confidence_level=confidence, method="BCa", rng=np.random.default_rng(seed))
+    diffs = res.bootstrap_distribution
     if not np.isfinite(diffs).all():  # dropping them would narrow the interval without saying so
         raise ValueError(f"{int((~np.isfinite(diffs)).sum())} of {iters} bootstrap resamples gave a difference that "
                          "is not a finite number (a zero denominator, or a transform that overflows)")
-    alpha = (1 - confidence) / 2
-    low, high = (np.quantile(diffs, [alpha, 1 - alpha]) if diffs.size else (float("nan"), float("nan")))
-    return PairedInterval(float(point_b), float(point_c), float(point_c - point_b), float(low), float(high),
-                          confidence, n)
+    low, high = float(res.confidence_interval.low), float(res.confidence_interval.high)
+    if np.ptp(diffs) == 0:
+        low = high = float(diffs[0])
+    elif not (np.isfinite(low) and np.isfinite(high)):  # BCa undefined (e.g. a constant jackknife): percentiles
+        alpha = (1 - confidence) / 2
+        low, high = (float(x) for x in np.quantile(diffs, [alpha, 1 - alpha]))
+    return PairedInterval(point_b, point_c, point_c - point_b, low, high, confidence, n)
 
 
 def is_binary(values: Sequence[Value]) -> bool:

@@ -1,0 +1,32 @@
+"""The order performance blocks are measured in when several candidates share one
+baseline (pure): the baseline, then every candidate, then the baseline again and the
+candidates in the reverse order, and so on (B, C1, C2, C3, B, C3, C2, C1, B, ...).
+
+Why: each candidate's ratio pairs its block with the baseline block next to it in
+time, so machine drift over the run cancels as it does for one candidate (A, B, B, A);
+reversing the sweep keeps any one candidate from always being measured right after the
+baseline (warm caches) or last (a hotter machine)."""
+
+from __future__ import annotations
+
+BASELINE = "baseline"
+
+
+def block_order(candidates: list[str], repeats: int) -> list[tuple[int, str]]:
+    """(repeat, role) in measuring order: one baseline block per repeat, then the
+    candidates, forwards on even repeats and backwards on odd ones."""
+    if len(set(candidates)) != len(candidates):
+        raise ValueError(f"candidate names must be unique; got {candidates}")
+    if BASELINE in candidates:
+        raise ValueError(f"'{BASELINE}' is the baseline's name, not a candidate's")
+    order: list[tuple[int, str]] = []
+    for rep in range(repeats):
+        sweep = candidates if rep % 2 == 0 else candidates[::-1]
+        order += [(rep, BASELINE)] + [(rep, c) for c in sweep]
+    return order
+
+
+def paired_baseline(order: list[tuple[int, str]], candidate: str) -> list[int]:
+    """For each repeat of `candidate`, the repeat index of the baseline block it is
+    compared with (the one of the same sweep)."""
+    return [rep for rep, role in order if role == candidate]

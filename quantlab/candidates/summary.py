@@ -1,0 +1,61 @@
+"""One judged candidate's run record reduced to what the choice and the comparison
+table read (pure): its decision and the gates behind it, cost per successful answer,
+peak memory, KV capacity, peak throughput, P99 latencies at that point, the error rate
+and its worst quality recovery."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from quantlab.candidates.select import CandidateSummary
+from quantlab.core.results import PerfResult, QualityResult, ReleaseResult
+from quantlab.core.run import RunRecord
+
+
+def summarize(name: str, record: RunRecord, role: str = "candidate") -> tuple[CandidateSummary, dict[str, Any]]:
+    """(what `choose` reads, the row the comparison table shows). `role` picks the
+    baseline's figures from the same record for the table's baseline row."""
+    release = record.result("release")
+    perf = record.result("performance")
+    quality = record.result("quality")
+    decision, failed, not_shown = _decision(record, release)
+    cost = mem = kv = tps = None
+    at: str | None = None
+    p99_ttft = p99_tpot = errors = None
+    if isinstance(perf, PerfResult):
+        cost = (perf.cost.get(role) or {}).get("cost_per_successful_request")
+        mem = (perf.memory.get(role) or {}).get("peak_bytes")
+        kv = (perf.memory.get(role) or {}).get("kv_cache_tokens")
+        best = max(perf.points, key=lambda p: getattr(p, role).get("output_tokens_per_s") or 0.0, default=None)
+        if best is not None:
+            m = getattr(best, role)
+            tps, at = m.get("output_tokens_per_s"), f"{best.workload}/{best.point}"
+            p99_ttft, p99_tpot = (m.get("ttft_ms") or {}).get("p99"), (m.get("tpot_ms") or {}).get("p99")
+        errors = max((getattr(p, role).get("error_rate") or 0.0 for p in perf.points), default=None)
+    worst, worst_scope = _worst_recovery(quality) if role == "candidate" else (None, None)
+    summary = CandidateSummary(name=name, decision=decision, failed_gates=failed, not_shown_gates=not_shown,
+                               cost_per_successful_request=cost, peak_memory_bytes=mem, output_tokens_per_s=tps,
+                               worst_slice_recovery=worst)
+    row = {"name": name, "decision": decision if role == "candidate" else "baseline",
+           "failed_gates": failed if role == "candidate" else [],
+           "not_shown_gates": not_shown if role == "candidate" else [],
+           "cost_per_successful_request": cost, "peak_memory_bytes": mem, "kv_cache_tokens": kv,
+           "output_tokens_per_s": tps, "at": at, "p99_ttft_ms": p99_ttft, "p99_tpot_ms": p99_tpot,
+           "max_error_rate": errors, "worst_recovery": worst, "worst_recovery_at": worst_scope,
+           "run_id": record.run_id}
+    return summary, row
+
+
+def _decision(record: RunRecord, release) -> tuple[str, list[str], list[str]]:
+    if isinstance(release, ReleaseResult):
+        return release.decision, list(release.failed_gates), list(release.not_shown_gates)
+    # no release stage result: the run failed or stopped before deciding; nothing to ship
+    return "blocked", [f"run {record.status} before its release decision"], []
+
+
+def _worst_recovery(quality) -> tuple[float | None, str | None]:
+    """The lowest candidate / baseline recovery over the tasks and pooled slices."""
+    if not isinstance(quality, QualityResult):
+        return None, None
+    scored = [(c.recovery, c.task) for c in quality.tasks + quality.slices if c.recovery is not None]
+    return min(scored) if scored else (None, None)

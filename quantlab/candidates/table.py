@@ -1,0 +1,42 @@
+"""The comparison of candidates as a Markdown table and as JSON for dashboards (pure)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from quantlab.candidates.select import Choice
+
+COLUMNS = [("name", "candidate"), ("decision", "decision"), ("cost_per_successful_request", "cost / success"),
+           ("peak_memory_bytes", "peak GB"), ("kv_cache_tokens", "KV tokens"),
+           ("output_tokens_per_s", "out tok/s (peak)"), ("p99_ttft_ms", "P99 TTFT ms"),
+           ("p99_tpot_ms", "P99 TPOT ms"), ("max_error_rate", "errors"), ("worst_recovery", "worst recovery")]
+
+
+def _cell(key: str, v: Any) -> str:
+    if v is None:
+        return "-"
+    if key == "peak_memory_bytes":
+        return f"{v / 1e9:.2f}"
+    if key == "kv_cache_tokens":
+        return f"{int(v):,}"
+    if isinstance(v, float):
+        return f"{v:.3g}"
+    return str(v)
+
+
+def markdown(baseline: dict[str, Any] | None, rows: list[dict[str, Any]], choice: Choice) -> str:
+    """The table (baseline first), the choice in one line, and why each other lost."""
+    head = "| " + " | ".join(title for _, title in COLUMNS) + " |"
+    lines = [head, "|" + "---|" * len(COLUMNS)]
+    for row in ([baseline] if baseline else []) + rows:
+        mark = " (chosen)" if row["name"] == choice.chosen else ""
+        cells = [_cell(k, row.get(k)) + (mark if k == "name" else "") for k, _ in COLUMNS]
+        lines.append("| " + " | ".join(cells) + " |")
+    lines += ["", choice.why]
+    lines += [f"- {name}: {why}" for name, why in choice.lost.items()]
+    return "\n".join(lines) + "\n"
+
+
+def as_json(baseline: dict[str, Any] | None, rows: list[dict[str, Any]], choice: Choice) -> dict[str, Any]:
+    return {"baseline": baseline, "candidates": rows, "chosen": choice.chosen, "why": choice.why,
+            "ranking": choice.ranking, "closest": choice.closest, "lost": choice.lost}

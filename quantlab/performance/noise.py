@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import warnings
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 
 import numpy as np
 
@@ -142,9 +142,7 @@ class Interval:
     requests: int  # the fewest successful requests behind one block's figure
 
     def as_dict(self) -> dict:
-        return {"pass_low": self.pass_low, "pass_high": self.pass_high, "fail_low": self.fail_low,
-                "fail_high": self.fail_high, "fail_alpha": self.fail_alpha, "draws": self.draws,
-                "repeats": self.repeats, "requests": self.requests}
+        return asdict(self)
 
 
 def interval(draws: np.ndarray, *, confidence: float, fail_alpha: float, repeats: int, requests: int) -> Interval:

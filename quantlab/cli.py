@@ -119,7 +119,8 @@ def quantize(
 
 @app.command()
 def run(
-    recipe: Annotated[Path, typer.Argument(help="Recipe YAML file.")],
+    recipes: Annotated[list[Path], typer.Argument(help="Recipe YAML file; several: compare them as candidates "
+                                                  "against one baseline and choose one.")],
     runs_dir: Annotated[Path, typer.Option(help="Root folder for run directories.")] = Path("runs"),
     resume: Annotated[Optional[str], typer.Option(
         help="Resume a run: its directory, or 'latest' for this recipe's newest run.")] = None,
@@ -130,12 +131,22 @@ def run(
 ) -> None:
     """Quantize, serve baseline and candidate, run the checks, sign the release (runs/<name>/<id>/).
 
-    Exit 0 released, 1 blocked by a gate, 2 bad input, 3 run failure, 130 interrupted."""
+    With several recipes: each is a candidate against one shared baseline (one baseline
+    server, its results computed once, performance measured in interleaved blocks); the
+    recipes' `selection` rule chooses among the released ones (runs/compare/<id>/).
+    Exit 0 released (or one chosen), 1 blocked by a gate (or none released), 2 bad input,
+    3 run failure, 130 interrupted."""
     from quantlab.core.recipe import load_recipe
     from quantlab.core.run import RunDir
 
     with exit_codes():
-        loaded = load_recipe(recipe)
+        if len(recipes) > 1:
+            if resume or dry_run:
+                raise RecipeError("--resume and --dry-run take one recipe; a comparison of several starts afresh "
+                                  "(checkpoints and baseline results still come from the cache)")
+            _compare_with_summary(recipes, runs_dir, verbose=verbose)
+            return
+        loaded = load_recipe(recipes[0])
         if dry_run:
             _print_plan(loaded, runs_dir)
             return
@@ -147,6 +158,20 @@ def run(
         elif resume:
             resume_path = Path(resume)
         _run_with_summary(loaded, runs_dir, resume=resume_path, verbose=verbose)
+
+
+def _compare_with_summary(files: list[Path], runs_dir: Path, *, verbose: bool) -> None:
+    """Several candidates, one baseline: the comparison, its table, then one line on the choice."""
+    from quantlab.core.compare import run_comparison
+
+    result = run_comparison(files, runs_dir, progress=progress, verbose=verbose)
+    err.print("[bold]comparison[/]", highlight=False)
+    for line in result.table_md.rstrip().splitlines():
+        err.print(f"  {escape(line)}", highlight=False, soft_wrap=True)
+    err.print(f"  report: {escape(str(result.folder / 'comparison.md'))}", highlight=False, soft_wrap=True)
+    typer.echo(str(result.folder / "comparison.json"))
+    if result.exit_code:
+        raise typer.Exit(result.exit_code)
 
 
 @app.command()

@@ -1,5 +1,5 @@
 """The recipe's `selection` section: how one checkpoint is chosen among several
-candidates judged against one baseline (pure pydantic; not wired into `quantlab run` yet)."""
+candidates judged against one baseline (pure pydantic; read by `quantlab run a.yaml b.yaml ...`)."""
 
 from __future__ import annotations
 
@@ -19,6 +19,9 @@ class SelectionSpec(BaseModel):
                        "cost_per_success (the lowest cost per successful answer at the workload's SLO; needs "
                        "performance.price_per_hour), least_memory (peak memory), highest_throughput (output "
                        "tokens/s at the reference point), weighted (a score from `weights`).")
+    unservable: Literal["skip", "stop"] = Field("skip", description="A candidate whose preflight refuses it (e.g. "
+                                                "a scheme this host cannot serve): skip (judge the others, list it "
+                                                "as refused) or stop (the whole comparison exits 2).")
     weights: dict[str, float] = Field(default_factory=dict, description="rule 'weighted': figure -> weight, "
                                       f"figures: {', '.join(WEIGHABLE)}.")
 

@@ -40,3 +40,28 @@ def markdown(baseline: dict[str, Any] | None, rows: list[dict[str, Any]], choice
 def as_json(baseline: dict[str, Any] | None, rows: list[dict[str, Any]], choice: Choice) -> dict[str, Any]:
     return {"baseline": baseline, "candidates": rows, "chosen": choice.chosen, "why": choice.why,
             "ranking": choice.ranking, "closest": choice.closest, "lost": choice.lost}
+
+
+def html(baseline: dict[str, Any] | None, rows: list[dict[str, Any]], choice: Choice, *,
+         refused: dict[str, str], plot_png: bytes | None = None) -> str:
+    """One self-contained page: the table, the choice, why each other lost, the plot."""
+    import base64
+    from html import escape as e
+
+    parts = ["<!doctype html><html><head><meta charset='utf-8'><title>quantlab: comparison</title>",
+             "<style>body{font-family:sans-serif;margin:2em}table{border-collapse:collapse}"
+             "td,th{border:1px solid #ccc;padding:3px 8px;text-align:right}td:first-child{text-align:left}"
+             ".release{color:#2a7a3b}.blocked{color:#b22}.not_shown{color:#777}</style></head><body>",
+             "<h1>quantlab: comparison</h1>", f"<h2>{e(choice.why)}</h2>",
+             "<table><tr>" + "".join(f"<th>{e(t)}</th>" for _, t in COLUMNS) + "</tr>"]
+    for row in ([baseline] if baseline else []) + rows:
+        cls = e(str(row.get("decision")))
+        cells = [_cell(k, row.get(k)) + (" (chosen)" if k == "name" and row["name"] == choice.chosen else "")
+                 for k, _ in COLUMNS]
+        parts.append(f"<tr class='{cls}'>" + "".join(f"<td>{e(c)}</td>" for c in cells) + "</tr>")
+    parts.append("</table><ul>" + "".join(f"<li>{e(n)}: {e(w)}</li>" for n, w in
+                                          {**choice.lost, **refused}.items()) + "</ul>")
+    if plot_png:
+        parts.append(f"<p><img alt='candidates' src='data:image/png;base64,{base64.b64encode(plot_png).decode()}'></p>")
+    parts.append("</body></html>")
+    return "\n".join(parts) + "\n"

@@ -214,6 +214,17 @@ class RunContext:
             self._pool = EnginePool(self.serving_plan(), log_dir=self.run.path / SERVE_LOG_DIR,
                                     progress=self.progress)
 
+    def adopt_engine(self, role: str, server: Any, *, owned: bool) -> None:
+        """A server started by someone else for this run's role (a comparison starts the
+        shared baseline and every candidate together); one not owned outlives this run's
+        close_engines()."""
+        self._ensure_pool()
+        self._pool.adopt(role, server, owned=owned)
+
+    def engine_if_running(self, role: str, target: str = PRIMARY_TARGET):
+        """The server for a role if one is up (never starts one)."""
+        return self._pool.running_server(role, target) if self._pool is not None else None
+
     def running_engines(self) -> list[str]:
         return self._pool.running() if self._pool is not None else []
 

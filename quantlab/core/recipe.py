@@ -23,6 +23,7 @@ from pydantic import (
     model_validator,
 )
 
+from quantlab.candidates.spec import SelectionSpec
 from quantlab.core.errors import RecipeError
 from quantlab.quantize.spec import CalibrationSpec, QuantizationSpec
 from quantlab.release.spec import ReleaseSpec, SigningSpec
@@ -69,6 +70,8 @@ class Recipe(_Strict):
     release: ReleaseSpec = Field(default_factory=ReleaseSpec, description="What a gate that could not decide "
                                  "does to the decision (release.policy).")
     signing: SigningSpec = Field(default_factory=SigningSpec, description="How the release manifest is signed.")
+    selection: SelectionSpec | None = Field(None, description="With several recipes in one run (`quantlab run "
+                                            "a.yaml b.yaml`): how one candidate is chosen among those released.")
 
     @model_validator(mode="after")
     def _calibration_present(self) -> "Recipe":

@@ -147,6 +147,11 @@ class PerfResult(_Result):
     workload_context: dict[str, Any] = Field(default_factory=dict, description="Model, engine, hardware, settings.")
     unrepresentative: list[str] = Field(default_factory=list, description="Engine settings under which these "
                                         "figures are not what a production server would show (e.g. eager mode).")
+    measured_together: list[str] | None = Field(None, description="In a comparison of several candidates: the "
+                                                "servers up and measured in the same interleaved blocks (the "
+                                                "baseline's blocks are shared); None in a single-candidate run.")
+    comparison_order: list[str] | None = Field(None, description="In a comparison: every block in measuring "
+                                               "order, candidates by name.")
 
 
 class TaskComparison(_Result):

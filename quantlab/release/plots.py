@@ -112,3 +112,35 @@ def quality_deltas(comparisons: list[Any], out: Path, context: str) -> Path | No
     fig.savefig(out, dpi=90)
     plt.close(fig)
     return out
+
+
+DECISION_COLORS = {"release": "#55a868", "blocked": "#c44e52", "not_shown": "#8c8c8c", "baseline": "#4c72b0"}
+
+
+def pareto(rows: list[dict[str, Any]], out: Path, context: str) -> Path | None:
+    """The candidates of a comparison: worst quality recovery (up = better) against cost
+    per successful answer, or output tokens/s where no price is set (right = better for
+    throughput, left for cost); marker size is peak memory. Colour is the decision."""
+    use_cost = any(r.get("cost_per_successful_request") for r in rows)
+    key = "cost_per_successful_request" if use_cost else "output_tokens_per_s"
+    pts = [r for r in rows if r.get(key) is not None and r.get("worst_recovery") is not None]
+    if not pts:
+        return None
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    peak = max((r.get("peak_memory_bytes") or 0) for r in pts) or 1
+    for r in pts:
+        size = 60 + 540 * (r.get("peak_memory_bytes") or 0) / peak
+        ax.scatter(r[key], r["worst_recovery"], s=size, alpha=0.7, color=DECISION_COLORS.get(r["decision"], "#dd8452"),
+                   edgecolors="black", linewidths=0.6)
+        ax.annotate(f"{r['name']} ({r['decision']})", (r[key], r["worst_recovery"]), fontsize=8,
+                    xytext=(6, 6), textcoords="offset points")
+    ax.set_xlabel("cost per successful answer (lower is better)" if use_cost else
+                  "output tokens/s at the best point (higher is better)")
+    ax.set_ylabel("worst quality recovery, candidate / baseline")
+    ax.grid(alpha=0.3)
+    fig.suptitle(f"Candidates - {context}\n(marker size: peak memory)", fontsize=10)
+    fig.tight_layout()
+    fig.savefig(out, dpi=90)
+    plt.close(fig)
+    return out

@@ -19,6 +19,7 @@ class EnginePool:
         self.log_dir = Path(log_dir)
         self.progress = progress
         self._servers: dict[tuple[str, str], VLLMServer] = {}
+        self._borrowed: set[tuple[str, str]] = set()  # servers another pool owns (a comparison's baseline)
 
     @property
     def plan(self) -> ServingPlan:
@@ -49,6 +50,19 @@ class EnginePool:
         start_together(servers, self.progress)
         self._servers.update(zip(todo, servers, strict=True))
 
+    def adopt(self, role: str, server: VLLMServer, *, owned: bool, target: str = PRIMARY_TARGET) -> None:
+        """Take a server started elsewhere. One not owned (the baseline a comparison shares
+        between its candidates) is never stopped by this pool: close() only lets go of it."""
+        key = (target, role)
+        self._servers[key] = server
+        if owned:
+            self._borrowed.discard(key)
+        else:
+            self._borrowed.add(key)
+
+    def running_server(self, role: str, target: str = PRIMARY_TARGET) -> VLLMServer | None:
+        return self._servers.get((target, role))
+
     def running(self) -> list[str]:
         return [self.plans[t].label(r) for t, r in self._servers]
 
@@ -60,14 +74,18 @@ class EnginePool:
 
     def _stop(self, key: tuple[str, str]) -> None:
         server = self._servers.pop(key, None)
-        if server is not None:
+        if server is not None and key not in self._borrowed:
             server.stop()
+        self._borrowed.discard(key)
 
     def close(self) -> None:
         """Stop every server, all at once: each shutdown is a wait of seconds."""
         from concurrent.futures import ThreadPoolExecutor
 
-        servers = [self._servers.pop(key) for key in list(self._servers)]
+        servers = [self._servers.pop(key) for key in list(self._servers) if key not in self._borrowed]
+        for key in list(self._borrowed):
+            self._servers.pop(key, None)
+        self._borrowed.clear()
         if not servers:
             return
         with ThreadPoolExecutor(max_workers=len(servers)) as pool:

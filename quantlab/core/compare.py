@@ -174,8 +174,7 @@ def run_comparison(files: list[Path], runs_root: Path, *, progress: Progress = p
                 c.ctx.close_engines()
         if baseline is not None:
             baseline.stop()
-    for c in [c for c in cands if c.active]:
-        _each([c], release_stage)
+    _choose_then_release(cands, selection)
     for c in cands:
         _finish(c, clock, progress)
     return _conclude(folder, cands, selection, progress)
@@ -306,6 +305,23 @@ def _record_failed(c: Candidate, name: str, started: str, t0: float, e0: float, 
                                 duration_s=round(time.perf_counter() - t0, 3), engine_s=round(engine_seconds() - e0, 3),
                                 inputs_sha256=inputs_hash(perf_stage.inputs(c.ctx)), artifacts=c.ctx.artifacts,
                                 error=error))
+
+
+def _choose_then_release(cands: list[Candidate], selection: SelectionSpec) -> None:
+    """Each candidate's decision, the choice among them, then each one's release stage:
+    its signed manifest records whether it was chosen, why, and every candidate's row."""
+    judged = [c for c in cands if c.run is not None and c.refused is None]
+    pairs = {c.name: summarize(c.name, c.run.record, decided=release_stage.decide_run(c.ctx).record
+                               if c.active else None) for c in judged}
+    if not pairs:
+        return
+    choice = choose([s for s, _ in pairs.values()], selection)
+    rows = [row for _, row in pairs.values()]
+    for c in [c for c in cands if c.active]:
+        c.ctx.comparison = {"chosen": choice.chosen == c.name, "chosen_candidate": choice.chosen,
+                            "rule": selection.rule, "why": choice.why, "lost": choice.lost.get(c.name),
+                            "candidates": rows, "refused": {x.name: x.refused for x in cands if x.refused}}
+        _each([c], release_stage)
 
 
 def _finish(c: Candidate, clock: tuple[float, float], progress: Progress) -> None:

@@ -55,6 +55,7 @@ class RunContext:
     import_from: Path | None = None  # quantlab validate: the existing checkpoint to validate
     stages: list[Any] = field(default_factory=list)  # this pipeline's stage modules (set by the pipeline)
     artifacts: list[Artifact] = field(default_factory=list)  # the running stage's, collected by the pipeline
+    comparison: dict[str, Any] | None = None  # several candidates: the choice, recorded in the manifest
     _baseline: ResolvedModel | None = None
     _probe: dict[str, Any] | None = None
     _plan: Any = None  # ServingPlan, built once

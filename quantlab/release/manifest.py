@@ -64,6 +64,8 @@ class Manifest(_M):
     decision: DecisionRecord
     targets: dict[str, TargetDecision] = Field(default_factory=dict, description="Per serve target (only when "
                                                "the recipe names serve.targets): decision, why, required.")
+    comparison: dict[str, Any] | None = Field(None, description="In a run of several candidates: whether this "
+                                              "one was chosen, the rule, why, and every candidate's summary.")
     signer: Signer | None = Field(None, description="Who signs it; None: unsigned (signing.method none), or a "
                                   "manifest written before quantlab recorded the signer.")
 

@@ -163,6 +163,7 @@ def build_manifest(ctx: RunContext, results: dict[str, Any], verdicts, decision,
         gates=verdicts,
         decision=decision,
         targets=targets or {},
+        comparison=ctx.comparison,
     )
 
 

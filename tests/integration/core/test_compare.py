@@ -104,8 +104,16 @@ def test_three_candidates_one_baseline_one_choice(tmp_path, tiny_model_dir, serv
     for name, decision in (("good", "release"), ("broken", "blocked")):
         manifest = json.loads((folder / result["runs"][name] / "checkpoint" / "quantlab-manifest.json").read_text())
         assert manifest["decision"]["decision"] == decision
+        # the signed manifest records the comparison: chosen or not, why, and every candidate's row
+        assert manifest["comparison"]["chosen"] is (name == "good")
+        assert manifest["comparison"]["chosen_candidate"] == "good"
+        assert {row["name"] for row in manifest["comparison"]["candidates"]} == {"good", "broken"}
+        assert "unservable" in manifest["comparison"]["refused"]
+    assert "blocked by" in json.loads((broken_dir / "checkpoint" / "quantlab-manifest.json").read_text())[
+        "comparison"]["lost"]
 
     # the comparison's table and JUnit (a suite per candidate)
+    assert (folder / "pareto.png").is_file() and "good (chosen)" in (folder / "comparison.html").read_text()
     table = (folder / "comparison.md").read_text()
     assert "good (chosen)" in table and "broken" in table and "unservable" in table
     suites = ET.parse(folder / "junit.xml").getroot()

@@ -5,7 +5,7 @@ PYTEST_ARGS ?=
 # AVX2-only build has no W4A16 kernel, and serves W8A8 int8.
 DEMO_RECIPES ?= recipes/gptq-w4a16.yaml recipes/smoothquant-gptq-w8a8.yaml
 
-.PHONY: setup demo test test-fast bench clean
+.PHONY: setup demo compare test test-fast bench clean
 
 setup:
 	bash scripts/setup.sh
@@ -24,6 +24,13 @@ demo: setup
 		if [ $$rc -eq 1 ]; then echo "make demo: nothing was released: a gate failed, or a required one could not decide (see above); the demo itself worked"; \
 		elif [ $$rc -ne 0 ]; then exit $$rc; fi; \
 	fi
+
+# Set-up, then the shipped GPTQ, AWQ and SmoothQuant recipes as candidates against one
+# baseline (a W4A16 candidate this host's engine cannot serve is refused and listed).
+compare: setup
+	.venv/bin/quantlab run recipes/gptq-w4a16.yaml recipes/awq-w4a16.yaml recipes/smoothquant-gptq-w8a8.yaml; rc=$$?; \
+	if [ $$rc -eq 1 ]; then echo "make compare: no candidate was released (see the table above)"; \
+	elif [ $$rc -ne 0 ]; then exit $$rc; fi
 
 # Set-up, then the whole test suite. pytest's exit code 5 (nothing collected) is a failure.
 test: setup

@@ -168,6 +168,12 @@ def run_comparison(files: list[Path], runs_root: Path, *, progress: Progress = p
             _each([c for c in cands if c.active], serve_stage, quality_stage)
             _shared_performance([c for c in cands if c.active], progress)
             _each([c for c in cands if c.active], stability_stage, targets_stage)
+    except BaseException as err:  # the baseline failed, or Ctrl-C: no candidate can be judged
+        for c in cands:
+            if c.run is not None and c.run.record.status == "running":
+                c.run.record.status = "interrupted" if isinstance(err, KeyboardInterrupt) else "failed"
+                c.run.save()
+        raise
     finally:
         for c in cands:
             if c.ctx is not None:

@@ -24,7 +24,7 @@ def summarize(name: str, record: RunRecord, role: str = "candidate",
     decision, failed, not_shown = _decision(record, release)
     cost = mem = kv = tps = None
     at: str | None = None
-    p99_ttft = p99_tpot = errors = None
+    p99_ttft = p99_tpot = errors = goodput = None
     if isinstance(perf, PerfResult):
         cost = (perf.cost.get(role) or {}).get("cost_per_successful_request")
         mem = (perf.memory.get(role) or {}).get("peak_bytes")
@@ -35,16 +35,17 @@ def summarize(name: str, record: RunRecord, role: str = "candidate",
             tps, at = m.get("output_tokens_per_s"), f"{best.workload}/{best.point}"
             p99_ttft, p99_tpot = (m.get("ttft_ms") or {}).get("p99"), (m.get("tpot_ms") or {}).get("p99")
         errors = max((getattr(p, role).get("error_rate") or 0.0 for p in perf.points), default=None)
+        goodput = _goodput_at_slo(perf, role)
     worst, worst_scope = _worst_recovery(quality) if role == "candidate" else (None, None)
     summary = CandidateSummary(name=name, decision=decision, failed_gates=failed, not_shown_gates=not_shown,
                                cost_per_successful_request=cost, peak_memory_bytes=mem, output_tokens_per_s=tps,
-                               worst_slice_recovery=worst)
+                               worst_slice_recovery=worst, goodput_at_slo=goodput)
     row = {"name": name, "decision": decision if role == "candidate" else "baseline",
            "failed_gates": failed if role == "candidate" else [],
            "not_shown_gates": not_shown if role == "candidate" else [],
            "cost_per_successful_request": cost, "peak_memory_bytes": mem, "kv_cache_tokens": kv,
            "output_tokens_per_s": tps, "at": at, "p99_ttft_ms": p99_ttft, "p99_tpot_ms": p99_tpot,
-           "max_error_rate": errors, "worst_recovery": worst, "worst_recovery_at": worst_scope,
+           "max_error_rate": errors, "goodput_at_slo": goodput, "worst_recovery": worst, "worst_recovery_at": worst_scope,
            "run_id": record.run_id}
     return summary, row
 
@@ -54,6 +55,15 @@ def _decision(record: RunRecord, release) -> tuple[str, list[str], list[str]]:
         return release.decision, list(release.failed_gates), list(release.not_shown_gates)
     # no release stage result: the run failed or stopped before deciding; nothing to ship
     return "blocked", [f"run {record.status} before its release decision"], []
+
+
+def _goodput_at_slo(perf: PerfResult, role: str) -> float | None:
+    """Successful requests per second at the best point that meets the SLOs (no errors, 99%
+    within every SLO): the point a cost per success is quoted at (performance/stage)."""
+    meeting = [m.get("goodput_requests_per_s") for m in (getattr(p, role) for p in perf.points)
+               if m.get("error_rate") == 0 and (m.get("slo_attainment") or 0) >= 0.99
+               and m.get("goodput_requests_per_s") is not None]
+    return max(meeting) if meeting else None
 
 
 def _worst_recovery(quality) -> tuple[float | None, str | None]:

@@ -7,6 +7,7 @@ from typing import Any
 from quantlab.candidates.select import Choice
 
 COLUMNS = [("name", "candidate"), ("decision", "decision"), ("cost_per_successful_request", "cost / success"),
+           ("goodput_at_slo", "answers/s at SLO"),
            ("peak_memory_bytes", "peak GB"), ("kv_cache_tokens", "KV tokens"),
            ("output_tokens_per_s", "out tok/s (peak)"), ("p99_ttft_ms", "P99 TTFT ms"),
            ("p99_tpot_ms", "P99 TPOT ms"), ("max_error_rate", "errors"), ("worst_recovery", "worst recovery")]

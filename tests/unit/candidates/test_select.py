@@ -1,5 +1,5 @@
 """Choosing among candidates, and the block order they are measured in (pure parts of
-the multi-candidate run; not wired into `quantlab run` yet)."""
+the multi-candidate run)."""
 
 from __future__ import annotations
 
@@ -70,3 +70,16 @@ def test_selection_spec_errors_name_the_field():
         SelectionSpec(rule="weighted")
     with pytest.raises(ValueError, match="only read by rule 'weighted'"):
         SelectionSpec(weights={"memory": 1})
+
+
+def test_without_a_price_cost_per_success_ranks_by_successful_answers_per_second():
+    pool = [CandidateSummary("gptq", "release", goodput_at_slo=1.5), CandidateSummary("awq", "release",
+                                                                                        goodput_at_slo=2.0)]
+    ch = choose(pool, SelectionSpec())
+    assert ch.chosen == "awq" and "no performance.price_per_hour" in ch.why
+    assert ch.lost["gptq"].startswith("released, but goodput_at_slo: 1.5 successful answers/s")
+    # with a price the cost itself decides, and nothing is said about a fallback
+    priced = [CandidateSummary("gptq", "release", cost_per_successful_request=0.002, goodput_at_slo=1.5),
+              CandidateSummary("awq", "release", cost_per_successful_request=0.003, goodput_at_slo=2.0)]
+    ch = choose(priced, SelectionSpec())
+    assert ch.chosen == "gptq" and "price_per_hour" not in ch.why

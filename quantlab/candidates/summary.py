@@ -24,7 +24,7 @@ def summarize(name: str, record: RunRecord, role: str = "candidate",
     decision, failed, not_shown = _decision(record, release)
     cost = mem = kv = tps = None
     at: str | None = None
-    p99_ttft = p99_tpot = errors = goodput = None
+    p99_ttft = p99_tpot = p95_ttft = p95_tpot = errors = goodput = None
     if isinstance(perf, PerfResult):
         cost = (perf.cost.get(role) or {}).get("cost_per_successful_request")
         mem = (perf.memory.get(role) or {}).get("peak_bytes")
@@ -34,6 +34,7 @@ def summarize(name: str, record: RunRecord, role: str = "candidate",
             m = getattr(best, role)
             tps, at = m.get("output_tokens_per_s"), f"{best.workload}/{best.point}"
             p99_ttft, p99_tpot = (m.get("ttft_ms") or {}).get("p99"), (m.get("tpot_ms") or {}).get("p99")
+            p95_ttft, p95_tpot = (m.get("ttft_ms") or {}).get("p95"), (m.get("tpot_ms") or {}).get("p95")
         errors = max((getattr(p, role).get("error_rate") or 0.0 for p in perf.points), default=None)
         goodput = _goodput_at_slo(perf, role)
     worst, worst_scope = _worst_recovery(quality) if role == "candidate" else (None, None)
@@ -44,7 +45,8 @@ def summarize(name: str, record: RunRecord, role: str = "candidate",
            "failed_gates": failed if role == "candidate" else [],
            "not_shown_gates": not_shown if role == "candidate" else [],
            "cost_per_successful_request": cost, "peak_memory_bytes": mem, "kv_cache_tokens": kv,
-           "output_tokens_per_s": tps, "at": at, "p99_ttft_ms": p99_ttft, "p99_tpot_ms": p99_tpot,
+           "output_tokens_per_s": tps, "at": at, "p95_ttft_ms": p95_ttft, "p99_ttft_ms": p99_ttft,
+           "p95_tpot_ms": p95_tpot, "p99_tpot_ms": p99_tpot,
            "max_error_rate": errors, "goodput_at_slo": goodput, "worst_recovery": worst, "worst_recovery_at": worst_scope,
            "run_id": record.run_id}
     return summary, row

@@ -46,9 +46,8 @@ def summarize(name: str, record: RunRecord, role: str = "candidate",
            "not_shown_gates": not_shown if role == "candidate" else [],
            "cost_per_successful_request": cost, "peak_memory_bytes": mem, "kv_cache_tokens": kv,
            "output_tokens_per_s": tps, "at": at, "p95_ttft_ms": p95_ttft, "p99_ttft_ms": p99_ttft,
-           "p95_tpot_ms": p95_tpot, "p99_tpot_ms": p99_tpot,
-           "max_error_rate": errors, "goodput_at_slo": goodput, "worst_recovery": worst, "worst_recovery_at": worst_scope,
-           "run_id": record.run_id}
+           "p95_tpot_ms": p95_tpot, "p99_tpot_ms": p99_tpot, "max_error_rate": errors, "goodput_at_slo": goodput,
+           "worst_recovery": worst, "worst_recovery_at": worst_scope, "run_id": record.run_id}
     return summary, row
 
 

@@ -6,6 +6,7 @@ plain dicts with every request accounted for; judging them is the stability stag
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -210,14 +211,19 @@ def soak(base_url: str, served: str, prompts: list[list[int]], *, requests: int,
     url = f"{base_url}/v1/completions"
     rss: list[tuple[float, int]] = []
     t0 = time.perf_counter()
+    gone = _GoneServer()
 
     def one(i: int) -> Reply:
+        if gone.now:  # the rest would each fail in a millisecond, for minutes: counted, not sent
+            return Reply(None, error=NOT_SENT)
         if i % max(1, concurrency) == 0:
             value = sample_rss()
             if value:
                 rss.append((time.perf_counter() - t0, value))
-        return post(client, url, body=completion(served, prompts[i % len(prompts)], max_tokens, ignore_eos=True),
-                    timeout_s=timeout_s)
+        reply = post(client, url, body=completion(served, prompts[i % len(prompts)], max_tokens, ignore_eos=True),
+                     timeout_s=timeout_s)
+        gone.saw(reply)
+        return reply
 
     with httpx.Client() as client:
         first = sample_rss()
@@ -235,11 +241,33 @@ def soak(base_url: str, served: str, prompts: list[list[int]], *, requests: int,
     if len(rss) >= 2:
         half = [v for t, v in rss if t >= wall / 2] or [rss[-1][1]]
         growth = (max(half) - rss[0][1]) / 1e6
-    return {"requests": requests, "answered": len(replies), "ok": len(replies) - len(errors) - len(empty),
+    not_sent = sum(r.error == NOT_SENT for r in replies)
+    return {"requests": requests, "answered": len(replies) - not_sent, "not_sent": not_sent,
+            "ok": len(replies) - len(errors) - len(empty),
             "errors": len(errors), "empty": len(empty), "error_rate": (len(errors) + len(empty)) / requests,
             "error_examples": [asdict(r) for r in errors[:MAX_EXAMPLES]], "wall_s": round(wall, 2),
             "rss_samples_mb": [(round(t, 1), round(v / 1e6, 1)) for t, v in rss], "rss_growth_mb": growth,
             "p50_s": _median([r.seconds for r in replies if r.ok])}
+
+
+NOT_SENT = "not sent: the server had stopped accepting connections"
+REFUSED_IN_A_ROW = 16  # connection refusals in a row that mean the server is gone, not busy
+
+
+class _GoneServer:
+    """Whether a load's server has stopped accepting connections (refused many times in a
+    row, across the load's threads)."""
+
+    def __init__(self) -> None:
+        self._refused = 0
+        self._lock = threading.Lock()
+        self.now = False
+
+    def saw(self, reply: Reply) -> None:
+        with self._lock:
+            refused = reply.status is None and (reply.error or "").startswith("ConnectError")
+            self._refused = self._refused + 1 if refused else 0
+            self.now = self.now or self._refused >= REFUSED_IN_A_ROW
 
 
 def _median(values: list[float]) -> float | None:

@@ -36,7 +36,7 @@ from quantlab.core.fsutil import write_json_atomic, write_text_atomic
 from quantlab.core.layout import SERVE_LOG_DIR
 from quantlab.core.pipeline import STAGES, _run_stage, _save_with_time, enabled, stages_to_run
 from quantlab.core.recipe import LoadedRecipe, load_recipe
-from quantlab.core.run import RunDir, StageRecord, now_iso
+from quantlab.core.run import RunDir, StageRecord, new_run_folder, now_iso
 from quantlab.performance import stage as perf_stage
 from quantlab.quality import stage as quality_stage
 from quantlab.quantize import stage as quantize_stage
@@ -118,8 +118,8 @@ def check_comparable(loaded: list[LoadedRecipe]) -> None:
 def _model_identity(lr: LoadedRecipe) -> dict[str, Any]:
     m = lr.recipe.model.model_dump(mode="json")
     source = m.get("source")
-    if isinstance(source, str) and source not in ("default",) and (lr.path.parent / source).exists():
-        m["source"] = str((lr.path.parent / source).resolve())  # relative to each recipe's own folder
+    if isinstance(source, str) and source != "default" and lr.resolve(source).exists():
+        m["source"] = str(lr.resolve(source))  # relative to each recipe's own folder
     return m
 
 
@@ -133,18 +133,10 @@ def selection_of(loaded: list[LoadedRecipe]) -> SelectionSpec:
 
 
 def _create_folder(runs_root: Path, loaded: list[LoadedRecipe]) -> Path:
-    import datetime as dt
     import hashlib
 
-    stamp = dt.datetime.now(dt.timezone.utc).strftime("%Y%m%d-%H%M%S")
-    digest = hashlib.sha256("".join(lr.content_hash for lr in loaded).encode()).hexdigest()[:8]
-    folder = Path(runs_root) / COMPARE_DIR / f"{stamp}-{digest}"
-    suffix = 1
-    while folder.exists():
-        suffix += 1
-        folder = folder.with_name(f"{stamp}-{digest}-{suffix}")
-    folder.mkdir(parents=True)
-    return folder
+    digest = hashlib.sha256("".join(lr.content_hash for lr in loaded).encode()).hexdigest()
+    return new_run_folder(Path(runs_root) / COMPARE_DIR, digest)
 
 
 def run_comparison(files: list[Path], runs_root: Path, *, progress: Progress = print,

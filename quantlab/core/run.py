@@ -94,6 +94,18 @@ class RunRecord(BaseModel):
         return rec.result if rec is not None and rec.status == "ok" else None
 
 
+def new_run_folder(parent: Path, digest: str) -> Path:
+    """parent/<UTC time>-<digest[:8]>, created; a suffix when two start in the same second."""
+    run_id = f"{dt.datetime.now(dt.timezone.utc).strftime('%Y%m%d-%H%M%S')}-{digest[:8]}"
+    path = Path(parent) / run_id
+    suffix = 1
+    while path.exists():
+        suffix += 1
+        path = path.with_name(f"{run_id}-{suffix}")
+    path.mkdir(parents=True)
+    return path
+
+
 class RunDir:
     def __init__(self, path: Path, record: RunRecord):
         self.path = Path(path)
@@ -101,14 +113,7 @@ class RunDir:
 
     @classmethod
     def create(cls, loaded: LoadedRecipe, runs_root: Path) -> "RunDir":
-        stamp = dt.datetime.now(dt.timezone.utc).strftime("%Y%m%d-%H%M%S")
-        run_id = f"{stamp}-{loaded.content_hash[:8]}"
-        path = Path(runs_root) / loaded.recipe.name / run_id
-        suffix = 1
-        while path.exists():  # two runs in the same second
-            suffix += 1
-            path = path.with_name(f"{run_id}-{suffix}")
-        path.mkdir(parents=True)
+        path = new_run_folder(Path(runs_root) / loaded.recipe.name, loaded.content_hash)
         record = RunRecord(
             run_id=path.name,
             recipe_name=loaded.recipe.name,

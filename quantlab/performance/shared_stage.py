@@ -14,16 +14,14 @@ record, report and plots stand alone.
 from __future__ import annotations
 
 import shutil
+
 from quantlab.candidates.schedule import BASELINE, block_order
 from quantlab.core.context import RunContext
-from quantlab.core.engine_time import engine_busy
 from quantlab.core.progress import step
 from quantlab.core.results import PerfResult
-from quantlab.performance import gates as perf_gates
 from quantlab.performance import stage as single
 from quantlab.performance.noise import RepeatSample
 from quantlab.performance.spec import PerformanceSpec
-from quantlab.serving.plan import unrepresentative_settings
 
 
 def run_shared(ctxs: dict[str, RunContext]) -> dict[str, PerfResult]:
@@ -46,9 +44,10 @@ def run_shared(ctxs: dict[str, RunContext]) -> dict[str, PerfResult]:
     warmed: set[tuple[str, str]] = set()
     order = block_order(names, spec.repeats)
     _measure_blocks(ctxs, spec, order, requests, measured, warmed, only=None)
-    looks = spec.max_repeats - spec.repeats + 1 if spec.max_repeats and spec.max_repeats > spec.repeats else 1
+    looks = single._looks(spec, True, [])
     for rep in range(spec.repeats, spec.max_repeats or spec.repeats):
-        undecided = {name: _undecided(spec, measured[name], looks) for name in names}
+        undecided = {name: single.undecided_points(spec, single._points_of(spec, measured[name], None, [],
+                                                                           looks=looks)) for name in names}
         undecided = {name: pts for name, pts in undecided.items() if pts}
         if not undecided:
             break
@@ -63,12 +62,6 @@ def run_shared(ctxs: dict[str, RunContext]) -> dict[str, PerfResult]:
             for name in names}
 
 
-def _undecided(spec: PerformanceSpec, measured: single._Measured, looks: int) -> set[tuple[str, str]]:
-    points = single._points_of(spec, measured, None, [], looks=looks)
-    return {tuple(v.scope.split("/", 1)) for v in perf_gates.verdicts(points, spec.gates)
-            if v.verdict == "inconclusive" and v.value is not None}
-
-
 def _server(ctxs: dict[str, RunContext], role: str):
     """The shared baseline (every candidate's context holds the same one) or a candidate's own."""
     name = next(iter(ctxs)) if role == BASELINE else role
@@ -78,8 +71,6 @@ def _server(ctxs: dict[str, RunContext], role: str):
 def _measure_blocks(ctxs: dict[str, RunContext], spec: PerformanceSpec, order: list[tuple[int, str]],
                     requests: dict[str, list], measured: dict[str, single._Measured], warmed: set[tuple[str, str]],
                     *, only: dict[str, set[tuple[str, str]]] | None) -> None:
-    from quantlab.performance.loadgen import run_point
-
     first = ctxs[next(iter(ctxs))]
     device = first.serving_plan().device
     slo = spec.slo.model_dump()
@@ -105,12 +96,7 @@ def _measure_blocks(ctxs: dict[str, RunContext], spec: PerformanceSpec, order: l
                 if pick is not None and not any((w.name, pt[0]) in pick for pt in single._points(w)):
                     continue
                 reqs = [single._for_server(r, server.served_name) for r in requests[w.name]]
-                if w.warmup_requests and (role, w.name) not in warmed:
-                    top = max(w.concurrency or [1])
-                    warm = [single._short(r) for r in (reqs * top)[:max(w.warmup_requests, top)]]
-                    with engine_busy():
-                        run_point(server.base_url, warm, concurrency=top, timeout_s=w.request_timeout_s)
-                    warmed.add((role, w.name))
+                single.warm_up(server, role, w, reqs, warmed)
                 for point, conc, rate in single._points(w):
                     if pick is not None and (w.name, point) not in pick:
                         continue
@@ -139,34 +125,15 @@ def _measure_blocks(ctxs: dict[str, RunContext], spec: PerformanceSpec, order: l
 
 def _result(name: str, ctx: RunContext, spec: PerformanceSpec, measured: single._Measured, client: dict | None,
             order: list[tuple[int, str]], labels: list[str], names: list[str], looks: int) -> PerfResult:
-    plan = ctx.serving_plan()
     notes = [f"measured in one comparison with {len(names) - 1} other candidate(s) ({', '.join(names)}): the "
              f"baseline's blocks are shared, each candidate's ratios pair its block with the baseline block of the "
              f"same sweep"] if len(names) > 1 else []
     if looks > 1:
         notes.append(f"adaptive repeats: up to performance.max_repeats {spec.max_repeats}; the fail side's alpha is "
                      f"split over {looks} looks")
-    points = single._points_of(spec, measured, client, notes, looks=looks)
     mine = [(rep, role) for rep, role in order if role in (BASELINE, name)]
     # a baseline block counts for this candidate only when this candidate was measured in that sweep
     reps = {rep for rep, role in mine if role == name}
     own_order = [f"{'baseline' if role == BASELINE else 'candidate'}#{rep + 1}" for rep, role in mine if rep in reps]
-    context = single._context(ctx, plan)
-    plots = single._plots(ctx, points, context["label"], notes)
-    return PerfResult(
-        interleaved=True,
-        order=own_order,
-        points=points,
-        client=client,
-        client_cpu_share=measured.cpu_s / measured.wall_s if measured.wall_s else 0.0,
-        memory={role: single._memory(ctx, role, [m for p in points for m in p.monitor.get(role, [])])
-                for role in single.ROLES},
-        cost={role: single._headline_cost(points, role, spec.price_per_hour) for role in single.ROLES},
-        gates=perf_gates.verdicts(points, spec.gates),
-        plots=plots,
-        notes=notes,
-        unrepresentative=unrepresentative_settings(plan.engine_args),
-        workload_context=context,
-        measured_together=["baseline", *names],
-        comparison_order=labels,
-    )
+    return single.result_of(ctx, spec, measured, client, notes, looks=looks, interleaved=True, order=own_order,
+                            measured_together=["baseline", *names], comparison_order=labels)

@@ -158,12 +158,21 @@ def run(ctx: RunContext) -> PerfResult:
         first = _points_of(spec, measured, client, [], looks=looks)
         order = _more_repeats(ctx, spec, order, requests, measured, first, device=plan.device, looks=looks,
                               notes=notes)
+    return result_of(ctx, spec, measured, client, notes, looks=looks, interleaved=interleaved,
+                     order=[f"{role}#{rep + 1}" for rep, role in order])
+
+
+def result_of(ctx: RunContext, spec: PerformanceSpec, measured: "_Measured", client: dict | None, notes: list[str],
+              *, looks: int, interleaved: bool, order: list[str], **extra: Any) -> PerfResult:
+    """The stage's result from what was measured: points, gates, memory, cost, plots
+    (`extra`: a comparison's fields)."""
+    plan = ctx.serving_plan()
     points = _points_of(spec, measured, client, notes, looks=looks)
     context = _context(ctx, plan)
     plots = _plots(ctx, points, context["label"], notes)
     return PerfResult(
         interleaved=interleaved,
-        order=[f"{role}#{rep + 1}" for rep, role in order],
+        order=order,
         points=points,
         client=client,
         client_cpu_share=measured.cpu_s / measured.wall_s if measured.wall_s else 0.0,
@@ -174,6 +183,7 @@ def run(ctx: RunContext) -> PerfResult:
         notes=notes,
         unrepresentative=unrepresentative_settings(plan.engine_args),
         workload_context=context,
+        **extra,
     )
 
 
@@ -205,8 +215,6 @@ def _measure_all(ctx: RunContext, spec: PerformanceSpec, order: list[tuple[int, 
                  out: _Measured, *, device: str, only: set[tuple[str, str]] | None = None) -> None:
     """Every point of every workload (or only the (workload, point) pairs named), on each
     server in the scheduled order, added to `out`."""
-    from quantlab.performance.loadgen import run_point
-
     warmed = out.warmed
     slo = spec.slo.model_dump()
     total_blocks = len(order)
@@ -219,14 +227,7 @@ def _measure_all(ctx: RunContext, spec: PerformanceSpec, order: list[tuple[int, 
                 if only is not None and not any((w.name, pt[0]) in only for pt in _points(w)):
                     continue
                 reqs = [_for_server(r, server.served_name) for r in requests[w.name]]
-                if w.warmup_requests and (role, w.name) not in warmed:
-                    # once per server and workload, before its first measured point: what warming pays
-                    # for (a CPU engine's first batch of a new size, first-use allocations) happens once
-                    top = max(w.concurrency or [1])
-                    with engine_busy():
-                        run_point(server.base_url, [_short(r) for r in (reqs * top)[:max(w.warmup_requests, top)]],
-                                  concurrency=top, timeout_s=w.request_timeout_s)
-                    warmed.add((role, w.name))
+                warm_up(server, role, w, reqs, warmed)
                 for point, conc, rate in _points(w):
                     if only is not None and (w.name, point) not in only:
                         continue
@@ -242,6 +243,26 @@ def _measure_all(ctx: RunContext, spec: PerformanceSpec, order: list[tuple[int, 
                     out.samples.setdefault((w.name, point), {}).setdefault(role, []).append(
                         RepeatSample.of(result.records, result.wall_s))
                     bar.advance()
+
+
+def warm_up(server, role: str, w: Workload, reqs: list, warmed: set[tuple[str, str]]) -> None:
+    """Once per server and workload, before its first measured point: what warming pays
+    for (a CPU engine's first batch of a new size, first-use allocations) happens once."""
+    from quantlab.performance.loadgen import run_point
+
+    if not w.warmup_requests or (role, w.name) in warmed:
+        return
+    top = max(w.concurrency or [1])
+    with engine_busy():
+        run_point(server.base_url, [_short(r) for r in (reqs * top)[:max(w.warmup_requests, top)]],
+                  concurrency=top, timeout_s=w.request_timeout_s)
+    warmed.add((role, w.name))
+
+
+def undecided_points(spec: PerformanceSpec, points: list[PerfPoint]) -> set[tuple[str, str]]:
+    """(workload, point) of every gate the noise leaves not shown."""
+    return {tuple(v.scope.split("/", 1)) for v in perf_gates.verdicts(points, spec.gates)
+            if v.verdict == "inconclusive" and v.value is not None}
 
 
 def _looks(spec: PerformanceSpec, interleaved: bool, notes: list[str]) -> int:
@@ -263,8 +284,7 @@ def _more_repeats(ctx: RunContext, spec: PerformanceSpec, order: list[tuple[int,
     they are decided or performance.max_repeats is reached. Returns the whole order."""
     order = list(order)
     for rep in range(spec.repeats, spec.max_repeats):
-        undecided = {tuple(v.scope.split("/", 1)) for v in perf_gates.verdicts(points, spec.gates)
-                     if v.verdict == "inconclusive" and v.value is not None}
+        undecided = undecided_points(spec, points)
         if not undecided:
             break
         ctx.progress(f"performance: {len(undecided)} point(s) not decided yet, measuring repeat {rep + 1} of "

@@ -72,6 +72,10 @@ def _finish(plt, fig, axes, out: Path, title: str) -> Path:
     for ax in axes:
         ax.grid(alpha=0.3)
         ax.legend(fontsize=8)
+    return _save(plt, fig, out, title)
+
+
+def _save(plt, fig, out: Path, title: str) -> Path:
     fig.suptitle(title, fontsize=10)
     fig.tight_layout()
     fig.savefig(out, dpi=90)
@@ -107,11 +111,7 @@ def quality_deltas(comparisons: list[Any], out: Path, context: str) -> Path | No
     ax_flips.set_xlabel("samples lost (left) / gained (right)")
     for a in (ax, ax_flips):
         a.grid(alpha=0.3)
-    fig.suptitle(f"Quality deltas - {context}", fontsize=10)
-    fig.tight_layout()
-    fig.savefig(out, dpi=90)
-    plt.close(fig)
-    return out
+    return _save(plt, fig, out, f"Quality deltas - {context}")
 
 
 DECISION_COLORS = {"release": "#55a868", "blocked": "#c44e52", "not_shown": "#8c8c8c", "baseline": "#4c72b0"}
@@ -139,8 +139,4 @@ def pareto(rows: list[dict[str, Any]], out: Path, context: str) -> Path | None:
                   "output tokens/s at the best point (higher is better)")
     ax.set_ylabel("worst quality recovery, candidate / baseline")
     ax.grid(alpha=0.3)
-    fig.suptitle(f"Candidates - {context}\n(marker size: peak memory)", fontsize=10)
-    fig.tight_layout()
-    fig.savefig(out, dpi=90)
-    plt.close(fig)
-    return out
+    return _save(plt, fig, out, f"Candidates - {context}\n(marker size: peak memory)")

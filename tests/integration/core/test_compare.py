@@ -96,8 +96,6 @@ def test_three_candidates_one_baseline_one_choice(tmp_path, tiny_model_dir, serv
     broken_perf = records["broken"]["stages"]["performance"]["result"]["points"][0]
     assert good_perf["baseline_repeats"] == broken_perf["baseline_repeats"]
     # the baseline's quality answers: evaluated for the first candidate, reused by the second
-    assert records["good"]["stages"]["quality"]["result"]["baseline_cached"] is False or \
-        records["broken"]["stages"]["quality"]["result"]["baseline_cached"] is True
     assert records["broken"]["stages"]["quality"]["result"]["baseline_cached"] is True
 
     # each candidate's own signed manifest and decision

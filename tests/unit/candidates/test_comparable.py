@@ -5,7 +5,6 @@ from __future__ import annotations
 import pytest
 import yaml
 
-from quantlab.candidates.schedule import block_order, paired_baseline
 from quantlab.candidates.spec import SelectionSpec
 from quantlab.core.compare import check_comparable, selection_of
 from quantlab.core.errors import RecipeError
@@ -75,9 +74,3 @@ def test_one_server_at_a_time_is_refused_with_the_fix(tmp_path):
     with pytest.raises(RecipeError, match="side_by_side"):
         check_comparable(recipes(tmp_path, serve, serve))
 
-
-def test_each_candidate_pairs_with_the_baseline_block_of_its_sweep():
-    order = block_order(["a", "b", "c"], 3)
-    assert [r for _, r in order] == ["baseline", "a", "b", "c", "baseline", "c", "b", "a", "baseline", "a", "b", "c"]
-    # each repeat of a candidate has exactly one baseline block of the same repeat
-    assert paired_baseline(order, "b") == [0, 1, 2]

@@ -128,6 +128,9 @@ def run(
                                           "of in the run folder's logs/.")] = False,
     dry_run: Annotated[bool, typer.Option("--dry-run", help="Check the recipe and run every preflight, print the "
                                           "plan with estimated seconds; start nothing.")] = False,
+    checkpoint: Annotated[Optional[list[str]], typer.Option(
+        "--checkpoint", help="NAME=DIR (or DIR): an existing checkpoint as one more candidate, judged by the first "
+        "recipe's checks; repeatable.")] = None,
 ) -> None:
     """Quantize, serve baseline and candidate, run the checks, sign the release (runs/<name>/<id>/).
 
@@ -140,11 +143,11 @@ def run(
     from quantlab.core.run import RunDir
 
     with exit_codes():
-        if len(recipes) > 1:
+        if len(recipes) > 1 or checkpoint:
             if resume or dry_run:
                 raise RecipeError("--resume and --dry-run take one recipe; a comparison of several starts afresh "
                                   "(checkpoints and baseline results still come from the cache)")
-            _compare_with_summary(recipes, runs_dir, verbose=verbose)
+            _compare_with_summary(recipes, runs_dir, verbose=verbose, checkpoints=named_checkpoints(checkpoint))
             return
         loaded = load_recipe(recipes[0])
         if dry_run:
@@ -160,11 +163,31 @@ def run(
         _run_with_summary(loaded, runs_dir, resume=resume_path, verbose=verbose)
 
 
-def _compare_with_summary(files: list[Path], runs_dir: Path, *, verbose: bool) -> None:
+def named_checkpoints(values: list[str] | None) -> dict[str, Path]:
+    """--checkpoint NAME=DIR (or DIR, named after its folder) -> {name: folder}."""
+    import re
+
+    named: dict[str, Path] = {}
+    for value in values or []:
+        name, sep, folder = value.partition("=")
+        if not sep:
+            folder, name = value, re.sub(r"[^a-z0-9._-]+", "-", Path(value).resolve().name.lower()).strip("-._")
+        if not name or not folder:
+            raise RecipeError(f"--checkpoint {value!r}: expected NAME=DIR or DIR", field="--checkpoint")
+        if name in named:
+            raise RecipeError(f"--checkpoint: two checkpoints are named '{name}' ({named[name]} and {folder}); "
+                              "name them apart with NAME=DIR", field="--checkpoint")
+        named[name] = Path(folder)
+    return named
+
+
+def _compare_with_summary(files: list[Path], runs_dir: Path, *, verbose: bool,
+                          checkpoints: dict[str, Path] | None = None, judge_by: Path | None = None) -> None:
     """Several candidates, one baseline: the comparison, its table, then one line on the choice."""
     from quantlab.core.compare import run_comparison
 
-    result = run_comparison(files, runs_dir, progress=progress, verbose=verbose)
+    result = run_comparison(files, runs_dir, checkpoints=checkpoints, judge_by=judge_by, progress=progress,
+                            verbose=verbose)
     err.print("[bold]comparison[/]", highlight=False)
     for line in result.table_md.rstrip().splitlines():
         err.print(f"  {escape(line)}", highlight=False, soft_wrap=True)
@@ -177,19 +200,26 @@ def _compare_with_summary(files: list[Path], runs_dir: Path, *, verbose: bool) -
 @app.command()
 def validate(
     recipe: Annotated[Path, typer.Argument(help="Recipe YAML file (its quantization section is not used).")],
-    checkpoint: Annotated[Path, typer.Option(help="The checkpoint folder to validate: compressed-tensors, GPTQ, "
-                                             "AWQ or FP8 safetensors, as vLLM serves them.")],
+    checkpoint: Annotated[list[str], typer.Option(
+        help="The checkpoint folder to validate: compressed-tensors, GPTQ, AWQ or FP8 safetensors, as vLLM serves "
+        "them. Repeat it (NAME=DIR or DIR) to compare several against one baseline and choose one.")],
     runs_dir: Annotated[Path, typer.Option(help="Root folder for run directories.")] = Path("runs"),
     verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Show the engines' own output here.")] = False,
 ) -> None:
     """Validate an existing checkpoint: serve it beside the recipe's baseline, run the checks, sign.
 
     The checkpoint is copied into the run folder first (the original is not modified).
+    With several --checkpoint: each is a candidate against one baseline, as `quantlab run a.yaml b.yaml` compares.
     Exit 0 released, 1 blocked by a gate, 2 bad input, 3 run failure, 130 interrupted."""
     from quantlab.core.recipe import load_recipe
 
     with exit_codes():
-        _run_with_summary(load_recipe(recipe), runs_dir, verbose=verbose, checkpoint=checkpoint)
+        named = named_checkpoints(checkpoint) if len(checkpoint) > 1 or not Path(checkpoint[0]).is_dir() \
+            else {"": Path(checkpoint[0])}
+        if len(named) > 1:
+            _compare_with_summary([], runs_dir, verbose=verbose, checkpoints=named, judge_by=recipe)
+            return
+        _run_with_summary(load_recipe(recipe), runs_dir, verbose=verbose, checkpoint=next(iter(named.values())))
 
 
 def _run_with_summary(loaded, runs_dir: Path, **kwargs) -> None:

@@ -30,3 +30,15 @@ def paired_baseline(order: list[tuple[int, str]], candidate: str) -> list[int]:
     """For each repeat of `candidate`, the repeat index of the baseline block it is
     compared with (the one of the same sweep)."""
     return [rep for rep, role in order if role == candidate]
+
+
+def serving_groups(candidates: list[str], at_once: int | None, fits: int | None) -> list[list[str]]:
+    """The candidates in groups served together beside the baseline: `at_once` a group
+    (None: all), no more than `fits` (how many this host's memory holds; None: unknown).
+    ValueError when not even one fits."""
+    size = min(at_once or len(candidates), len(candidates))
+    if fits is not None:
+        if fits < 1:
+            raise ValueError("not even one candidate fits beside the baseline")
+        size = min(size, fits)
+    return [candidates[i:i + size] for i in range(0, len(candidates), size)]

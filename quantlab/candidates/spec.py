@@ -22,6 +22,10 @@ class SelectionSpec(BaseModel):
     unservable: Literal["skip", "stop"] = Field("skip", description="A candidate whose preflight refuses it (e.g. "
                                                 "a scheme this host cannot serve): skip (judge the others, list it "
                                                 "as refused) or stop (the whole comparison exits 2).")
+    at_once: int | None = Field(None, ge=1, description="How many candidates are served at once beside the one "
+                                "baseline (default: all, or as many as this host's memory holds). The others wait "
+                                "for the next group; each group's load is its own interleaved sweep, and each "
+                                "performance record names the servers measured together.")
     weights: dict[str, float] = Field(default_factory=dict, description="rule 'weighted': figure -> weight, "
                                       f"figures: {', '.join(WEIGHABLE)}.")
 

@@ -73,3 +73,40 @@ def _worst_recovery(quality) -> tuple[float | None, str | None]:
         return None, None
     scored = [(c.recovery, c.task) for c in quality.tasks + quality.slices if c.recovery is not None]
     return min(scored) if scored else (None, None)
+
+
+def on_common_baseline(pairs: list[tuple[CandidateSummary, dict[str, Any]]],
+                       baselines: list[dict[str, Any] | None]) -> list[tuple[CandidateSummary, dict[str, Any]]]:
+    """Speed figures of candidates measured beside different baseline blocks (groups served
+    apart, or candidates in turn) put on one scale: each candidate's throughput, answers/s
+    and cost are multiplied by (reference baseline / its own baseline), the reference being
+    the first candidate's baseline. So the choice ranks paired ratios, not whichever group
+    had the quieter machine. Candidates of one sweep share their baseline: factor 1."""
+    from dataclasses import replace
+
+    ref = next((b for b in baselines if b and b.get("output_tokens_per_s")), None)
+    out = []
+    for (summary, row), base in zip(pairs, baselines):
+        tps_k = _factor(ref, base, "output_tokens_per_s")
+        good_k = _factor(ref, base, "goodput_at_slo") or tps_k
+        if tps_k is None or (abs(tps_k - 1) < 1e-12 and abs((good_k or 1) - 1) < 1e-12):
+            out.append((summary, row))
+            continue
+        scaled = {"output_tokens_per_s": _times(summary.output_tokens_per_s, tps_k),
+                  "goodput_at_slo": _times(summary.goodput_at_slo, good_k),
+                  "cost_per_successful_request": _times(summary.cost_per_successful_request,
+                                                        1 / good_k if good_k else None)}
+        out.append((replace(summary, **scaled),
+                    {**row, **scaled, "measured_as": {k: row.get(k) for k in scaled},
+                     "baseline_scale": {"output_tokens_per_s": round(tps_k, 4),
+                                        "goodput_at_slo": round(good_k, 4) if good_k else None}}))
+    return out
+
+
+def _factor(ref: dict[str, Any] | None, base: dict[str, Any] | None, key: str) -> float | None:
+    a, b = (ref or {}).get(key), (base or {}).get(key)
+    return a / b if a and b else None
+
+
+def _times(value: float | None, k: float | None) -> float | None:
+    return value * k if value is not None and k is not None else value

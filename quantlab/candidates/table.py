@@ -36,7 +36,25 @@ def markdown(baseline: dict[str, Any] | None, rows: list[dict[str, Any]], choice
         lines.append("| " + " | ".join(cells) + " |")
     lines += ["", choice.why]
     lines += [f"- {name}: {why}" for name, why in choice.lost.items()]
+    scaled = scale_notes(rows)
+    if scaled:
+        lines += ["", "Measured beside another baseline block (another group, or in turn), so put on the first "
+                  "candidate's baseline scale:"] + [f"- {n}" for n in scaled]
     return "\n".join(lines) + "\n"
+
+
+def scale_notes(rows: list[dict[str, Any]]) -> list[str]:
+    """One line per row whose speed figures were scaled onto the common baseline."""
+    out = []
+    for row in rows:
+        k = row.get("baseline_scale")
+        if k:
+            measured = row.get("measured_as") or {}
+            tps = measured.get("output_tokens_per_s")
+            out.append(f"{row['name']}: x{k['output_tokens_per_s']:.3f} (its own baseline block measured "
+                       f"{1 / k['output_tokens_per_s']:.3f} of the reference's throughput"
+                       + (f"; {tps:.3g} out tok/s as measured" if tps is not None else "") + ")")
+    return out
 
 
 def as_json(baseline: dict[str, Any] | None, rows: list[dict[str, Any]], choice: Choice) -> dict[str, Any]:
@@ -63,6 +81,9 @@ def html(baseline: dict[str, Any] | None, rows: list[dict[str, Any]], choice: Ch
         parts.append(f"<tr class='{cls}'>" + "".join(f"<td>{e(c)}</td>" for c in cells) + "</tr>")
     parts.append("</table><ul>" + "".join(f"<li>{e(n)}: {e(w)}</li>" for n, w in
                                           {**choice.lost, **refused}.items()) + "</ul>")
+    if scale_notes(rows):
+        parts.append("<p>Measured beside another baseline block, so put on the first candidate's baseline scale:</p>"
+                     "<ul>" + "".join(f"<li>{e(n)}</li>" for n in scale_notes(rows)) + "</ul>")
     if plot_png:
         parts.append(f"<p><img alt='candidates' src='data:image/png;base64,{base64.b64encode(plot_png).decode()}'></p>")
     parts.append("</body></html>")

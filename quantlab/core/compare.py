@@ -11,6 +11,16 @@ Each candidate is then judged by its own recipe's gates and `decide`, and the re
 `selection` rule chooses among the released ones (`candidates/select.py`). The
 comparison's table, JSON and JUnit land in the comparison folder.
 
+A candidate is a recipe (quantized, or its checkpoint taken from the cache) or an
+existing checkpoint folder judged by a recipe's checks (`--checkpoint NAME=DIR`).
+
+Candidates that cannot all be up at once are served in groups beside the one baseline
+(`selection.at_once`, or fewer where this host's memory says so): each group's load is
+its own interleaved sweep, and every performance record names the servers measured
+together. With `serve.side_by_side: false` one server runs at a time: each candidate
+is run in turn as a single run is (the baseline restarted for each, its results from
+the cache), with no shared sweep.
+
 A candidate refused by its preflight (a scheme this host cannot serve) is left out
 before any work unless `selection.unservable` is `stop`; a candidate whose server dies
 or whose stage fails is failed alone: the others are still judged, and the record says so.
@@ -20,26 +30,26 @@ from __future__ import annotations
 
 import json
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from types import ModuleType
 from typing import Any
 
 from quantlab.candidates.select import Choice, choose
 from quantlab.candidates.spec import SelectionSpec
-from quantlab.candidates.summary import summarize
+from quantlab.candidates.summary import on_common_baseline, summarize
 from quantlab.candidates.table import as_json, html, markdown
 from quantlab.core.context import Progress, RunContext, inputs_hash
 from quantlab.core.engine_time import engine_seconds
 from quantlab.core.errors import EngineError, QuantlabError, RecipeError
 from quantlab.core.fsutil import write_json_atomic, write_text_atomic
 from quantlab.core.layout import SERVE_LOG_DIR
-from quantlab.core.pipeline import STAGES, _run_stage, _save_with_time, enabled, stages_to_run
+from quantlab.core.pipeline import (STAGES, VALIDATE_STAGES, _run_stage, _save_with_time, enabled,
+                                    stages_to_run)
 from quantlab.core.recipe import LoadedRecipe, load_recipe
 from quantlab.core.run import RunDir, StageRecord, new_run_folder, now_iso
 from quantlab.performance import stage as perf_stage
 from quantlab.quality import stage as quality_stage
-from quantlab.quantize import stage as quantize_stage
 from quantlab.release import stage as release_stage
 from quantlab.serving import stage as serve_stage
 from quantlab.stability import stage as stability_stage
@@ -50,12 +60,15 @@ CANDIDATES_DIR = "candidates"
 RESULT_FILE = "comparison.json"
 # recipe sections that must be equal: one baseline, served and loaded the same way for all
 SHARED_SECTIONS = ("serve", "performance")
+# what each candidate may set for itself in its serve section (mode 'endpoint': where it is served)
+CANDIDATE_SERVE_FIELDS = ("candidate_endpoint", "candidate_served_model_name")
 
 
 @dataclass
 class Candidate:
     name: str
     loaded: LoadedRecipe
+    checkpoint: Path | None = None  # an existing checkpoint (validated, not quantized)
     run: RunDir | None = None
     ctx: RunContext | None = None
     todo: dict[str, str] = field(default_factory=dict)
@@ -65,6 +78,43 @@ class Candidate:
     @property
     def active(self) -> bool:
         return self.refused is None and self.failed is None
+
+    @property
+    def origin(self) -> str:
+        return f"checkpoint {self.checkpoint}" if self.checkpoint is not None else str(self.loaded.path)
+
+
+def candidates_of(recipes: list[Path], checkpoints: dict[str, Path] | None = None,
+                  judge_by: Path | None = None) -> list[Candidate]:
+    """Each recipe a candidate, then each existing checkpoint, judged by `judge_by` (the
+    first recipe by default): its checks, baseline and serving, under the checkpoint's name."""
+    cands = [Candidate(lr.recipe.name, lr) for lr in (load_recipe(f) for f in recipes)]
+    if checkpoints:
+        judge_file = judge_by or (recipes[0] if recipes else None)
+        if judge_file is None:
+            raise RecipeError("existing checkpoints are judged by a recipe's checks: pass one")
+        judge = load_recipe(judge_file)
+        for name, folder in checkpoints.items():
+            if not Path(folder).is_dir():
+                raise RecipeError(f"checkpoint candidate '{name}': {folder} is not a folder; pass a checkpoint "
+                                  "folder (config.json and safetensors) as --checkpoint NAME=DIR")
+            cands.append(Candidate(name, _renamed(judge, name), checkpoint=Path(folder)))
+    return cands
+
+
+def _renamed(judge: LoadedRecipe, name: str) -> LoadedRecipe:
+    """The judging recipe under a checkpoint candidate's name (its run folder and row)."""
+    from pydantic import ValidationError
+
+    from quantlab.core.recipe import Recipe
+
+    try:
+        recipe = Recipe.model_validate({**judge.recipe.model_dump(mode="json"), "name": name})
+    except ValidationError:
+        raise RecipeError(f"checkpoint candidate name '{name}' is not a valid name (lower-case letters, digits, "
+                          "'.', '_', '-'; at most 64): give one as --checkpoint NAME=DIR", field="--checkpoint") \
+            from None
+    return LoadedRecipe(recipe=recipe, path=judge.path)
 
 
 @dataclass
@@ -76,19 +126,23 @@ class Comparison:
     exit_code: int  # 0 one chosen, 1 none released, 3 none could be judged
 
 
-def check_comparable(loaded: list[LoadedRecipe]) -> None:
-    """Two or more recipes that can share one baseline; RecipeError naming file and field otherwise."""
-    if len(loaded) < 2:
-        raise RecipeError("a comparison needs two or more recipes; for one, `quantlab run RECIPE`")
-    seen: dict[str, Path] = {}
-    for lr in loaded:
-        name = lr.recipe.name
-        if name in seen:
-            raise RecipeError(f"two candidates are named '{name}' ({seen[name]} and {lr.path}): each candidate's "
-                              "run folder and row in the comparison go by its recipe's name; rename one",
-                              file=str(lr.path), field="name")
-        seen[name] = lr.path
+def check_comparable(cands: list[Candidate]) -> None:
+    """Two or more candidates that can share one baseline; RecipeError naming file and field otherwise."""
+    if len(cands) < 2:
+        raise RecipeError("a comparison needs two or more candidates; for one, `quantlab run RECIPE` "
+                          "(or `quantlab validate RECIPE --checkpoint DIR`)")
+    seen: dict[str, str] = {}
+    for c in cands:
+        if c.name in seen:
+            where = c.origin if c.origin != seen[c.name] else f"{c.origin}, given twice"
+            raise RecipeError(f"two candidates are named '{c.name}' ({seen[c.name]} and {where}): each "
+                              "candidate's run folder and row in the comparison go by its name; rename one",
+                              file=str(c.loaded.path), field="name" if c.checkpoint is None else "--checkpoint")
+        seen[c.name] = c.origin
+    loaded = [c.loaded for c in cands]
     first = loaded[0]
+    for lr in loaded:
+        _check_same_host(lr)
     for lr in loaded[1:]:
         model_a = _model_identity(first)
         model_b = _model_identity(lr)
@@ -98,6 +152,10 @@ def check_comparable(loaded: list[LoadedRecipe]) -> None:
                               "must quantize the same model", file=str(lr.path), field="model")
         for section in SHARED_SECTIONS:
             a, b = _dump(first, section), _dump(lr, section)
+            if section == "serve" and a and b:  # each candidate may be served elsewhere (its own endpoint)
+                a, b = ({k: v for k, v in x.items() if k not in CANDIDATE_SERVE_FIELDS} for x in (a, b))
+            if section == "performance" and (a is None or b is None):
+                continue  # a candidate without one is judged on the other checks (e.g. served on another host)
             if a != b:
                 diff = sorted(k for k in set(a or {}) | set(b or {}) if (a or {}).get(k) != (b or {}).get(k))
                 raise RecipeError(f"'{lr.recipe.name}' has a different `{section}` section than "
@@ -109,10 +167,28 @@ def check_comparable(loaded: list[LoadedRecipe]) -> None:
             raise RecipeError(f"'{lr.recipe.name}' and '{first.recipe.name}' choose by different `selection` "
                               "sections; give it in one recipe (or the same in all)", file=str(lr.path),
                               field="selection")
-    if not first.recipe.serve.side_by_side:
-        raise RecipeError("a comparison keeps the baseline and every candidate up at once, and serve.side_by_side "
-                          "is false: set it to true (serving them in turn is not supported yet)",
-                          file=str(first.path), field="serve.side_by_side")
+
+
+def _check_same_host(lr: LoadedRecipe) -> None:
+    """Performance is compared only between servers on one host: a candidate served at an
+    endpoint on another host than the baseline's is judged on quality and stability only."""
+    spec = lr.recipe.serve
+    if spec.mode != "endpoint" or lr.recipe.performance is None:
+        return
+    where, base = host_of(spec.candidate_endpoint or spec.endpoint), host_of(spec.endpoint)
+    if where != base:
+        raise RecipeError(f"'{lr.recipe.name}' is served on {where}, the baseline on {base}: performance is "
+                          "compared only between servers on the same host; remove its `performance` section "
+                          "(its quality and stability are still compared with the baseline's) or serve it on "
+                          f"{base}", file=str(lr.path), field="performance")
+
+
+def host_of(url: str) -> str:
+    """The host a base URL points at; the loopback names are one host."""
+    from urllib.parse import urlsplit
+
+    host = (urlsplit(url).hostname or "").lower()
+    return "localhost" if host in ("localhost", "127.0.0.1", "::1") else host
 
 
 def _model_identity(lr: LoadedRecipe) -> dict[str, Any]:
@@ -132,22 +208,24 @@ def selection_of(loaded: list[LoadedRecipe]) -> SelectionSpec:
     return next((lr.recipe.selection for lr in loaded if lr.recipe.selection is not None), SelectionSpec())
 
 
-def _create_folder(runs_root: Path, loaded: list[LoadedRecipe]) -> Path:
+def _create_folder(runs_root: Path, cands: list[Candidate]) -> Path:
     import hashlib
 
-    digest = hashlib.sha256("".join(lr.content_hash for lr in loaded).encode()).hexdigest()
+    digest = hashlib.sha256("".join(c.loaded.content_hash + c.origin for c in cands).encode()).hexdigest()
     return new_run_folder(Path(runs_root) / COMPARE_DIR, digest)
 
 
-def run_comparison(files: list[Path], runs_root: Path, *, progress: Progress = print,
-                   verbose: bool = False) -> Comparison:
+def run_comparison(recipes: list[Path], runs_root: Path, *, checkpoints: dict[str, Path] | None = None,
+                   judge_by: Path | None = None, progress: Progress = print, verbose: bool = False) -> Comparison:
+    """`recipes` and the existing `checkpoints` (name -> folder, judged by `judge_by` or the
+    first recipe) as candidates against one baseline."""
     clock = (time.perf_counter(), engine_seconds())
-    loaded = [load_recipe(f) for f in files]
-    check_comparable(loaded)
+    cands = candidates_of(recipes, checkpoints, judge_by)
+    check_comparable(cands)
+    loaded = [c.loaded for c in cands]
     selection = selection_of(loaded)
-    folder = _create_folder(runs_root, loaded)
-    progress(f"comparison of {len(loaded)} candidates: {folder}")
-    cands = [Candidate(lr.recipe.name, lr) for lr in loaded]
+    folder = _create_folder(runs_root, cands)
+    progress(f"comparison of {len(cands)} candidates: {folder}")
     for c in cands:
         _prepare(c, folder, progress, verbose, selection)
     active = [c for c in cands if c.active]
@@ -155,11 +233,13 @@ def run_comparison(files: list[Path], runs_root: Path, *, progress: Progress = p
     baseline = None
     try:
         if active:
-            _each(active, quantize_stage)
-            baseline = _start_servers(folder, [c for c in cands if c.active], progress)
-            _each([c for c in cands if c.active], serve_stage, quality_stage)
-            _shared_performance([c for c in cands if c.active], progress)
-            _each([c for c in cands if c.active], stability_stage, targets_stage)
+            for c in active:
+                _each([c], c.ctx.stages[0])  # quantize, or take in the existing checkpoint
+            still = [c for c in cands if c.active]
+            if still and not still[0].loaded.recipe.serve.side_by_side:
+                _in_turn(still)
+            elif still:
+                baseline = _in_groups(folder, still, selection, progress)
     except BaseException as err:  # the baseline failed, or Ctrl-C: no candidate can be judged
         for c in cands:
             if c.run is not None and c.run.record.status == "running":
@@ -178,10 +258,106 @@ def run_comparison(files: list[Path], runs_root: Path, *, progress: Progress = p
     return _conclude(folder, cands, selection, progress)
 
 
+def _in_groups(folder: Path, active: list[Candidate], selection: SelectionSpec, progress: Progress):
+    """The baseline up throughout; the candidates in groups as many as may be up beside
+    it, each group's checks and one interleaved load. Returns the baseline server."""
+    groups = _groups(active, selection, progress)
+    baseline = _start_baseline(folder, active[0], progress)
+    for n, group in enumerate(groups, 1):
+        if len(groups) > 1:
+            progress(f"candidates group {n} of {len(groups)}: {', '.join(c.name for c in group)} "
+                     "(beside the baseline)")
+        _start_candidates(baseline, group, progress)
+        group = [c for c in group if c.active]
+        _each(group, serve_stage, quality_stage)
+        _shared_performance([c for c in group if c.active], progress)
+        _each([c for c in group if c.active], stability_stage, targets_stage)
+        if n < len(groups):
+            for c in group:
+                c.ctx.close_engines()  # its own server; the baseline stays up for the next group
+    return baseline
+
+
+def _in_turn(active: list[Candidate]) -> None:
+    """serve.side_by_side false: one server at a time, so each candidate is checked as a
+    single run checks it (its servers started and stopped by its own stages; the
+    baseline's quality and stability results come from the result cache after the first)."""
+    for c in active:
+        _each([c], serve_stage, quality_stage, perf_stage, stability_stage, targets_stage)
+        c.ctx.close_engines()
+
+
+def _groups(active: list[Candidate], selection: SelectionSpec, progress: Progress) -> list[list[Candidate]]:
+    """`selection.at_once` candidates a group (default all), fewer where this host's memory
+    cannot hold them (CPU: weights + KV space + the engine's own ~3 GiB per server,
+    against the memory available now)."""
+    from quantlab.candidates.schedule import serving_groups
+
+    by_name = {c.name: c for c in active}
+    fits = servers_that_fit(active)
+    try:
+        groups = serving_groups(list(by_name), selection.at_once, fits)
+    except ValueError:
+        raise RecipeError("this host's memory cannot hold the baseline and one candidate at once "
+                          f"({_memory_note(active)}): set serve.side_by_side: false to serve one at a time",
+                          file=str(active[0].loaded.path), field="serve.side_by_side") from None
+    wanted = min(selection.at_once or len(active), len(active))
+    if len(groups[0]) < wanted:
+        progress(f"serving {len(groups[0])} candidate(s) at a time beside the baseline, not {wanted}: "
+                 f"{_memory_note(active)}")
+    return [[by_name[n] for n in g] for g in groups]
+
+
+# an idle vLLM CPU server of a 135M model peaks at ~4.3 GB RSS with 1 GiB of KV space and
+# ~0.27 GB of weights (measured, Intel Xeon): the rest is the engine's own processes
+ENGINE_OVERHEAD_BYTES = 3 * 2**30
+
+
+def servers_that_fit(active: list[Candidate]) -> int | None:
+    """Candidates that fit beside the baseline in the memory available now; None where
+    unknown (a GPU, external servers)."""
+    needs = _server_bytes(active)
+    if needs is None:
+        return None
+    import psutil
+
+    available = psutil.virtual_memory().available
+    baseline, per_candidate = needs
+    return max(0, int((available - baseline) // per_candidate)) if per_candidate else None
+
+
+def _server_bytes(active: list[Candidate]) -> tuple[int, int] | None:
+    """(baseline's, the largest candidate's) estimated memory on a CPU host that launches them."""
+    plan = active[0].ctx.serving_plan()
+    spec = plan.spec
+    if plan.device != "cpu" or spec.mode == "endpoint":
+        return None
+    kv = int(spec.cpu_kv_cache_space_gib * 2**30)
+    base = _weights_bytes(active[0].ctx.baseline_model().path) + kv + ENGINE_OVERHEAD_BYTES
+    largest = max(_weights_bytes(c.ctx.checkpoint_dir) for c in active) + kv + ENGINE_OVERHEAD_BYTES
+    return base, largest
+
+
+def _weights_bytes(folder: Path) -> int:
+    return sum(f.stat().st_size for f in Path(folder).glob("*.safetensors"))
+
+
+def _memory_note(active: list[Candidate]) -> str:
+    import psutil
+
+    needs = _server_bytes(active)
+    have = psutil.virtual_memory().available / 2**30
+    if needs is None:
+        return f"{have:.1f} GiB available"
+    return (f"{have:.1f} GiB available; the baseline's server needs ~{needs[0] / 2**30:.1f} GiB, a candidate's "
+            f"~{needs[1] / 2**30:.1f} GiB (weights + KV space + the engine's own ~3 GiB)")
+
+
 def _prepare(c: Candidate, folder: Path, progress: Progress, verbose: bool, selection: SelectionSpec) -> None:
     """Its run folder, then every preflight of its stages (before any work starts)."""
     c.run = RunDir.create(c.loaded, folder / CANDIDATES_DIR)
-    c.ctx = RunContext(c.loaded, c.run, progress, verbose=verbose, stages=STAGES)
+    stages = VALIDATE_STAGES if c.checkpoint is not None else STAGES
+    c.ctx = RunContext(c.loaded, c.run, progress, verbose=verbose, stages=stages, import_from=c.checkpoint)
     try:
         c.todo = stages_to_run(c.ctx)
         c.ctx.will_run = set(c.todo)
@@ -225,26 +401,35 @@ def _fail(c: Candidate, why: str) -> None:
     c.ctx.close_engines()  # its own server; the shared baseline is not its to stop
 
 
-def _start_servers(folder: Path, active: list[Candidate], progress: Progress):
-    """The baseline and every candidate, started at once; a candidate that fails to start
-    fails alone, a baseline that fails stops the comparison."""
+def _start_baseline(folder: Path, first: Candidate, progress: Progress):
+    """The shared baseline server (its log in the comparison's folder); a baseline that
+    fails to start stops the comparison."""
     from quantlab.serving.vllm_server import prepare_engine, wait_healthy
 
-    plan = active[0].ctx.serving_plan()
-    baseline = prepare_engine(plan, "baseline", log_dir=folder / SERVE_LOG_DIR, progress=progress)
+    baseline = prepare_engine(first.ctx.serving_plan(), "baseline", log_dir=folder / SERVE_LOG_DIR,
+                              progress=progress)
+    baseline.start()
+    wait_healthy(baseline, progress)
+    return baseline
+
+
+def _start_candidates(baseline, group: list[Candidate], progress: Progress) -> None:
+    """The group's servers, started at once beside the running baseline; one that fails to
+    start fails its candidate alone."""
+    from quantlab.serving.vllm_server import prepare_engine, wait_healthy
+
     mine = {c.name: prepare_engine(c.ctx.serving_plan(), "candidate", log_dir=c.run.path / SERVE_LOG_DIR,
-                                   progress=progress) for c in active}
+                                   progress=progress) for c in group}
     started = []
     try:
-        for server in [baseline, *mine.values()]:
+        for server in mine.values():
             server.start()
             started.append(server)
-        wait_healthy(baseline, progress)
     except BaseException:
         for server in started:
             server.stop()
         raise
-    for c in active:
+    for c in group:
         try:
             wait_healthy(mine[c.name], progress)
         except EngineError as err:
@@ -252,12 +437,11 @@ def _start_servers(folder: Path, active: list[Candidate], progress: Progress):
             progress(f"candidate {c.name}: {c.failed}; the others go on")
             continue
         except BaseException:
-            for server in [baseline, *mine.values()]:
+            for server in mine.values():
                 server.stop()
             raise
         c.ctx.adopt_engine("baseline", baseline, owned=False)
         c.ctx.adopt_engine("candidate", mine[c.name], owned=True)
-    return baseline
 
 
 def _shared_performance(active: list[Candidate], progress: Progress) -> None:
@@ -309,17 +493,36 @@ def _choose_then_release(cands: list[Candidate], selection: SelectionSpec) -> No
     """Each candidate's decision, the choice among them, then each one's release stage:
     its signed manifest records whether it was chosen, why, and every candidate's row."""
     judged = [c for c in cands if c.run is not None and c.refused is None]
-    pairs = {c.name: summarize(c.name, c.run.record, decided=release_stage.decide_run(c.ctx).record
-                               if c.active else None) for c in judged}
-    if not pairs:
+    if not judged:
         return
-    choice = choose([s for s, _ in pairs.values()], selection)
-    rows = [row for _, row in pairs.values()]
+    pairs = _summaries(judged, decide=True)
+    choice = choose([s for s, _ in pairs], selection)
+    rows = [row for _, row in pairs]
     for c in [c for c in cands if c.active]:
         c.ctx.comparison = {"chosen": choice.chosen == c.name, "chosen_candidate": choice.chosen,
                             "rule": selection.rule, "why": choice.why, "lost": choice.lost.get(c.name),
                             "candidates": rows, "refused": {x.name: x.refused for x in cands if x.refused}}
         _each([c], release_stage)
+
+
+def _summaries(judged: list[Candidate], *, decide: bool) -> list[tuple[Any, dict[str, Any]]]:
+    """Each judged candidate's (summary, row), speed figures on its first candidate's
+    baseline's scale where groups were measured apart. `decide`: before the release
+    stages ran (each decision made now)."""
+    pairs, baselines = [], []
+    for c in judged:
+        decided = release_stage.decide_run(c.ctx).record if decide and c.active else None
+        summary, row = summarize(c.name, c.run.record, decided=decided)
+        if c.failed:  # say why it was not judged, not only that it was not
+            summary = replace(summary, failed_gates=[f"failed: {c.failed}"])
+            row.update(failed=c.failed, failed_gates=summary.failed_gates)
+        row["source"] = c.origin
+        row["served_at"] = _served_at(c)
+        perf = c.run.record.result("performance")
+        row["measured_together"] = getattr(perf, "measured_together", None)
+        pairs.append((summary, row))
+        baselines.append(summarize("baseline", c.run.record, role="baseline")[1] if perf is not None else None)
+    return on_common_baseline(pairs, baselines)
 
 
 def _finish(c: Candidate, clock: tuple[float, float], progress: Progress) -> None:
@@ -339,13 +542,8 @@ def _conclude(folder: Path, cands: list[Candidate], selection: SelectionSpec, pr
     from quantlab.release.report import render_junit
 
     judged = [c for c in cands if c.run is not None and c.refused is None]
-    rows, summaries = [], []
-    for c in judged:
-        summary, row = summarize(c.name, c.run.record)
-        if c.failed:
-            row["failed"] = c.failed
-        summaries.append(summary)
-        rows.append(row)
+    pairs = _summaries(judged, decide=False)
+    summaries, rows = [s for s, _ in pairs], [row for _, row in pairs]
     baseline_row = None
     for c in judged:
         if c.run.record.result("performance") is not None or c.run.record.result("quality") is not None:
@@ -369,6 +567,14 @@ def _conclude(folder: Path, cands: list[Candidate], selection: SelectionSpec, pr
     write_text_atomic(folder / "junit.xml", _junit_of(suites, {c.name for c in judged}))
     exit_code = 0 if choice and choice.chosen else (1 if summaries else 3)
     return Comparison(folder, cands, choice, table, exit_code)
+
+
+def _served_at(c: Candidate) -> str:
+    """Where its server ran: launched on this host, or the endpoint it was given."""
+    spec = c.loaded.recipe.serve
+    if spec.mode == "endpoint":
+        return spec.candidate_endpoint or spec.endpoint or "endpoint"
+    return "this host" if spec.mode == "launch" else "its serve.command"
 
 
 def _pareto(folder: Path, baseline_row: dict[str, Any] | None, rows: list[dict[str, Any]],

@@ -125,3 +125,18 @@ def test_quantlab_serve_recipe_without_a_run_says_what_to_do(tmp_path):
 def test_quantlab_serve_baseline_needs_a_recipe(tmp_path):
     r = ql("serve", tmp_path, "--baseline")
     assert r.returncode == 2 and "--baseline needs a recipe" in r.stderr
+
+
+def test_checkpoint_candidates_bad_input_exits_2_naming_it(tmp_path):
+    (tmp_path / "Vendor AWQ").mkdir()
+    # a folder named after itself (slugged), a missing folder, two of one name
+    r = ql("validate", RECIPES / "gptq-w4a16.yaml", "--checkpoint", tmp_path / "Vendor AWQ", "--checkpoint",
+           f"b={tmp_path / 'nowhere'}", "--runs-dir", tmp_path / "runs")
+    assert r.returncode == 2 and "checkpoint candidate 'b'" in r.stderr and "is not a folder" in r.stderr
+    r = ql("run", RECIPES / "gptq-w4a16.yaml", "--checkpoint", f"x={tmp_path}", "--checkpoint", f"x={tmp_path}",
+           "--runs-dir", tmp_path / "runs")
+    assert r.returncode == 2 and "two checkpoints are named 'x'" in r.stderr
+    r = ql("run", RECIPES / "gptq-w4a16.yaml", "--checkpoint", f"gptq-w4a16={tmp_path / 'Vendor AWQ'}",
+           "--runs-dir", tmp_path / "runs")
+    assert r.returncode == 2 and "two candidates are named 'gptq-w4a16'" in r.stderr
+    assert not (tmp_path / "runs").exists()  # refused before any run folder

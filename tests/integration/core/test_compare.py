@@ -1,14 +1,22 @@
-"""`quantlab run a.yaml b.yaml c.yaml` on the tiny model: one baseline server for all
-candidates, interleaved performance blocks, each candidate judged by its own gates, the
-selection rule's choice, a blocked candidate with its gates, an unservable one refused
-before any work."""
+"""`quantlab run a.yaml b.yaml c.yaml --checkpoint NAME=DIR` on the tiny model: one
+baseline server for all candidates, served two at a time beside it (selection.at_once),
+interleaved performance blocks per group, each candidate judged by its own gates, an
+existing checkpoint judged by the first recipe's, the selection rule's choice, a blocked
+candidate with its gates, an unservable one refused before any work, and a candidate
+whose server is killed during the shared load failed alone."""
 
 from __future__ import annotations
 
 import json
+import signal
 import subprocess
 import sys
+import threading
+import time
 import xml.etree.ElementTree as ET
+from pathlib import Path
+
+import psutil
 
 import pytest
 from conftest import REPO, tiny_variant, write_recipe
@@ -36,11 +44,30 @@ def candidate(name: str, recipe: str, model_dir, *, max_mean_kl: float) -> dict:
     data["quality"] = {"tasks": ["ql_lastword"], "limit": 10,
                        "kl": {"max_texts": 4, "max_tokens": 64, "max_mean_kl": max_mean_kl}}
     data["release"] = {"policy": {"not_shown": "warn"}}  # 10 samples show nothing; the KL gate decides
-    data["selection"] = {"rule": "highest_throughput"}
+    data["selection"] = {"rule": "highest_throughput", "at_once": 2}
     return data
 
 
-def test_three_candidates_one_baseline_one_choice(tmp_path, tiny_model_dir, served_format):
+def kill_during_its_load(runs: Path, name: str, stop: threading.Event) -> list[int]:
+    """Once the baseline's first block of `name`'s group is on file (its own block comes
+    next), SIGKILL the vLLM server serving `name`'s checkpoint. Returns the killed pids."""
+    killed: list[int] = []
+    deadline = time.monotonic() + 1500
+    while not stop.is_set() and time.monotonic() < deadline:
+        done = list(runs.glob(f"compare/*/candidates/{name}/*/perf/baseline-short-c2-r1.jsonl"))
+        if done:
+            checkpoint = str(done[0].parents[1] / "checkpoint")
+            for proc in psutil.process_iter(["pid", "cmdline"]):
+                if checkpoint in " ".join(proc.info["cmdline"] or []):
+                    proc.send_signal(signal.SIGKILL)
+                    killed.append(proc.info["pid"])
+            if killed:
+                return killed
+        time.sleep(0.05)
+    return killed
+
+
+def test_four_candidates_one_baseline_one_choice(tmp_path, tiny_model_dir, served_format, tiny_served_checkpoint):
     good = write_recipe(tmp_path, candidate("good", served_format.recipe, tiny_model_dir, max_mean_kl=50.0),
                         "good.yaml")
     broken = write_recipe(tmp_path, candidate("broken", served_format.recipe, tiny_model_dir, max_mean_kl=1e-9),
@@ -49,9 +76,20 @@ def test_three_candidates_one_baseline_one_choice(tmp_path, tiny_model_dir, serv
     unservable = write_recipe(tmp_path, candidate("unservable", "rtn-w8a16", tiny_model_dir, max_mean_kl=50.0),
                               "unservable.yaml")
     runs = tmp_path / "runs"
-    r = subprocess.run([sys.executable, "-m", "quantlab", "run", good, broken, unservable, "--runs-dir", runs],
-                       capture_output=True, text=True, cwd=REPO, timeout=1500)
+    # an existing checkpoint (the same format, quantized elsewhere), judged by the first recipe's checks
+    # ... whose server is killed during its group's load
+    stop, killed = threading.Event(), []
+    killer = threading.Thread(target=lambda: killed.extend(kill_during_its_load(runs, "existing", stop)), daemon=True)
+    killer.start()
+    try:
+        r = subprocess.run([sys.executable, "-m", "quantlab", "run", good, broken, unservable, "--runs-dir", runs,
+                            "--checkpoint", f"existing={tiny_served_checkpoint}"],
+                           capture_output=True, text=True, cwd=REPO, timeout=1500)
+    finally:
+        stop.set()
+        killer.join(timeout=10)
     assert r.returncode == 0, r.stderr[-4000:]
+    assert killed, "the existing candidate's server was never found to kill"
     folder = runs / "compare" / next((runs / "compare").iterdir()).name
     result = json.loads((folder / "comparison.json").read_text())
     assert r.stdout.strip().endswith("comparison.json")
@@ -66,22 +104,33 @@ def test_three_candidates_one_baseline_one_choice(tmp_path, tiny_model_dir, serv
     assert "quantize" not in json.loads((unservable_run / "run.json").read_text())["stages"]
 
     rows = {row["name"]: row for row in result["candidates"]}
-    assert set(rows) == {"good", "broken"}
+    assert set(rows) == {"good", "broken", "existing"}
     assert rows["good"]["decision"] == "release"
     assert rows["broken"]["decision"] == "blocked"
     assert any("max_mean_kl" in g for g in rows["broken"]["failed_gates"])
-    assert result["chosen"] == "good" and "chose good" in result["why"]
+    assert result["chosen"] == "good" and "chose good" in result["why"] and "chose good" in r.stderr
     assert "blocked by" in result["lost"]["broken"]
-    assert "chose good" in r.stderr
+    # the killed one failed alone, named as such, with nothing released
+    assert rows["existing"]["decision"] == "blocked" and "died during the shared" in rows["existing"]["failed"]
+    assert "died during the shared" in result["lost"]["existing"]
+    assert rows["existing"]["source"] == f"checkpoint {tiny_served_checkpoint}"
 
     records = {name: json.loads((folder / path / "run.json").read_text()) for name, path in result["runs"].items()
                if name != "unservable"}
     # the second candidate of the same recipe reused the first's checkpoint from the cache
     assert records["broken"]["stages"]["quantize"]["result"]["reused_from_cache"]
-    # interleaved blocks: B, good, broken, B, broken, good; each candidate paired with the shared baseline blocks
+    # the existing checkpoint was taken in, not quantized, and judged by the first recipe's gates
+    existing = records.pop("existing")
+    assert "quantize" not in existing["stages"] and existing["stages"]["checkpoint"]["status"] == "ok"
+    assert existing["recipe"]["quality"] == records["good"]["recipe"]["quality"]
+    assert existing["stages"]["quality"]["status"] == "ok"
+    assert existing["stages"]["performance"]["status"] == "failed" and existing["status"] == "failed"
+    assert "died during the shared load" in existing["stages"]["performance"]["error"]
+    # two at a time beside the one baseline: B, good, broken, B, broken, good; then the next group
+    assert "candidates group 2 of 2: existing" in r.stderr
     for name, rec in records.items():
         perf = rec["stages"]["performance"]["result"]
-        assert perf["measured_together"] == ["baseline", "good", "broken"]
+        assert perf["measured_together"] == ["baseline", "good", "broken"] == rows[name]["measured_together"]
         assert perf["comparison_order"] == ["baseline#1", "good#1", "broken#1", "baseline#2", "broken#2", "good#2"]
         assert perf["order"] == ["baseline#1", "candidate#1", "baseline#2", "candidate#2"]
         [point] = perf["points"]
@@ -99,13 +148,14 @@ def test_three_candidates_one_baseline_one_choice(tmp_path, tiny_model_dir, serv
     assert records["broken"]["stages"]["quality"]["result"]["baseline_cached"] is True
 
     # each candidate's own signed manifest and decision
+    assert not (folder / result["runs"]["existing"] / "checkpoint" / "quantlab-manifest.json").exists()
     for name, decision in (("good", "release"), ("broken", "blocked")):
         manifest = json.loads((folder / result["runs"][name] / "checkpoint" / "quantlab-manifest.json").read_text())
         assert manifest["decision"]["decision"] == decision
         # the signed manifest records the comparison: chosen or not, why, and every candidate's row
         assert manifest["comparison"]["chosen"] is (name == "good")
         assert manifest["comparison"]["chosen_candidate"] == "good"
-        assert {row["name"] for row in manifest["comparison"]["candidates"]} == {"good", "broken"}
+        assert {row["name"] for row in manifest["comparison"]["candidates"]} == {"good", "broken", "existing"}
         assert "unservable" in manifest["comparison"]["refused"]
     assert "blocked by" in json.loads((broken_dir / "checkpoint" / "quantlab-manifest.json").read_text())[
         "comparison"]["lost"]
@@ -115,6 +165,6 @@ def test_three_candidates_one_baseline_one_choice(tmp_path, tiny_model_dir, serv
     table = (folder / "comparison.md").read_text()
     assert "good (chosen)" in table and "broken" in table and "unservable" in table
     suites = ET.parse(folder / "junit.xml").getroot()
-    assert sorted(s.get("name") for s in suites) == ["quantlab.broken", "quantlab.good"]
+    assert sorted(s.get("name") for s in suites) == ["quantlab.broken", "quantlab.existing", "quantlab.good"]
     broken_suite = next(s for s in suites if s.get("name") == "quantlab.broken")
     assert int(broken_suite.get("failures")) >= 1

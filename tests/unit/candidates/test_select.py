@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from quantlab.candidates.schedule import block_order, paired_baseline
+from quantlab.candidates.schedule import block_order, paired_baseline, serving_groups
 from quantlab.candidates.select import CandidateSummary, choose
 from quantlab.candidates.spec import SelectionSpec
 
@@ -22,6 +22,21 @@ def test_blocks_sweep_forward_then_back_with_the_baseline_between():
         block_order(["a", "a"], 1)
     with pytest.raises(ValueError, match="baseline's name"):
         block_order(["baseline"], 1)
+
+
+@pytest.mark.parametrize("at_once, fits, groups", [
+    (None, None, [["a", "b", "c"]]),  # all at once
+    (2, None, [["a", "b"], ["c"]]),  # as the recipe says
+    (None, 1, [["a"], ["b"], ["c"]]),  # as memory allows
+    (2, 5, [["a", "b"], ["c"]]),  # memory allows more than asked
+])
+def test_candidates_are_served_in_groups_beside_the_baseline(at_once, fits, groups):
+    assert serving_groups(["a", "b", "c"], at_once, fits) == groups
+
+
+def test_no_group_when_not_one_candidate_fits():
+    with pytest.raises(ValueError, match="not even one"):
+        serving_groups(["a", "b"], None, 0)
 
 
 def c(name, decision="release", failed=(), not_shown=(), cost=None, mem=None, tps=None, quality=None):

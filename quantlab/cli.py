@@ -118,6 +118,43 @@ def quantize(
 
 
 @app.command()
+def sensitivity(
+    recipe: Annotated[Path, typer.Argument(help="Recipe YAML file: its model, scheme, targets and ignore, and its "
+                                           "calibration files (held-out rows are read).")],
+    granularity: Annotated[str, typer.Option(help="layer: a decoder layer's modules together; module: each "
+                                             "alone.")] = "layer",
+    texts: Annotated[int, typer.Option(help="Held-out sequences.")] = 8,
+    tokens: Annotated[int, typer.Option(help="Tokens per sequence.")] = 256,
+    losses_from: Annotated[Optional[Path], typer.Option(
+        help="A checkpoint folder quantlab quantized with GPTQ: its per-module losses join the table.")] = None,
+    runs_dir: Annotated[Path, typer.Option(help="Root folder for outputs (sensitivity/<recipe>/<id>/).")] = \
+        Path("runs"),
+    top: Annotated[int, typer.Option(help="Rows of the table printed here (all are in the JSON).")] = 10,
+) -> None:
+    """Rank the parts of the model by how far quantizing each alone moves it: next-token KL
+    against the unquantized model on held-out text, in-process, no server. Writes
+    sensitivity.json, sensitivity.md and sensitivity.png; prints the table's top rows."""
+    from pydantic import ValidationError
+
+    from quantlab.core.pipeline import sensitivity_only
+    from quantlab.core.recipe import load_recipe
+    from quantlab.sensitivity.ranking import markdown
+    from quantlab.sensitivity.spec import SensitivitySpec
+
+    with exit_codes():
+        try:
+            spec = SensitivitySpec(granularity=granularity, texts=texts, tokens=tokens)
+        except ValidationError as e:
+            problems = "; ".join(f"--{'.'.join(map(str, x['loc']))}: {x['msg']}" for x in e.errors())
+            raise RecipeError(f"sensitivity options: {problems}") from None
+        folder = sensitivity_only(load_recipe(recipe), runs_dir, spec, losses_from=losses_from, progress=progress)
+        result = json.loads((folder / "sensitivity.json").read_text())
+        for line in markdown(result, top=top).splitlines():
+            err.print(escape(line), highlight=False, soft_wrap=True)
+    typer.echo(str(folder / "sensitivity.json"))
+
+
+@app.command()
 def run(
     recipes: Annotated[list[Path], typer.Argument(help="Recipe YAML file; several: compare them as candidates "
                                                   "against one baseline and choose one.")],

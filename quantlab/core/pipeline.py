@@ -306,6 +306,64 @@ def quantize_only(loaded: LoadedRecipe, output: Path, *, overwrite: bool, progre
                                overwrite=overwrite, progress=progress, log_file=log_file)
 
 
+SENSITIVITY_DIR = "sensitivity"  # under the runs root: sensitivity/<recipe>/<id>/
+
+
+def sensitivity_only(loaded: LoadedRecipe, runs_root: Path, spec: Any, *, losses_from: Path | None = None,
+                     progress: Progress) -> Path:
+    """`quantlab sensitivity`: each group of the recipe's quantized modules fake-quantized
+    alone on the unquantized model, ranked by how far it moves the next-token
+    distribution on held-out text; sensitivity.json, .md and .png in a new folder."""
+    import hashlib
+    import json
+
+    from quantlab.core.fsutil import write_json_atomic
+    from quantlab.core.layout import QUANTIZE_RESULT_FILE
+    from quantlab.core.run import new_run_folder
+    from quantlab.models.source import resolve_recipe_model
+    from quantlab.models.tokenizer import load_tokenizer
+    from quantlab.quantize.calibration import held_out_chunks
+    from quantlab.quantize.llmcompressor import check_layout
+    from quantlab.release.plots import sensitivity_bars
+    from quantlab.sensitivity.measure import PROXY, measure
+    from quantlab.sensitivity.ranking import markdown, ranked, with_quantizer_loss
+
+    recipe = loaded.recipe
+    if recipe.calibration is None:
+        raise RecipeError("sensitivity is measured on held-out rows of the recipe's calibration datasets, and "
+                          "this recipe has no calibration section: add one (its rows are only read; the recipe's "
+                          "method need not calibrate)", file=str(loaded.path), field="calibration")
+    losses = None
+    if losses_from is not None:
+        qfile = Path(losses_from) / QUANTIZE_RESULT_FILE
+        if not qfile.is_file():
+            raise RecipeError(f"--losses-from {losses_from}: no {QUANTIZE_RESULT_FILE} there; pass a checkpoint "
+                              "folder quantlab quantized (a run's checkpoint/)", field="--losses-from")
+        losses = (json.loads(qfile.read_text()).get("gptq") or {}).get("layer_losses")
+        if not losses:
+            progress(f"--losses-from {losses_from}: no per-layer quantizer losses recorded there (not GPTQ)")
+    model = resolve_recipe_model(loaded, progress=progress)
+    _, quantized = check_layout(loaded, model)
+    tokenizer = load_tokenizer(model.path, trust_remote_code=recipe.model.trust_remote_code)
+    chunks, source = held_out_chunks(recipe.calibration, loaded.calibration_paths(), tokenizer, count=spec.texts,
+                                     tokens=spec.tokens, seed=spec.seed)
+    measured = measure(loaded, model.path, [m.name for m in quantized], chunks, spec, progress=progress)
+    rows = with_quantizer_loss(ranked(measured.pop("groups")), losses)
+    result = {"recipe": recipe.name, "recipe_sha256": loaded.content_hash, "model": str(model.path),
+              "proxy": PROXY, "spec": spec.model_dump(mode="json"), "texts": len(chunks), "tokens": spec.tokens,
+              "text_source": source, "quantizer_loss_from": str(losses_from) if losses else None,
+              **measured, "groups": rows}
+    digest = hashlib.sha256((loaded.content_hash + json.dumps(result["spec"], sort_keys=True)).encode()).hexdigest()
+    folder = new_run_folder(Path(runs_root) / SENSITIVITY_DIR / recipe.name, digest)
+    write_json_atomic(folder / "sensitivity.json", result)
+    write_text_atomic(folder / "sensitivity.md", markdown(result))
+    try:
+        sensitivity_bars(rows, folder / "sensitivity.png", f"{recipe.name} ({spec.granularity} groups)")
+    except (ImportError, OSError, ValueError) as err:
+        progress(f"the sensitivity plot could not be drawn: {type(err).__name__}: {err}")
+    return folder
+
+
 def default_output_dir(loaded: LoadedRecipe) -> Path:
     return Path("out") / f"{loaded.recipe.name}-{loaded.content_hash[:10]}"
 

@@ -149,17 +149,13 @@ def build_calibration_set(spec: CalibrationSpec, paths: list[Path], tokenizer) -
                 "data holds 'messages' rows: set chat_template: false or use a chat model",
                 field="calibration.chat_template",
             )
-    rng = random.Random(spec.seed)
-    counts = allocate(spec.num_samples, [d.weight for d in spec.datasets])
     ids: list[list[int]] = []
     origins: list[str] = []
     files: list[dict[str, Any]] = []
     notes: list[str] = []
-    for i, (path, want) in enumerate(zip(paths, counts, strict=True)):
-        rows = read_rows(path, field_path=f"calibration.datasets.{i}.path")
+    for path, want, rows, chosen in _sampled(spec, paths):
         if want > len(rows):
             notes.append(f"{path.name}: asked for {want} samples, file has {len(rows)}; used all")
-        chosen = rng.sample(rows, min(want, len(rows)))
         for row in chosen:
             tokens = _render(row, tokenizer, spec.chat_template)[: spec.max_seq_length]
             if tokens:
@@ -167,3 +163,39 @@ def build_calibration_set(spec: CalibrationSpec, paths: list[Path], tokenizer) -
                 origins.append(f"{path.name}:{row.line}")
         files.append({"path": str(path), "sha256": sha256_file(path), "rows": len(rows), "used": len(chosen)})
     return CalibrationSet(ids, origins, files, notes)
+
+
+def _sampled(spec: CalibrationSpec, paths: list[Path]):
+    """(file, samples wanted, its rows, the rows calibration samples) per dataset: one
+    seeded draw, so the held-out text below is exactly the rows calibration never saw."""
+    rng = random.Random(spec.seed)
+    counts = allocate(spec.num_samples, [d.weight for d in spec.datasets])
+    for i, (path, want) in enumerate(zip(paths, counts, strict=True)):
+        rows = read_rows(path, field_path=f"calibration.datasets.{i}.path")
+        yield path, want, rows, rng.sample(rows, min(want, len(rows)))
+
+
+def held_out_chunks(spec: CalibrationSpec, paths: list[Path], tokenizer, *, count: int, tokens: int,
+                    seed: int) -> tuple[list[list[int]], str]:
+    """`count` sequences of `tokens` tokens from the calibration files' rows that the
+    calibration does not sample (rendered as calibration renders them, joined, cut into
+    equal chunks), and where they came from. RecipeError when the files hold too few."""
+    unseen = []
+    for path, _, rows, chosen in _sampled(spec, paths):
+        used = {r.line for r in chosen}
+        unseen += [r for r in rows if r.line not in used]
+    random.Random(seed).shuffle(unseen)
+    stream: list[int] = []
+    read = 0
+    for row in unseen:
+        if len(stream) >= count * tokens:
+            break
+        stream += _render(row, tokenizer, spec.chat_template)[:tokens]  # no one row fills every sequence
+        read += 1
+    chunks = [stream[i * tokens:(i + 1) * tokens] for i in range(min(count, len(stream) // tokens))]
+    if not chunks:
+        raise RecipeError(f"the calibration files hold {len(unseen)} rows calibration does not use, "
+                          f"{len(stream)} tokens: fewer than one sequence of {tokens}; add rows or ask for fewer "
+                          "tokens", field="calibration.datasets")
+    names = ", ".join(sorted({p.name for p in paths}))
+    return chunks, f"{read} rows of {names} not sampled for calibration"

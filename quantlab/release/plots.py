@@ -140,3 +140,21 @@ def pareto(rows: list[dict[str, Any]], out: Path, context: str) -> Path | None:
     ax.set_ylabel("worst quality recovery, candidate / baseline")
     ax.grid(alpha=0.3)
     return _save(plt, fig, out, f"Candidates - {context}\n(marker size: peak memory)")
+
+
+def sensitivity_bars(rows: list[dict[str, Any]], out: Path, context: str, top: int = 40) -> Path | None:
+    """Mean KL of each group quantized alone, most sensitive first (log scale: a few
+    layers usually dominate)."""
+    rows = rows[:top]
+    if not rows:
+        return None
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(8, 0.9 + 0.22 * len(rows)))
+    names = [r["group"] for r in rows][::-1]
+    values = [max(r["mean_kl"], 1e-12) for r in rows][::-1]
+    ax.barh(names, values, color="#4c72b0")
+    ax.set_xscale("log")
+    ax.set_xlabel("mean next-token KL vs the unquantized model (this group alone quantized)")
+    ax.tick_params(axis="y", labelsize=7)
+    ax.grid(alpha=0.3, axis="x")
+    return _save(plt, fig, out, f"Sensitivity - {context}")

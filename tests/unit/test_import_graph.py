@@ -24,6 +24,7 @@ ENGINE_IMPORTS = {
     "quantlab.quantize.llmcompressor": {"torch", "transformers", "llmcompressor"},
     "quantlab.quantize.shims": {"torch", "llmcompressor"},
     "quantlab.quantize.dtype_speed": {"torch"},
+    "quantlab.sensitivity.measure": {"torch", "transformers", "llmcompressor", "compressed_tensors"},
     "quantlab.models.default_model": {"torch", "transformers"},
     "quantlab.models.tokenizer": {"transformers"},
     "quantlab.quality.lmeval": {"lm_eval"},

@@ -1,0 +1,78 @@
+"""`quantlab sensitivity` on the tiny model: a layer broken on purpose for 4-bit rounding
+(one large weight in every group, so the rest of each group rounds to zero) is ranked
+first; the W8A8 scheme's activations are quantized too; bad input exits 2."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+
+import pytest
+from conftest import REPO, tiny_variant, write_recipe
+
+BROKEN = "model.layers.0.mlp.down_proj"
+
+
+@pytest.fixture(scope="module")
+def outlier_model(tiny_model_dir, tmp_path_factory):
+    """The tiny model with one outlier per 64 weights in one module: fine in bf16, wrecked by
+    4-bit round-to-nearest with group size 64 (the outlier sets every group's scale)."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    folder = tmp_path_factory.mktemp("tiny-outlier")
+    shutil.copytree(tiny_model_dir, folder, dirs_exist_ok=True)
+    model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.bfloat16)
+    weight = dict(model.named_modules())[BROKEN].weight.data
+    weight[:, ::64] = 0.5  # 25x the init's std: every group of 64 along the input holds one
+    model.save_pretrained(folder, safe_serialization=True)
+    return folder
+
+
+def sensitivity(recipe, tmp_path, *args):
+    return subprocess.run([sys.executable, "-m", "quantlab", "sensitivity", recipe, "--runs-dir", tmp_path / "runs",
+                           "--texts", "4", "--tokens", "64", *map(str, args)], capture_output=True, text=True,
+                          cwd=REPO, timeout=600)
+
+
+def test_the_broken_module_is_ranked_first(tmp_path, outlier_model):
+    recipe = write_recipe(tmp_path, tiny_variant("gptq-w4a16", outlier_model))
+    r = sensitivity(recipe, tmp_path, "--granularity", "module")
+    assert r.returncode == 0, r.stderr[-3000:]
+    result = json.loads(open(r.stdout.strip().splitlines()[-1]).read())
+    rows = result["groups"]
+    assert rows[0]["group"] == BROKEN and rows[0]["rank"] == 1, [(x["group"], x["mean_kl"]) for x in rows[:4]]
+    # well ahead of the next (measured: 5.4x its KL, 6.7x its weight error): a broken part, not noise
+    assert rows[0]["mean_kl"] > 3 * rows[1]["mean_kl"] and rows[0]["weight_rel_error"] > 3 * rows[1]["weight_rel_error"]
+    assert len(rows) == 14 and {x["group"] for x in rows} >= {BROKEN, "model.layers.0.self_attn.q_proj"}
+    assert result["all_quantized"]["mean_kl"] >= rows[0]["mean_kl"] * 0.5
+    assert result["forward_passes"] == len(rows) + 2 and result["texts"] == 4 and result["tokens"] == 64
+    assert result["input_activation_args"] is None  # W4A16: weights only
+    folder = tmp_path / "runs" / "sensitivity" / "gptq-w4a16"
+    [run] = folder.iterdir()
+    assert (run / "sensitivity.png").is_file() and BROKEN in (run / "sensitivity.md").read_text()
+    assert f"| 1 | {BROKEN} |" in r.stderr  # the table's top rows on the terminal
+
+
+def test_layers_of_a_w8a8_recipe_with_activations(tmp_path, tiny_model_dir):
+    recipe = write_recipe(tmp_path, tiny_variant("smoothquant-gptq-w8a8", tiny_model_dir))
+    r = sensitivity(recipe, tmp_path)
+    assert r.returncode == 0, r.stderr[-3000:]
+    result = json.loads(open(r.stdout.strip().splitlines()[-1]).read())
+    assert [x["group"] for x in sorted(result["groups"], key=lambda x: x["group"])] == ["model.layers.0",
+                                                                                           "model.layers.1"]
+    assert result["input_activation_args"]["strategy"] == "token" and result["input_activation_args"]["dynamic"]
+    # 8-bit moves a model less than 4-bit: every layer keeps most top tokens
+    assert all(x["top1_agreement"] > 0.8 and x["mean_kl"] > 0 for x in result["groups"])
+
+
+def test_bad_input_exits_2(tmp_path, tiny_model_dir):
+    data = tiny_variant("rtn-w8a16", tiny_model_dir)
+    data.pop("calibration", None)
+    r = sensitivity(write_recipe(tmp_path, data), tmp_path)
+    assert r.returncode == 2 and "no calibration section" in r.stderr
+    r = sensitivity(write_recipe(tmp_path, tiny_variant("gptq-w4a16", tiny_model_dir)), tmp_path,
+                    "--granularity", "block")
+    assert r.returncode == 2 and "--granularity" in r.stderr

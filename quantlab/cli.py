@@ -155,6 +155,42 @@ def sensitivity(
 
 
 @app.command()
+def search(
+    recipe: Annotated[Path, typer.Argument(help="A recipe whose candidate is blocked (its gates are the bar).")],
+    sensitivity: Annotated[Optional[Path], typer.Option(
+        help="The ranking: a sensitivity.json of this recipe (default: computed first, layer groups).")] = None,
+    max_layers: Annotated[Optional[int], typer.Option(
+        help="The most layer groups a trial may keep unquantized (default: a quarter of them).")] = None,
+    width: Annotated[int, typer.Option(help="Trials a round, served together beside one baseline.")] = 2,
+    max_trials: Annotated[int, typer.Option(help="Stop after this many trials.")] = 8,
+    time_budget_s: Annotated[Optional[float], typer.Option(
+        help="Start no round that would end after this many seconds (from the previous round's time).")] = None,
+    runs_dir: Annotated[Path, typer.Option(help="Root folder for outputs (search/<recipe>/<id>/).")] = Path("runs"),
+    verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Show the engines' own output here.")] = False,
+) -> None:
+    """Find the fewest of the most sensitive layers to keep unquantized so that every
+    required gate of the recipe passes: bisection over how many, each round a comparison
+    of trials against one baseline. Writes the recipe to commit (the original plus the
+    ignore list), search.json, search.md and search.png; the passing trial is released.
+    Exit 0 one passed, 1 none passed within the budget, 2 bad input, 3 run failure."""
+    from quantlab.core.recipe import load_recipe
+    from quantlab.core.search import run_search
+
+    with exit_codes():
+        if width < 1 or max_trials < 1:
+            raise RecipeError("--width and --max-trials must be at least 1", field="--width")
+        result = run_search(load_recipe(recipe), runs_dir, sensitivity=sensitivity, max_layers=max_layers,
+                            width=width, max_trials=max_trials, time_budget_s=time_budget_s, progress=progress,
+                            verbose=verbose)
+        err.print("[bold]search[/]", highlight=False)
+        for line in (Path(result["folder"]) / "search.md").read_text().splitlines():
+            err.print(f"  {escape(line)}", highlight=False, soft_wrap=True)
+    typer.echo(str(Path(result["folder"]) / "search.json"))
+    if not result["passed"]:
+        raise typer.Exit(1)
+
+
+@app.command()
 def run(
     recipes: Annotated[list[Path], typer.Argument(help="Recipe YAML file; several: compare them as candidates "
                                                   "against one baseline and choose one.")],

@@ -84,16 +84,18 @@ class Candidate:
         return f"checkpoint {self.checkpoint}" if self.checkpoint is not None else str(self.loaded.path)
 
 
-def candidates_of(recipes: list[Path], checkpoints: dict[str, Path] | None = None,
+def candidates_of(recipes: list[Path | LoadedRecipe], checkpoints: dict[str, Path] | None = None,
                   judge_by: Path | None = None) -> list[Candidate]:
-    """Each recipe a candidate, then each existing checkpoint, judged by `judge_by` (the
-    first recipe by default): its checks, baseline and serving, under the checkpoint's name."""
-    cands = [Candidate(lr.recipe.name, lr) for lr in (load_recipe(f) for f in recipes)]
+    """Each recipe (a file, or one already loaded) a candidate, then each existing
+    checkpoint, judged by `judge_by` (the first recipe by default): its checks, baseline
+    and serving, under the checkpoint's name."""
+    cands = [Candidate(lr.recipe.name, lr) for lr in (r if isinstance(r, LoadedRecipe) else load_recipe(r)
+                                                      for r in recipes)]
     if checkpoints:
         judge_file = judge_by or (recipes[0] if recipes else None)
         if judge_file is None:
             raise RecipeError("existing checkpoints are judged by a recipe's checks: pass one")
-        judge = load_recipe(judge_file)
+        judge = judge_file if isinstance(judge_file, LoadedRecipe) else load_recipe(judge_file)
         for name, folder in checkpoints.items():
             if not Path(folder).is_dir():
                 raise RecipeError(f"checkpoint candidate '{name}': {folder} is not a folder; pass a checkpoint "
@@ -126,9 +128,9 @@ class Comparison:
     exit_code: int  # 0 one chosen, 1 none released, 3 none could be judged
 
 
-def check_comparable(cands: list[Candidate]) -> None:
+def check_comparable(cands: list[Candidate], minimum: int = 2) -> None:
     """Two or more candidates that can share one baseline; RecipeError naming file and field otherwise."""
-    if len(cands) < 2:
+    if len(cands) < minimum:
         raise RecipeError("a comparison needs two or more candidates; for one, `quantlab run RECIPE` "
                           "(or `quantlab validate RECIPE --checkpoint DIR`)")
     seen: dict[str, str] = {}
@@ -215,13 +217,15 @@ def _create_folder(runs_root: Path, cands: list[Candidate]) -> Path:
     return new_run_folder(Path(runs_root) / COMPARE_DIR, digest)
 
 
-def run_comparison(recipes: list[Path], runs_root: Path, *, checkpoints: dict[str, Path] | None = None,
-                   judge_by: Path | None = None, progress: Progress = print, verbose: bool = False) -> Comparison:
+def run_comparison(recipes: list[Path | LoadedRecipe], runs_root: Path, *,
+                   checkpoints: dict[str, Path] | None = None, judge_by: Path | None = None,
+                   progress: Progress = print, verbose: bool = False, allow_single: bool = False) -> Comparison:
     """`recipes` and the existing `checkpoints` (name -> folder, judged by `judge_by` or the
-    first recipe) as candidates against one baseline."""
+    first recipe) as candidates against one baseline. `allow_single`: one candidate is a
+    comparison too (a search's last rounds)."""
     clock = (time.perf_counter(), engine_seconds())
     cands = candidates_of(recipes, checkpoints, judge_by)
-    check_comparable(cands)
+    check_comparable(cands, minimum=1 if allow_single else 2)
     loaded = [c.loaded for c in cands]
     selection = selection_of(loaded)
     folder = _create_folder(runs_root, cands)
@@ -263,18 +267,22 @@ def _in_groups(folder: Path, active: list[Candidate], selection: SelectionSpec, 
     it, each group's checks and one interleaved load. Returns the baseline server."""
     groups = _groups(active, selection, progress)
     baseline = _start_baseline(folder, active[0], progress)
-    for n, group in enumerate(groups, 1):
-        if len(groups) > 1:
-            progress(f"candidates group {n} of {len(groups)}: {', '.join(c.name for c in group)} "
-                     "(beside the baseline)")
-        _start_candidates(baseline, group, progress)
-        group = [c for c in group if c.active]
-        _each(group, serve_stage, quality_stage)
-        _shared_performance([c for c in group if c.active], progress)
-        _each([c for c in group if c.active], stability_stage, targets_stage)
-        if n < len(groups):
-            for c in group:
-                c.ctx.close_engines()  # its own server; the baseline stays up for the next group
+    try:
+        for n, group in enumerate(groups, 1):
+            if len(groups) > 1:
+                progress(f"candidates group {n} of {len(groups)}: {', '.join(c.name for c in group)} "
+                         "(beside the baseline)")
+            _start_candidates(baseline, group, progress, first=n == 1)
+            group = [c for c in group if c.active]
+            _each(group, serve_stage, quality_stage)
+            _shared_performance([c for c in group if c.active], progress)
+            _each([c for c in group if c.active], stability_stage, targets_stage)
+            if n < len(groups):
+                for c in group:
+                    c.ctx.close_engines()  # its own server; the baseline stays up for the next group
+    except BaseException:
+        baseline.stop()  # the caller never got it to stop
+        raise
     return baseline
 
 
@@ -402,20 +410,20 @@ def _fail(c: Candidate, why: str) -> None:
 
 
 def _start_baseline(folder: Path, first: Candidate, progress: Progress):
-    """The shared baseline server (its log in the comparison's folder); a baseline that
-    fails to start stops the comparison."""
-    from quantlab.serving.vllm_server import prepare_engine, wait_healthy
+    """The shared baseline server (its log in the comparison's folder), started but not
+    waited for: the first group's servers start beside it and all load at once."""
+    from quantlab.serving.vllm_server import prepare_engine
 
     baseline = prepare_engine(first.ctx.serving_plan(), "baseline", log_dir=folder / SERVE_LOG_DIR,
                               progress=progress)
     baseline.start()
-    wait_healthy(baseline, progress)
     return baseline
 
 
-def _start_candidates(baseline, group: list[Candidate], progress: Progress) -> None:
-    """The group's servers, started at once beside the running baseline; one that fails to
-    start fails its candidate alone."""
+def _start_candidates(baseline, group: list[Candidate], progress: Progress, *, first: bool) -> None:
+    """The group's servers, started at once beside the baseline (on the first group, while
+    it is still loading too); a baseline that fails to start stops the comparison, a
+    candidate's fails that candidate alone."""
     from quantlab.serving.vllm_server import prepare_engine, wait_healthy
 
     mine = {c.name: prepare_engine(c.ctx.serving_plan(), "candidate", log_dir=c.run.path / SERVE_LOG_DIR,
@@ -425,6 +433,8 @@ def _start_candidates(baseline, group: list[Candidate], progress: Progress) -> N
         for server in mine.values():
             server.start()
             started.append(server)
+        if first:
+            wait_healthy(baseline, progress)
     except BaseException:
         for server in started:
             server.stop()

@@ -158,3 +158,28 @@ def sensitivity_bars(rows: list[dict[str, Any]], out: Path, context: str, top: i
     ax.tick_params(axis="y", labelsize=7)
     ax.grid(alpha=0.3, axis="x")
     return _save(plt, fig, out, f"Sensitivity - {context}")
+
+
+def search_trials(trials: list[dict[str, Any]], out: Path, context: str) -> Path | None:
+    """A search's trials against the number of layer groups kept: worst quality recovery
+    (left axis, colour = decision) and weights size (right axis)."""
+    pts = sorted(trials, key=lambda t: t["k"])
+    if not pts:
+        return None
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(7, 4.2))
+    for t in pts:
+        if t.get("worst_recovery") is not None:
+            ax.scatter(t["k"], t["worst_recovery"], s=70, color=DECISION_COLORS.get(t["decision"], "#dd8452"),
+                       edgecolors="black", linewidths=0.6, zorder=3)
+            ax.annotate(t["decision"], (t["k"], t["worst_recovery"]), fontsize=7, xytext=(5, 5),
+                        textcoords="offset points")
+    ax.set_xlabel("layer groups kept unquantized (most sensitive first)")
+    ax.set_ylabel("worst quality recovery, candidate / baseline")
+    ax.grid(alpha=0.3)
+    sized = [t for t in pts if t.get("weights_bytes")]
+    if sized:
+        right = ax.twinx()
+        right.plot([t["k"] for t in sized], [t["weights_bytes"] / 1e6 for t in sized], "s--", color="#777777")
+        right.set_ylabel("weights MB")
+    return _save(plt, fig, out, f"Search - {context}")

@@ -38,7 +38,8 @@ ADAPTERS = {
     "quantlab.performance.prompts", "quantlab.performance.monitor", "quantlab.performance.stream_stub",
     "quantlab.stability.probe",
 }
-ORCHESTRATION = {"quantlab.core.context": 2, "quantlab.core.pipeline": 4, "quantlab.core.compare": 4, "quantlab.cli": 5, "quantlab.__main__": 5}
+ORCHESTRATION = {"quantlab.core.context": 2, "quantlab.core.pipeline": 4, "quantlab.core.compare": 4,
+                 "quantlab.core.search": 4, "quantlab.cli": 5, "quantlab.__main__": 5}
 # not imported as a library: run by the serving environment's Python, or `python -m quantlab`
 SCRIPTS = {"quantlab.serving.cpu_emulation.sitecustomize", "quantlab.__main__"}
 

@@ -5,30 +5,12 @@ first; the W8A8 scheme's activations are quantized too; bad input exits 2."""
 from __future__ import annotations
 
 import json
-import shutil
 import subprocess
 import sys
 
-import pytest
 from conftest import REPO, tiny_variant, write_recipe
 
-BROKEN = "model.layers.0.mlp.down_proj"
-
-
-@pytest.fixture(scope="module")
-def outlier_model(tiny_model_dir, tmp_path_factory):
-    """The tiny model with one outlier per 64 weights in one module: fine in bf16, wrecked by
-    4-bit round-to-nearest with group size 64 (the outlier sets every group's scale)."""
-    import torch
-    from transformers import AutoModelForCausalLM
-
-    folder = tmp_path_factory.mktemp("tiny-outlier")
-    shutil.copytree(tiny_model_dir, folder, dirs_exist_ok=True)
-    model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.bfloat16)
-    weight = dict(model.named_modules())[BROKEN].weight.data
-    weight[:, ::64] = 0.5  # 25x the init's std: every group of 64 along the input holds one
-    model.save_pretrained(folder, safe_serialization=True)
-    return folder
+from tests.integration.sensitivity.conftest import BROKEN
 
 
 def sensitivity(recipe, tmp_path, *args):

@@ -1,0 +1,113 @@
+"""The search for the fewest layers to keep in high precision (pure): which numbers of
+the most sensitive layers to try next, when to stop, which trial wins, and the recipe
+a trial is.
+
+Trial k keeps the k most sensitive groups (by the sensitivity ranking) unquantized: their
+modules join the recipe's `quantization.ignore`. Keeping more sensitive layers is
+assumed never to hurt, so the smallest passing k is found by bisection between the
+largest k known to fail (lo) and the smallest known to pass (hi). A round tries up to
+`width` values of k at once (one comparison: one baseline for all of them), spread
+evenly over the open interval, so each round cuts it by width + 1."""
+
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+PASS = "release"
+
+
+def first_round(max_layers: int, width: int) -> list[int]:
+    """Nothing kept and the most the search may keep (can the search succeed at all?),
+    and interior points if the width allows."""
+    points = {0, max_layers} | set(spread(0, max_layers, max(0, width - 2)))
+    return sorted(points)
+
+
+def spread(lo: int, hi: int, count: int) -> list[int]:
+    """Up to `count` distinct integers strictly between lo and hi, evenly spaced."""
+    inside = hi - lo - 1
+    if inside <= 0 or count <= 0:
+        return []
+    if count >= inside:
+        return list(range(lo + 1, hi))
+    return sorted({lo + round((hi - lo) * (i + 1) / (count + 1)) for i in range(count)} - {lo, hi})
+
+
+@dataclass
+class SearchState:
+    max_layers: int
+    width: int
+    trials: dict[int, dict[str, Any]] = field(default_factory=dict)  # k -> outcome (decision, ...)
+    notes: list[str] = field(default_factory=list)
+
+    def record(self, k: int, outcome: dict[str, Any]) -> None:
+        self.trials[k] = outcome
+
+    @property
+    def passing(self) -> list[int]:
+        return sorted(k for k, t in self.trials.items() if t.get("decision") == PASS)
+
+    @property
+    def hi(self) -> int | None:
+        """The smallest k that passed."""
+        return self.passing[0] if self.passing else None
+
+    @property
+    def lo(self) -> int | None:
+        """The largest k that failed below hi (-1 where none has: 0 not tried yet)."""
+        below = [k for k in self.trials if k not in self.passing and (self.hi is None or k < self.hi)]
+        return max(below) if below else None
+
+    def next_points(self) -> list[int]:
+        """The k values of the next round; [] when the search is over."""
+        if not self.trials:
+            return first_round(self.max_layers, self.width)
+        if self.hi is None:
+            return []  # even the most it may keep did not pass
+        lo = -1 if self.lo is None else self.lo
+        return [k for k in spread(lo, self.hi, self.width) if k not in self.trials]
+
+    def monotonic_note(self) -> str | None:
+        """A failing k above a passing one breaks the search's premise: say so."""
+        failing_above = sorted(k for k in self.trials if k not in self.passing and self.hi is not None and k > self.hi)
+        if failing_above:
+            return (f"keeping {self.hi} layers passed but keeping {failing_above} did not: more kept layers did "
+                    "not always help (noise at the gates' edge, or the ranking is not the served truth)")
+        return None
+
+    def best(self) -> int | None:
+        """The winning trial: the smallest passing k; else the closest (fewest failed gates,
+        then most layers kept)."""
+        if self.hi is not None:
+            return self.hi
+        if not self.trials:
+            return None
+        return min(self.trials, key=lambda k: (len(self.trials[k].get("failed_gates") or []), -k))
+
+
+def ignore_for(recipe_ignore: list[str], ranking: list[dict[str, Any]], k: int) -> list[str]:
+    """The recipe's ignore list plus every module of the k most sensitive groups."""
+    kept = [m for row in ranking[:k] for m in row["modules"]]
+    return list(recipe_ignore) + [m for m in kept if m not in recipe_ignore]
+
+
+def trial_name(name: str, k: int) -> str:
+    suffix = f"-keep{k}"
+    return name[:64 - len(suffix)] + suffix
+
+
+def rebased(data: Any, from_dir: Path, to_dir: Path) -> Any:
+    """A recipe's data with every relative path that exists from its old folder rewritten
+    relative to its new one, so the written recipe reads the same files."""
+    if isinstance(data, dict):
+        return {k: rebased(v, from_dir, to_dir) for k, v in data.items()}
+    if isinstance(data, list):
+        return [rebased(v, from_dir, to_dir) for v in data]
+    if isinstance(data, str) and data and not os.path.isabs(data) and not re.match(r"^[a-z]+://", data) \
+            and ("/" in data or "." in data) and (Path(from_dir) / data).exists():
+        return os.path.relpath((Path(from_dir) / data).resolve(), Path(to_dir).resolve())
+    return data

@@ -165,6 +165,9 @@ def search(
     max_trials: Annotated[int, typer.Option(help="Stop after this many trials.")] = 8,
     time_budget_s: Annotated[Optional[float], typer.Option(
         help="Start no round that would end after this many seconds (from the previous round's time).")] = None,
+    knob: Annotated[Optional[list[str]], typer.Option(
+        help="SECTION.FIELD=V1,V2,...: the recipe's own setting, choices in order of preference, tried before "
+        "any layer is kept (e.g. quantization.group_size=128,64,32); repeatable.")] = None,
     runs_dir: Annotated[Path, typer.Option(help="Root folder for outputs (search/<recipe>/<id>/).")] = Path("runs"),
     verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Show the engines' own output here.")] = False,
 ) -> None:
@@ -180,8 +183,8 @@ def search(
         if width < 1 or max_trials < 1:
             raise RecipeError("--width and --max-trials must be at least 1", field="--width")
         result = run_search(load_recipe(recipe), runs_dir, sensitivity=sensitivity, max_layers=max_layers,
-                            width=width, max_trials=max_trials, time_budget_s=time_budget_s, progress=progress,
-                            verbose=verbose)
+                            width=width, max_trials=max_trials, time_budget_s=time_budget_s,
+                            knobs=tuple(knob or ()), progress=progress, verbose=verbose)
         err.print("[bold]search[/]", highlight=False)
         for line in (Path(result["folder"]) / "search.md").read_text().splitlines():
             err.print(f"  {escape(line)}", highlight=False, soft_wrap=True)

@@ -338,7 +338,7 @@ def _server_bytes(active: list[Candidate]) -> tuple[int, int] | None:
     """(baseline's, the largest candidate's) estimated memory on a CPU host that launches them."""
     plan = active[0].ctx.serving_plan()
     spec = plan.spec
-    if plan.device != "cpu" or spec.mode == "endpoint":
+    if plan.device != "cpu" or spec.mode != "launch":  # a command or endpoint may run elsewhere
         return None
     kv = int(spec.cpu_kv_cache_space_gib * 2**30)
     base = _weights_bytes(active[0].ctx.baseline_model().path) + kv + ENGINE_OVERHEAD_BYTES

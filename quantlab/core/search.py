@@ -9,6 +9,11 @@ gates, quantized checkpoints and the baseline's results reused from the cache.
 `sensitivity/search.SearchState` picks the next k values (bisection, `width` at a
 time) and the winner. The written recipe is the original plus the ignore list; the
 winning trial's checkpoint is released (signed) by its comparison like any candidate.
+
+Knobs (`--knob quantization.group_size=128,64,32`, ordered choices) come first, one
+round each: the first choice in the user's order that passes ends the search with no
+layer kept; when none passes, the closest (fewest failed gates) is kept and the next
+knob tried on top of it, and the layer search starts from the last of them.
 """
 
 from __future__ import annotations
@@ -27,15 +32,17 @@ from quantlab.core.fsutil import write_json_atomic, write_text_atomic
 from quantlab.core.pipeline import dry_run, sensitivity_only
 from quantlab.core.recipe import LoadedRecipe, Recipe
 from quantlab.core.run import new_run_folder
-from quantlab.sensitivity.search import SearchState, ignore_for, rebased, trial_name
+from quantlab.sensitivity.search import (SearchState, ignore_for, knob_pick, parse_knob, rebased, set_field,
+                                         trial_name)
 from quantlab.sensitivity.spec import SensitivitySpec
 
 SEARCH_DIR = "search"  # under the runs root: search/<recipe>/<id>/
 
 
-def run_search(loaded: LoadedRecipe, runs_root: Path, *, sensitivity: Path | None = None, max_layers: int | None = None,
+def run_search(loaded: LoadedRecipe, runs_root: Path, *, sensitivity: Path | None = None,
+               max_layers: int | None = None,
                width: int = 2, max_trials: int = 8, time_budget_s: float | None = None,
-               progress: Progress = print, verbose: bool = False) -> dict[str, Any]:
+               knobs: tuple[str, ...] = (), progress: Progress = print, verbose: bool = False) -> dict[str, Any]:
     """The search; returns its result (also written as search.json beside search.md and
     the chosen recipe file)."""
     t0 = time.perf_counter()
@@ -44,6 +51,7 @@ def run_search(loaded: LoadedRecipe, runs_root: Path, *, sensitivity: Path | Non
         raise RecipeError("a search edits quantization.ignore, and a raw llm-compressor recipe has none quantlab "
                           "can edit: write the method's section instead", file=str(loaded.path),
                           field="quantization.method")
+    knob_choices = [checked_knob(loaded, k) for k in knobs]  # every choice valid before any work
     estimate = _trial_estimate(loaded, runs_root, progress)
     if time_budget_s is not None and estimate is not None and time_budget_s < estimate:
         raise RecipeError(f"--time-budget-s {time_budget_s:.0f} is less than one trial takes (~{estimate:.0f} s, "
@@ -60,40 +68,94 @@ def run_search(loaded: LoadedRecipe, runs_root: Path, *, sensitivity: Path | Non
     progress(f"search: keep up to {limit} of {len(ranking)} groups unquantized, {width} trials a round, "
              f"at most {max_trials} trials (ranking {ranking_file})")
     state = SearchState(max_layers=limit, width=width)
-    stopped, rounds = "found", []
-    while True:
+    stopped, rounds, knob_trials, settings = "found", [], [], {}
+    for n, (field, choices) in enumerate(knob_choices, 1):
+        if len(knob_trials) + len(choices) > max_trials:
+            stopped = "trial budget"
+            break
+        if _past_budget(rounds, estimate, t0, time_budget_s):
+            stopped = "time budget"
+            break
+        trials = [_with_settings(loaded, {**settings, field: v}, trial_name(f"{recipe.name}-k{n}c{i}", 0))
+                  for i, v in enumerate(choices, 1)]
+        progress(f"search: knob {field}, choices {choices} in this order")
+        outcomes, info = _compare(trials, folder, progress, verbose)
+        rounds.append({**info, "knob": field, "choices": choices})
+        knob_trials += [{"knob": field, "value": v, "settings": {**settings, field: v}, **o}
+                        for v, o in zip(choices, outcomes)]
+        passed, closest = knob_pick(outcomes)
+        settings[field] = choices[passed if passed is not None else closest]
+        if passed is not None:
+            break
+    knob_passed = any(t["decision"] == "release" and t["settings"] == settings for t in knob_trials)
+    base = _with_settings(loaded, settings, recipe.name) if settings else loaded
+    while not knob_passed and stopped == "found":
         todo = state.next_points()
         if not todo:
             stopped = "found" if state.hi is not None else "none passed"
             break
-        if len(state.trials) + len(todo) > max_trials:
-            todo = todo[:max_trials - len(state.trials)]
+        if len(knob_trials) + len(state.trials) + len(todo) > max_trials:
+            todo = todo[:max(0, max_trials - len(knob_trials) - len(state.trials))]
             if not todo:
                 stopped = "trial budget"
                 break
-        last = rounds[-1]["wall_s"] if rounds else estimate
-        if time_budget_s is not None and last is not None and time.perf_counter() - t0 + last > time_budget_s:
+        if _past_budget(rounds, estimate, t0, time_budget_s):
             stopped = "time budget"
             break
-        rounds.append(_round(loaded, todo, ranking, folder, state, progress, verbose))
+        rounds.append(_round(base, todo, ranking, folder, state, progress, verbose))
     note = state.monotonic_note()
     if note:
         state.notes.append(note)
         progress(f"search: {note}")
-    best = state.best()
+    best = None if knob_passed else state.best()
+    passed = knob_passed or state.hi is not None
+    if knob_passed:
+        stopped = "found by a knob"
     result = {"recipe": recipe.name, "recipe_path": str(loaded.path), "ranking": str(ranking_file),
               "granularity": json.loads(Path(ranking_file).read_text())["spec"]["granularity"],
               "max_layers": limit, "width": width, "stopped": stopped, "rounds": rounds,
               "trials": [{"k": k, **state.trials[k]} for k in sorted(state.trials)], "best": best,
-              "passed": state.hi is not None, "notes": state.notes, "wall_s": round(time.perf_counter() - t0, 1)}
-    if best is not None:
-        result["recipe_file"] = str(_write_recipe(loaded, ranking, best, folder))
-        result["kept"] = [row["group"] for row in ranking[:best]]
+              "knob_trials": knob_trials, "settings": settings,
+              "passed": passed, "notes": state.notes, "wall_s": round(time.perf_counter() - t0, 1)}
+    if best is not None or knob_passed:
+        result["recipe_file"] = str(_write_recipe(loaded, ranking, best or 0, folder, settings))
+        result["kept"] = [row["group"] for row in ranking[:best or 0]]
     write_json_atomic(folder / "search.json", result)
     write_text_atomic(folder / "search.md", markdown(result))
     _plot(result, folder, progress)
     result["folder"] = str(folder)
     return result
+
+
+def _past_budget(rounds: list[dict[str, Any]], estimate: float | None, t0: float, budget: float | None) -> bool:
+    """Would the next round end past the budget, judged by the previous round's time?"""
+    last = rounds[-1]["wall_s"] if rounds else estimate
+    return budget is not None and last is not None and time.perf_counter() - t0 + last > budget
+
+
+def checked_knob(loaded: LoadedRecipe, text: str) -> tuple[str, list[Any]]:
+    """A --knob, parsed, with every choice checked against the recipe's schema."""
+    try:
+        field, choices = parse_knob(text)
+    except ValueError as err:
+        raise RecipeError(str(err), field="--knob") from None
+    for value in choices:
+        try:
+            _with_settings(loaded, {field: value}, loaded.recipe.name)
+        except (ValueError, RecipeError) as err:
+            first = str(err).splitlines()[0] if str(err) else type(err).__name__
+            raise RecipeError(f"--knob {field}={value!r} does not make a valid recipe: {first}", field="--knob",
+                              file=str(loaded.path)) from None
+    return field, choices
+
+
+def _with_settings(loaded: LoadedRecipe, settings: dict[str, Any], name: str) -> LoadedRecipe:
+    """The recipe with these dotted fields set, under `name` (its own folder kept)."""
+    data = loaded.recipe.model_dump(mode="json")
+    for field, value in settings.items():
+        data = set_field(data, field, value)
+    data["name"] = name
+    return LoadedRecipe(recipe=Recipe.model_validate(data), path=loaded.path)
 
 
 def _trial_estimate(loaded: LoadedRecipe, runs_root: Path, progress: Progress) -> float | None:
@@ -130,25 +192,35 @@ def trial_recipe(loaded: LoadedRecipe, ranking: list[dict[str, Any]], k: int) ->
 
 def _round(loaded: LoadedRecipe, ks: list[int], ranking: list[dict[str, Any]], folder: Path, state: SearchState,
            progress: Progress, verbose: bool) -> dict[str, Any]:
-    """One comparison of the round's trials (a lone trial is a comparison of one: the same
-    path, its own baseline); each trial's outcome recorded in the state."""
-    t0 = time.perf_counter()
-    trials = [trial_recipe(loaded, ranking, k) for k in ks]
+    """One round of layer trials; each trial's outcome recorded in the state."""
     progress(f"search: trials keeping {', '.join(map(str, ks))} of the most sensitive layer groups unquantized")
+    outcomes, info = _compare([trial_recipe(loaded, ranking, k) for k in ks], folder, progress, verbose)
+    for k, outcome in zip(ks, outcomes):
+        state.record(k, outcome)
+    return {**info, "ks": ks}
+
+
+def _compare(trials: list[LoadedRecipe], folder: Path, progress: Progress,
+             verbose: bool) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    """One comparison of these trials (a lone trial is a comparison of one); each trial's
+    decision, failed gates, worst recovery, weights and throughput, in order."""
+    t0 = time.perf_counter()
     comparison = run_comparison(trials, folder / "rounds", progress=progress, verbose=verbose, allow_single=True)
-    rows = {row["name"]: row for row in json.loads((comparison.folder / "comparison.json").read_text())["candidates"]}
-    refused = json.loads((comparison.folder / "comparison.json").read_text()).get("refused") or {}
-    for k, trial in zip(ks, trials):
+    data = json.loads((comparison.folder / "comparison.json").read_text())
+    rows = {row["name"]: row for row in data["candidates"]}
+    refused = data.get("refused") or {}
+    outcomes = []
+    for trial in trials:
         name = trial.recipe.name
         row = rows.get(name) or {}
-        state.record(k, {"name": name, "decision": row.get("decision", "refused" if name in refused else "failed"),
+        outcomes.append({"name": name, "decision": row.get("decision", "refused" if name in refused else "failed"),
                          "failed_gates": row.get("failed_gates") or ([refused[name]] if name in refused else []),
                          "not_shown_gates": row.get("not_shown_gates") or [],
                          "worst_recovery": row.get("worst_recovery"), "worst_recovery_at": row.get("worst_recovery_at"),
                          "weights_bytes": _weights_bytes(comparison.folder, name),
                          "output_tokens_per_s": row.get("output_tokens_per_s"),
                          "run": str(comparison.folder / "candidates" / name)})
-    return {"ks": ks, "comparison": str(comparison.folder), "wall_s": round(time.perf_counter() - t0, 1)}
+    return outcomes, {"comparison": str(comparison.folder), "wall_s": round(time.perf_counter() - t0, 1)}
 
 
 def _weights_bytes(folder: Path, name: str) -> int | None:
@@ -156,14 +228,19 @@ def _weights_bytes(folder: Path, name: str) -> int | None:
     return sum(f.stat().st_size for f in files) if files else None
 
 
-def _write_recipe(loaded: LoadedRecipe, ranking: list[dict[str, Any]], k: int, folder: Path) -> Path:
-    """The original recipe file plus the ignore list, its paths rebased to its new folder."""
+def _write_recipe(loaded: LoadedRecipe, ranking: list[dict[str, Any]], k: int, folder: Path,
+                  settings: dict[str, Any]) -> Path:
+    """The original recipe file plus the knob settings and the ignore list, its paths
+    rebased to its new folder."""
     data = yaml.safe_load(loaded.path.read_text())
+    for field, value in settings.items():
+        data = set_field(data, field, value)
     data["name"] = trial_name(loaded.recipe.name, k)
     data.setdefault("quantization", {})["ignore"] = ignore_for(loaded.recipe.quantization.ignore, ranking, k)
     data = rebased(data, loaded.base_dir, folder)
     kept = ", ".join(row["group"] for row in ranking[:k]) or "none"
-    header = (f"# {loaded.path.name} with its {k} most sensitive layer group(s) left unquantized ({kept}),\n"
+    knobs = "".join(f"# {field}: {value!r} (searched)\n" for field, value in settings.items())
+    header = (knobs + f"# {loaded.path.name} with its {k} most sensitive layer group(s) left unquantized ({kept}),\n"
               f"# found by `quantlab search`; paths are relative to this file.\n")
     out = folder / f"{data['name']}.yaml"
     write_text_atomic(out, header + yaml.safe_dump(data, sort_keys=False))
@@ -186,10 +263,20 @@ def markdown(result: dict[str, Any]) -> str:
                      f"{'-' if t['worst_recovery'] is None else format(t['worst_recovery'], '.3g')} | "
                      f"{'-' if t['weights_bytes'] is None else format(t['weights_bytes'] / 1e6, '.1f')} | "
                      f"{'-' if t['output_tokens_per_s'] is None else format(t['output_tokens_per_s'], '.3g')} |")
+    if result.get("knob_trials"):
+        lines += ["", "Knobs, each choice in the order given (the layer trials above start from the settings kept):",
+                  "", "| knob | value | decision | failed gates | worst recovery |", "|---|---|---|---|---|"]
+        for t in result["knob_trials"]:
+            lines.append(f"| {t['knob']} | {t['value']!r} | {t['decision']} | "
+                         f"{', '.join(t['failed_gates'][:4]) or '-'} | "
+                         f"{'-' if t['worst_recovery'] is None else format(t['worst_recovery'], '.3g')} |")
     lines.append("")
-    if result["passed"]:
-        lines.append(f"Chosen: keep {result['best']} ({', '.join(result['kept']) or 'none'}); recipe: "
-                     f"{result['recipe_file']}")
+    if result["passed"] and result["best"] is None:
+        lines.append(f"Chosen: {result['settings']} with no layer kept; recipe: {result['recipe_file']}")
+    elif result["passed"]:
+        lines.append(f"Chosen: keep {result['best']} ({', '.join(result['kept']) or 'none'})"
+                     + (f" with {result['settings']}" if result["settings"] else "")
+                     + f"; recipe: {result['recipe_file']}")
     elif result["best"] is not None:
         t = next(t for t in result["trials"] if t["k"] == result["best"])
         lines.append(f"No trial passed. Closest: keep {result['best']}, stopped by {', '.join(t['failed_gates'])}")

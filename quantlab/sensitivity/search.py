@@ -1,6 +1,6 @@
 """The search for the fewest layers to keep in high precision (pure): which numbers of
 the most sensitive layers to try next, when to stop, which trial wins, and the recipe
-a trial is.
+a trial is; and the recipe's own knobs (ordered choices) tried before any layer is kept.
 
 Trial k keeps the k most sensitive groups (by the sensitivity ranking) unquantized: their
 modules join the recipe's `quantization.ignore`. Keeping more sensitive layers is
@@ -111,3 +111,43 @@ def rebased(data: Any, from_dir: Path, to_dir: Path) -> Any:
             and ("/" in data or "." in data) and (Path(from_dir) / data).exists():
         return os.path.relpath((Path(from_dir) / data).resolve(), Path(to_dir).resolve())
     return data
+
+
+def parse_knob(text: str) -> tuple[str, list[Any]]:
+    """'quantization.group_size=128,64,32' -> ('quantization.group_size', [128, 64, 32]);
+    each value read as YAML (numbers, booleans, strings). ValueError when malformed."""
+    import yaml
+
+    field, sep, values = text.partition("=")
+    field = field.strip()
+    if not sep or not field or not values.strip() or not re.fullmatch(r"[a-z_][a-z0-9_]*(\.[a-z_][a-z0-9_]*)+", field):
+        raise ValueError(f"--knob {text!r}: expected SECTION.FIELD=V1,V2,... (e.g. quantization.group_size=128,64)")
+    choices = [yaml.safe_load(v.strip()) for v in values.split(",") if v.strip()]
+    if len(set(map(repr, choices))) != len(choices):
+        raise ValueError(f"--knob {text!r}: a choice is listed twice")
+    return field, choices
+
+
+def set_field(data: dict[str, Any], dotted: str, value: Any) -> dict[str, Any]:
+    """A copy of `data` with the dotted field set (missing sections made)."""
+    import copy
+
+    out = copy.deepcopy(data)
+    node = out
+    *parents, leaf = dotted.split(".")
+    for key in parents:
+        if node.get(key) is None:
+            node[key] = {}
+        node = node[key]
+        if not isinstance(node, dict):
+            raise ValueError(f"{dotted}: '{key}' is not a section")
+    node[leaf] = value
+    return out
+
+
+def knob_pick(outcomes: list[dict[str, Any]]) -> tuple[int | None, int]:
+    """(the first choice in the user's order that passed, or None; the choice to carry on
+    with when none did: fewest failed gates, the earlier on a tie)."""
+    passed = next((i for i, o in enumerate(outcomes) if o.get("decision") == PASS), None)
+    closest = min(range(len(outcomes)), key=lambda i: (len(outcomes[i].get("failed_gates") or []), i))
+    return passed, closest

@@ -85,3 +85,51 @@ def test_a_written_recipe_reads_the_same_files_from_its_new_folder(tmp_path):
     assert moved["model"]["source"] == "default" and moved["quality"]["suites"] == ["default"]
     assert moved["serve"]["endpoint"] == "http://127.0.0.1:8000"
     assert yaml.safe_load(yaml.safe_dump(moved)) == moved
+
+
+def test_knobs_parsed_as_ordered_choices():
+    from quantlab.sensitivity.search import parse_knob
+
+    assert parse_knob("quantization.group_size=128, 64,32") == ("quantization.group_size", [128, 64, 32])
+    assert parse_knob("quantization.smoothquant.smoothing_strength=0.8,0.5") == (
+        "quantization.smoothquant.smoothing_strength", [0.8, 0.5])
+    assert parse_knob("quantization.symmetric=true,false")[1] == [True, False]
+    for bad in ("group_size=128", "quantization.group_size", "quantization.group_size=", "Quant.x=1",
+                "quantization.group_size=64,64"):
+        with pytest.raises(ValueError, match="--knob"):
+            parse_knob(bad)
+
+
+def test_a_knob_sets_its_field_in_a_copy():
+    from quantlab.sensitivity.search import set_field
+
+    data = {"quantization": {"method": "gptq", "gptq": None}}
+    out = set_field(data, "quantization.gptq.dampening_frac", 0.05)
+    assert out["quantization"]["gptq"] == {"dampening_frac": 0.05} and data["quantization"]["gptq"] is None
+    with pytest.raises(ValueError, match="not a section"):
+        set_field(data, "quantization.method.x", 1)
+
+
+def test_the_first_passing_choice_wins_else_the_closest_is_carried_on():
+    from quantlab.sensitivity.search import knob_pick
+
+    blocked = lambda n: {"decision": "blocked", "failed_gates": ["g"] * n}  # noqa: E731
+    assert knob_pick([blocked(3), {"decision": "release"}, {"decision": "release"}]) == (1, 1)
+    assert knob_pick([blocked(3), blocked(1), blocked(1)]) == (None, 1)
+
+
+def test_a_knob_that_makes_no_valid_recipe_is_refused_before_any_work(tmp_path):
+    from quantlab.core.errors import RecipeError
+    from quantlab.core.recipe import load_recipe
+    from quantlab.core.search import checked_knob
+
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text(yaml.safe_dump({"name": "r", "model": {"source": "default"},
+                                      "quantization": {"method": "rtn", "scheme": "W4A16", "group_size": 64}}))
+    loaded = load_recipe(recipe)
+    assert checked_knob(loaded, "quantization.group_size=128,32") == ("quantization.group_size", [128, 32])
+    with pytest.raises(RecipeError) as err:
+        checked_knob(loaded, "quantization.group_size=128,100")
+    assert "quantization.group_size=100" in str(err.value) and err.value.field == "--knob"
+    with pytest.raises(RecipeError, match="--knob"):
+        checked_knob(loaded, "quantization.group_sise=128")

@@ -1,0 +1,94 @@
+"""Does the in-process sensitivity ranking agree with the served model's real regressions?
+
+Ablations: for a few layer groups of a recipe's ranking (the top ones and the bottom
+ones), a trial that quantizes everything but that one group (kept in the model's
+dtype), plus the all-quantized trial; all of them are candidates of one comparison (one
+baseline, served in groups as memory allows) judged by the recipe's quality section.
+A group's served truth is how much keeping it alone raises the quality of the slices
+the all-quantized trial loses (mean over those tasks of the score gained, in points);
+its proxy is its sensitivity KL. Prints and writes the rank agreement (Spearman,
+Kendall) and every trial's scores.
+
+    .venv/bin/python scripts/bench_sensitivity_truth.py RECIPE SENSITIVITY_JSON --top 3 --bottom 3 --out F.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from quantlab.core.compare import run_comparison  # noqa: E402
+from quantlab.core.recipe import LoadedRecipe, Recipe, load_recipe  # noqa: E402
+from quantlab.sensitivity.ranking import rank_agreement  # noqa: E402
+
+
+def keep_only(loaded: LoadedRecipe, row: dict | None, name: str) -> LoadedRecipe:
+    data = loaded.recipe.model_dump(mode="json")
+    data["name"] = name
+    if row is not None:
+        data["quantization"]["ignore"] = list(data["quantization"]["ignore"]) + row["modules"]
+    return LoadedRecipe(recipe=Recipe.model_validate(data), path=loaded.path)
+
+
+def task_scores(run_json: Path) -> tuple[dict[str, float], dict[str, float]]:
+    quality = json.loads(run_json.read_text())["stages"]["quality"]["result"]
+    return {t["task"]: t["candidate"] for t in quality["tasks"]}, {t["task"]: t["baseline"] for t in quality["tasks"]}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("recipe", type=Path)
+    ap.add_argument("sensitivity", type=Path)
+    ap.add_argument("--top", type=int, default=3)
+    ap.add_argument("--bottom", type=int, default=3)
+    ap.add_argument("--runs-dir", type=Path, default=Path("runs/bench-sensitivity-truth"))
+    ap.add_argument("--out", type=Path, default=None)
+    args = ap.parse_args()
+    loaded = load_recipe(args.recipe)
+    ranking = json.loads(args.sensitivity.read_text())["groups"]
+    chosen = ranking[:args.top] + (ranking[-args.bottom:] if args.bottom else [])
+    short = {row["group"]: row["group"].rsplit(".", 1)[-1] for row in chosen}
+    trials = [keep_only(loaded, None, f"{loaded.recipe.name}-all")] + \
+        [keep_only(loaded, row, f"{loaded.recipe.name}-keep-{short[row['group']]}") for row in chosen]
+    t0 = time.perf_counter()
+    comparison = run_comparison(trials, args.runs_dir, progress=print)
+    wall = time.perf_counter() - t0
+    runs = json.loads((comparison.folder / "comparison.json").read_text())["runs"]
+    scores = {}
+    baseline = None
+    for name, rel in runs.items():
+        cand, base = task_scores(comparison.folder / rel / "run.json")
+        scores[name] = cand
+        baseline = baseline or base
+    everything = scores[f"{loaded.recipe.name}-all"]
+    lost = [t for t in everything if everything[t] < baseline[t]]  # the slices quantization loses
+    truth, proxy = {}, {}
+    for row in chosen:
+        name = f"{loaded.recipe.name}-keep-{short[row['group']]}"
+        if name in scores:
+            truth[row["group"]] = sum(scores[name][t] - everything[t] for t in lost) / max(1, len(lost))
+            proxy[row["group"]] = row["mean_kl"]
+    agreement = rank_agreement(proxy, truth)
+    cpu = subprocess.run(["lscpu"], capture_output=True, text=True).stdout
+    model_name = next((line.split(":", 1)[1].strip() for line in cpu.splitlines() if "Model name" in line), "?")
+    out = {"recipe": str(args.recipe), "cpu": model_name, "platform": platform.platform(), "wall_s": round(wall, 1),
+           "baseline": baseline, "all_quantized": everything, "lost_tasks": lost,
+           "trials": {g: {"kl": proxy[g], "gain_points": truth[g], "scores": scores.get(
+               f"{loaded.recipe.name}-keep-{short[g]}")} for g in truth},
+           "agreement": agreement, "comparison": str(comparison.folder)}
+    print(json.dumps({k: out[k] for k in ("lost_tasks", "agreement", "wall_s")}, indent=1))
+    for g in truth:
+        print(f"{g:<20} KL {proxy[g]:.4f}  gain on lost tasks {truth[g] * 100:+.1f} points")
+    if args.out:
+        args.out.write_text(json.dumps(out, indent=1))
+
+
+if __name__ == "__main__":
+    main()

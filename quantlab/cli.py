@@ -147,8 +147,8 @@ def sensitivity(
         except ValidationError as e:
             problems = "; ".join(f"--{'.'.join(map(str, x['loc']))}: {x['msg']}" for x in e.errors())
             raise RecipeError(f"sensitivity options: {problems}") from None
-        folder = sensitivity_only(load_recipe(recipe), runs_dir, spec, losses_from=losses_from, progress=progress)
-        result = json.loads((folder / "sensitivity.json").read_text())
+        folder, result = sensitivity_only(load_recipe(recipe), runs_dir, spec, losses_from=losses_from,
+                                          progress=progress)
         for line in markdown(result, top=top).splitlines():
             err.print(escape(line), highlight=False, soft_wrap=True)
     typer.echo(str(folder / "sensitivity.json"))
@@ -177,7 +177,7 @@ def search(
     ignore list), search.json, search.md and search.png; the passing trial is released.
     Exit 0 one passed, 1 none passed within the budget, 2 bad input, 3 run failure."""
     from quantlab.core.recipe import load_recipe
-    from quantlab.core.search import run_search
+    from quantlab.core.search import markdown as search_markdown, run_search
 
     with exit_codes():
         if width < 1 or max_trials < 1:
@@ -186,7 +186,7 @@ def search(
                             width=width, max_trials=max_trials, time_budget_s=time_budget_s,
                             knobs=tuple(knob or ()), progress=progress, verbose=verbose)
         err.print("[bold]search[/]", highlight=False)
-        for line in (Path(result["folder"]) / "search.md").read_text().splitlines():
+        for line in search_markdown(result).splitlines():
             err.print(f"  {escape(line)}", highlight=False, soft_wrap=True)
     typer.echo(str(Path(result["folder"]) / "search.json"))
     if not result["passed"]:
@@ -246,7 +246,7 @@ def named_checkpoints(values: list[str] | None) -> dict[str, Path]:
     named: dict[str, Path] = {}
     for value in values or []:
         name, sep, folder = value.partition("=")
-        if not sep:
+        if not sep or Path(value).is_dir():  # a folder whose path holds '=' is a folder
             folder, name = value, re.sub(r"[^a-z0-9._-]+", "-", Path(value).resolve().name.lower()).strip("-._")
         if not name or not folder:
             raise RecipeError(f"--checkpoint {value!r}: expected NAME=DIR or DIR", field="--checkpoint")
@@ -290,8 +290,7 @@ def validate(
     from quantlab.core.recipe import load_recipe
 
     with exit_codes():
-        named = named_checkpoints(checkpoint) if len(checkpoint) > 1 or not Path(checkpoint[0]).is_dir() \
-            else {"": Path(checkpoint[0])}
+        named = named_checkpoints(checkpoint)
         if len(named) > 1:
             _compare_with_summary([], runs_dir, verbose=verbose, checkpoints=named, judge_by=recipe)
             return

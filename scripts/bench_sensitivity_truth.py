@@ -25,16 +25,15 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from quantlab.core.compare import run_comparison  # noqa: E402
-from quantlab.core.recipe import LoadedRecipe, Recipe, load_recipe  # noqa: E402
+from quantlab.core.recipe import LoadedRecipe, load_recipe  # noqa: E402
 from quantlab.sensitivity.ranking import rank_agreement  # noqa: E402
 
 
 def keep_only(loaded: LoadedRecipe, row: dict | None, name: str) -> LoadedRecipe:
-    data = loaded.recipe.model_dump(mode="json")
-    data["name"] = name
-    if row is not None:
-        data["quantization"]["ignore"] = list(data["quantization"]["ignore"]) + row["modules"]
-    return LoadedRecipe(recipe=Recipe.model_validate(data), path=loaded.path)
+    """Every group quantized but `row`'s (None: all of them)."""
+    if row is None:
+        return loaded.variant(name)
+    return loaded.variant(name, {"quantization.ignore": list(loaded.recipe.quantization.ignore) + row["modules"]})
 
 
 def task_scores(run_json: Path) -> tuple[dict[str, float], dict[str, float]]:
@@ -60,7 +59,7 @@ def main() -> None:
     t0 = time.perf_counter()
     comparison = run_comparison(trials, args.runs_dir, progress=print)
     wall = time.perf_counter() - t0
-    runs = json.loads((comparison.folder / "comparison.json").read_text())["runs"]
+    runs = comparison.data["runs"]
     scores = {}
     baseline = None
     for name, rel in runs.items():

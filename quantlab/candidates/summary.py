@@ -89,17 +89,15 @@ def on_common_baseline(pairs: list[tuple[CandidateSummary, dict[str, Any]]],
     for (summary, row), base in zip(pairs, baselines):
         tps_k = _factor(ref, base, "output_tokens_per_s")
         good_k = _factor(ref, base, "goodput_at_slo") or tps_k
-        if tps_k is None or (abs(tps_k - 1) < 1e-12 and abs((good_k or 1) - 1) < 1e-12):
+        if tps_k is None or tps_k == good_k == 1.0:  # nothing to scale by, or the same baseline block
             out.append((summary, row))
             continue
         scaled = {"output_tokens_per_s": _times(summary.output_tokens_per_s, tps_k),
                   "goodput_at_slo": _times(summary.goodput_at_slo, good_k),
-                  "cost_per_successful_request": _times(summary.cost_per_successful_request,
-                                                        1 / good_k if good_k else None)}
+                  "cost_per_successful_request": _times(summary.cost_per_successful_request, 1 / good_k)}
         out.append((replace(summary, **scaled),
                     {**row, **scaled, "measured_as": {k: row.get(k) for k in scaled},
-                     "baseline_scale": {"output_tokens_per_s": round(tps_k, 4),
-                                        "goodput_at_slo": round(good_k, 4) if good_k else None}}))
+                     "baseline_scale": {"output_tokens_per_s": round(tps_k, 4), "goodput_at_slo": round(good_k, 4)}}))
     return out
 
 
@@ -108,5 +106,5 @@ def _factor(ref: dict[str, Any] | None, base: dict[str, Any] | None, key: str) -
     return a / b if a and b else None
 
 
-def _times(value: float | None, k: float | None) -> float | None:
-    return value * k if value is not None and k is not None else value
+def _times(value: float | None, k: float) -> float | None:
+    return value * k if value is not None else None

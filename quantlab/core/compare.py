@@ -42,7 +42,7 @@ from quantlab.candidates.table import as_json, html, markdown
 from quantlab.core.context import Progress, RunContext, inputs_hash
 from quantlab.core.engine_time import engine_seconds
 from quantlab.core.errors import EngineError, QuantlabError, RecipeError
-from quantlab.core.fsutil import write_json_atomic, write_text_atomic
+from quantlab.core.fsutil import safetensors_bytes, write_json_atomic, write_text_atomic
 from quantlab.core.layout import SERVE_LOG_DIR
 from quantlab.core.pipeline import (STAGES, VALIDATE_STAGES, _run_stage, _save_with_time, enabled,
                                     stages_to_run)
@@ -106,17 +106,12 @@ def candidates_of(recipes: list[Path | LoadedRecipe], checkpoints: dict[str, Pat
 
 def _renamed(judge: LoadedRecipe, name: str) -> LoadedRecipe:
     """The judging recipe under a checkpoint candidate's name (its run folder and row)."""
-    from pydantic import ValidationError
-
-    from quantlab.core.recipe import Recipe
-
     try:
-        recipe = Recipe.model_validate({**judge.recipe.model_dump(mode="json"), "name": name})
-    except ValidationError:
+        return judge.variant(name)
+    except ValueError:
         raise RecipeError(f"checkpoint candidate name '{name}' is not a valid name (lower-case letters, digits, "
                           "'.', '_', '-'; at most 64): give one as --checkpoint NAME=DIR", field="--checkpoint") \
             from None
-    return LoadedRecipe(recipe=recipe, path=judge.path)
 
 
 @dataclass
@@ -126,6 +121,7 @@ class Comparison:
     choice: Choice | None
     table_md: str
     exit_code: int  # 0 one chosen, 1 none released, 3 none could be judged
+    data: dict[str, Any] = field(default_factory=dict)  # what comparison.json holds
 
 
 def check_comparable(cands: list[Candidate], minimum: int = 2) -> None:
@@ -302,17 +298,16 @@ def _groups(active: list[Candidate], selection: SelectionSpec, progress: Progres
     from quantlab.candidates.schedule import serving_groups
 
     by_name = {c.name: c for c in active}
-    fits = servers_that_fit(active)
+    fits, note = _memory_fit(active)
     try:
         groups = serving_groups(list(by_name), selection.at_once, fits)
     except ValueError:
-        raise RecipeError("this host's memory cannot hold the baseline and one candidate at once "
-                          f"({_memory_note(active)}): set serve.side_by_side: false to serve one at a time",
+        raise RecipeError(f"this host's memory cannot hold the baseline and one candidate at once ({note}): set "
+                          "serve.side_by_side: false to serve one at a time",
                           file=str(active[0].loaded.path), field="serve.side_by_side") from None
     wanted = min(selection.at_once or len(active), len(active))
     if len(groups[0]) < wanted:
-        progress(f"serving {len(groups[0])} candidate(s) at a time beside the baseline, not {wanted}: "
-                 f"{_memory_note(active)}")
+        progress(f"serving {len(groups[0])} candidate(s) at a time beside the baseline, not {wanted}: {note}")
     return [[by_name[n] for n in g] for g in groups]
 
 
@@ -321,44 +316,21 @@ def _groups(active: list[Candidate], selection: SelectionSpec, progress: Progres
 ENGINE_OVERHEAD_BYTES = 3 * 2**30
 
 
-def servers_that_fit(active: list[Candidate]) -> int | None:
-    """Candidates that fit beside the baseline in the memory available now; None where
-    unknown (a GPU, external servers)."""
-    needs = _server_bytes(active)
-    if needs is None:
-        return None
-    import psutil
-
-    available = psutil.virtual_memory().available
-    baseline, per_candidate = needs
-    return max(0, int((available - baseline) // per_candidate)) if per_candidate else None
-
-
-def _server_bytes(active: list[Candidate]) -> tuple[int, int] | None:
-    """(baseline's, the largest candidate's) estimated memory on a CPU host that launches them."""
+def _memory_fit(active: list[Candidate]) -> tuple[int | None, str]:
+    """(how many candidates fit beside the baseline in the memory available now, None where
+    unknown: a GPU, or servers launched elsewhere; the figures, said)."""
     plan = active[0].ctx.serving_plan()
-    spec = plan.spec
-    if plan.device != "cpu" or spec.mode != "launch":  # a command or endpoint may run elsewhere
-        return None
-    kv = int(spec.cpu_kv_cache_space_gib * 2**30)
-    base = _weights_bytes(active[0].ctx.baseline_model().path) + kv + ENGINE_OVERHEAD_BYTES
-    largest = max(_weights_bytes(c.ctx.checkpoint_dir) for c in active) + kv + ENGINE_OVERHEAD_BYTES
-    return base, largest
-
-
-def _weights_bytes(folder: Path) -> int:
-    return sum(f.stat().st_size for f in Path(folder).glob("*.safetensors"))
-
-
-def _memory_note(active: list[Candidate]) -> str:
+    if plan.device != "cpu" or plan.spec.mode != "launch":  # a command or endpoint may run elsewhere
+        return None, "memory not estimated"
     import psutil
 
-    needs = _server_bytes(active)
-    have = psutil.virtual_memory().available / 2**30
-    if needs is None:
-        return f"{have:.1f} GiB available"
-    return (f"{have:.1f} GiB available; the baseline's server needs ~{needs[0] / 2**30:.1f} GiB, a candidate's "
-            f"~{needs[1] / 2**30:.1f} GiB (weights + KV space + the engine's own ~3 GiB)")
+    kv = int(plan.spec.cpu_kv_cache_space_gib * 2**30)
+    baseline = safetensors_bytes(active[0].ctx.baseline_model().path) + kv + ENGINE_OVERHEAD_BYTES
+    candidate = max(safetensors_bytes(c.ctx.checkpoint_dir) for c in active) + kv + ENGINE_OVERHEAD_BYTES
+    available = psutil.virtual_memory().available
+    note = (f"{available / 2**30:.1f} GiB available; the baseline's server needs ~{baseline / 2**30:.1f} GiB, a "
+            f"candidate's ~{candidate / 2**30:.1f} GiB (weights + KV space + the engine's own ~3 GiB)")
+    return max(0, int((available - baseline) // candidate)), note
 
 
 def _prepare(c: Candidate, folder: Path, progress: Progress, verbose: bool, selection: SelectionSpec) -> None:
@@ -576,7 +548,7 @@ def _conclude(folder: Path, cands: list[Candidate], selection: SelectionSpec, pr
     suites = [render_junit(c.run.record) for c in judged]
     write_text_atomic(folder / "junit.xml", _junit_of(suites, {c.name for c in judged}))
     exit_code = 0 if choice and choice.chosen else (1 if summaries else 3)
-    return Comparison(folder, cands, choice, table, exit_code)
+    return Comparison(folder, cands, choice, table, exit_code, data)
 
 
 def _served_at(c: Candidate) -> str:

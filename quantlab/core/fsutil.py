@@ -44,6 +44,11 @@ def sha256_trusting_stat(path: Path, index: Path) -> str:
     return digest
 
 
+def safetensors_bytes(*folders: Path) -> int:
+    """The size of the weights in these folders (their *.safetensors files)."""
+    return sum(p.stat().st_size for d in folders for p in Path(d).glob("*.safetensors"))
+
+
 def write_text_atomic(path: Path, text: str) -> None:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)

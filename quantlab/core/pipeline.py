@@ -310,20 +310,22 @@ SENSITIVITY_DIR = "sensitivity"  # under the runs root: sensitivity/<recipe>/<id
 
 
 def sensitivity_only(loaded: LoadedRecipe, runs_root: Path, spec: Any, *, losses_from: Path | None = None,
-                     progress: Progress) -> Path:
+                     progress: Progress) -> tuple[Path, dict[str, Any]]:
     """`quantlab sensitivity`: each group of the recipe's quantized modules fake-quantized
     alone on the unquantized model, ranked by how far it moves the next-token
-    distribution on held-out text; sensitivity.json, .md and .png in a new folder."""
+    distribution on held-out text; sensitivity.json, .md and .png in a new folder (and
+    the engines' output in its logs/). Returns the folder and the result."""
     import hashlib
     import json
+    import shutil
 
     from quantlab.core.fsutil import write_json_atomic
-    from quantlab.core.layout import QUANTIZE_RESULT_FILE
+    from quantlab.core.layout import LOG_DIR, QUANTIZE_RESULT_FILE
     from quantlab.core.run import new_run_folder
     from quantlab.models.source import resolve_recipe_model
     from quantlab.models.tokenizer import load_tokenizer
     from quantlab.quantize.calibration import held_out_chunks
-    from quantlab.quantize.llmcompressor import check_layout
+    from quantlab.quantize.llmcompressor import check_layout, llmcompressor_log
     from quantlab.release.plots import sensitivity_bars
     from quantlab.sensitivity.measure import PROXY, measure
     from quantlab.sensitivity.ranking import markdown, ranked, with_quantizer_loss
@@ -343,25 +345,32 @@ def sensitivity_only(loaded: LoadedRecipe, runs_root: Path, spec: Any, *, losses
         if not losses:
             progress(f"--losses-from {losses_from}: no per-layer quantizer losses recorded there (not GPTQ)")
     model = resolve_recipe_model(loaded, progress=progress)
-    _, quantized = check_layout(loaded, model)
-    tokenizer = load_tokenizer(model.path, trust_remote_code=recipe.model.trust_remote_code)
-    chunks, source = held_out_chunks(recipe.calibration, loaded.calibration_paths(), tokenizer, count=spec.texts,
-                                     tokens=spec.tokens, seed=spec.seed)
-    measured = measure(loaded, model.path, [m.name for m in quantized], chunks, spec, progress=progress)
+    digest = hashlib.sha256((loaded.content_hash + spec.model_dump_json()).encode()).hexdigest()
+    folder = new_run_folder(Path(runs_root) / SENSITIVITY_DIR / recipe.name, digest)
+    log_file = folder / LOG_DIR / "engines.log"
+    try:  # llm-compressor logs from its import on (the layout imports it): to the log, as quantize does
+        with llmcompressor_log(log_file):
+            _, quantized = check_layout(loaded, model)
+            tokenizer = load_tokenizer(model.path, trust_remote_code=recipe.model.trust_remote_code)
+            chunks, source = held_out_chunks(recipe.calibration, loaded.calibration_paths(), tokenizer,
+                                             count=spec.texts, tokens=spec.tokens, seed=spec.seed)
+            measured = measure(loaded, model, [m.name for m in quantized], chunks, spec, progress=progress,
+                               log_file=log_file)
+    except RecipeError:
+        shutil.rmtree(folder, ignore_errors=True)  # bad input, found before any result: leave nothing behind
+        raise
     rows = with_quantizer_loss(ranked(measured.pop("groups")), losses)
     result = {"recipe": recipe.name, "recipe_sha256": loaded.content_hash, "model": str(model.path),
               "proxy": PROXY, "spec": spec.model_dump(mode="json"), "texts": len(chunks), "tokens": spec.tokens,
               "text_source": source, "quantizer_loss_from": str(losses_from) if losses else None,
               **measured, "groups": rows}
-    digest = hashlib.sha256((loaded.content_hash + json.dumps(result["spec"], sort_keys=True)).encode()).hexdigest()
-    folder = new_run_folder(Path(runs_root) / SENSITIVITY_DIR / recipe.name, digest)
     write_json_atomic(folder / "sensitivity.json", result)
     write_text_atomic(folder / "sensitivity.md", markdown(result))
     try:
         sensitivity_bars(rows, folder / "sensitivity.png", f"{recipe.name} ({spec.granularity} groups)")
     except (ImportError, OSError, ValueError) as err:
         progress(f"the sensitivity plot could not be drawn: {type(err).__name__}: {err}")
-    return folder
+    return folder, result
 
 
 def default_output_dir(loaded: LoadedRecipe) -> Path:

@@ -110,6 +110,33 @@ class LoadedRecipe(BaseModel):
     def content_hash(self) -> str:
         return recipe_hash(self.recipe)
 
+    def variant(self, name: str, settings: dict[str, Any] | None = None) -> "LoadedRecipe":
+        """This recipe under another name with dotted fields set (a comparison's checkpoint
+        candidate, a search's trial); the same folder, so its relative paths still hold.
+        pydantic's ValidationError (a ValueError) when the result is not a valid recipe."""
+        data = self.recipe.model_dump(mode="json")
+        for field, value in (settings or {}).items():
+            data = set_field(data, field, value)
+        return LoadedRecipe(recipe=Recipe.model_validate({**data, "name": name}), path=self.path)
+
+
+def set_field(data: dict[str, Any], dotted: str, value: Any) -> dict[str, Any]:
+    """A copy of recipe data with the dotted field ('quantization.group_size') set,
+    missing sections made. ValueError when a parent is not a section."""
+    import copy
+
+    out = copy.deepcopy(data)
+    node = out
+    *parents, leaf = dotted.split(".")
+    for key in parents:
+        if node.get(key) is None:
+            node[key] = {}
+        node = node[key]
+        if not isinstance(node, dict):
+            raise ValueError(f"{dotted}: '{key}' is not a section")
+    node[leaf] = value
+    return out
+
 
 def recipe_hash(recipe: Recipe) -> str:
     """sha256 of the recipe's canonical JSON (defaults filled in, keys sorted)."""

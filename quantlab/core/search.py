@@ -30,10 +30,10 @@ from quantlab.core.context import Progress
 from quantlab.core.errors import RecipeError
 from quantlab.core.fsutil import write_json_atomic, write_text_atomic
 from quantlab.core.pipeline import dry_run, sensitivity_only
-from quantlab.core.recipe import LoadedRecipe, Recipe
+from quantlab.core.fsutil import safetensors_bytes
+from quantlab.core.recipe import LoadedRecipe, set_field
 from quantlab.core.run import new_run_folder
-from quantlab.sensitivity.search import (SearchState, ignore_for, knob_pick, parse_knob, rebased, set_field,
-                                         trial_name)
+from quantlab.sensitivity.search import SearchState, ignore_for, knob_pick, parse_knob, rebased, trial_name
 from quantlab.sensitivity.spec import SensitivitySpec
 
 SEARCH_DIR = "search"  # under the runs root: search/<recipe>/<id>/
@@ -57,9 +57,10 @@ def run_search(loaded: LoadedRecipe, runs_root: Path, *, sensitivity: Path | Non
         raise RecipeError(f"--time-budget-s {time_budget_s:.0f} is less than one trial takes (~{estimate:.0f} s, "
                           f"from the last run of '{recipe.name}'): give at least {estimate:.0f} s",
                           field="--time-budget-s")
-    ranking_file = sensitivity or (sensitivity_only(loaded, runs_root, SensitivitySpec(), progress=progress)
+    ranking_file = sensitivity or (sensitivity_only(loaded, runs_root, SensitivitySpec(), progress=progress)[0]
                                    / "sensitivity.json")
-    ranking = _ranking(ranking_file, loaded)
+    ranked = _ranking(ranking_file, loaded)
+    ranking = ranked["groups"]
     limit = min(max_layers if max_layers is not None else max(1, len(ranking) // 4), len(ranking))
     if limit < 1:
         raise RecipeError("--max-layers must be at least 1: the search keeps layers out of quantization",
@@ -76,7 +77,7 @@ def run_search(loaded: LoadedRecipe, runs_root: Path, *, sensitivity: Path | Non
         if _past_budget(rounds, estimate, t0, time_budget_s):
             stopped = "time budget"
             break
-        trials = [_with_settings(loaded, {**settings, field: v}, trial_name(f"{recipe.name}-k{n}c{i}", 0))
+        trials = [loaded.variant(trial_name(f"{recipe.name}-k{n}c{i}", 0), {**settings, field: v})
                   for i, v in enumerate(choices, 1)]
         progress(f"search: knob {field}, choices {choices} in this order")
         outcomes, info = _compare(trials, folder, progress, verbose)
@@ -88,7 +89,7 @@ def run_search(loaded: LoadedRecipe, runs_root: Path, *, sensitivity: Path | Non
         if passed is not None:
             break
     knob_passed = any(t["decision"] == "release" and t["settings"] == settings for t in knob_trials)
-    base = _with_settings(loaded, settings, recipe.name) if settings else loaded
+    base = loaded.variant(recipe.name, settings) if settings else loaded
     while not knob_passed and stopped == "found":
         todo = state.next_points()
         if not todo:
@@ -112,7 +113,7 @@ def run_search(loaded: LoadedRecipe, runs_root: Path, *, sensitivity: Path | Non
     if knob_passed:
         stopped = "found by a knob"
     result = {"recipe": recipe.name, "recipe_path": str(loaded.path), "ranking": str(ranking_file),
-              "granularity": json.loads(Path(ranking_file).read_text())["spec"]["granularity"],
+              "granularity": ranked["spec"]["granularity"],
               "max_layers": limit, "width": width, "stopped": stopped, "rounds": rounds,
               "trials": [{"k": k, **state.trials[k]} for k in sorted(state.trials)], "best": best,
               "knob_trials": knob_trials, "settings": settings,
@@ -141,21 +142,13 @@ def checked_knob(loaded: LoadedRecipe, text: str) -> tuple[str, list[Any]]:
         raise RecipeError(str(err), field="--knob") from None
     for value in choices:
         try:
-            _with_settings(loaded, {field: value}, loaded.recipe.name)
-        except (ValueError, RecipeError) as err:
-            first = str(err).splitlines()[0] if str(err) else type(err).__name__
-            raise RecipeError(f"--knob {field}={value!r} does not make a valid recipe: {first}", field="--knob",
+            loaded.variant(loaded.recipe.name, {field: value})
+        except ValueError as err:  # pydantic's ValidationError among them: say what it found, not its title
+            errors = getattr(err, "errors", None)
+            why = "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in errors()) if errors else str(err)
+            raise RecipeError(f"--knob {field}={value!r} does not make a valid recipe: {why}", field="--knob",
                               file=str(loaded.path)) from None
     return field, choices
-
-
-def _with_settings(loaded: LoadedRecipe, settings: dict[str, Any], name: str) -> LoadedRecipe:
-    """The recipe with these dotted fields set, under `name` (its own folder kept)."""
-    data = loaded.recipe.model_dump(mode="json")
-    for field, value in settings.items():
-        data = set_field(data, field, value)
-    data["name"] = name
-    return LoadedRecipe(recipe=Recipe.model_validate(data), path=loaded.path)
 
 
 def _trial_estimate(loaded: LoadedRecipe, runs_root: Path, progress: Progress) -> float | None:
@@ -166,7 +159,8 @@ def _trial_estimate(loaded: LoadedRecipe, runs_root: Path, progress: Progress) -
     return sum(steps) if steps and all(x is not None for x in steps) else None
 
 
-def _ranking(file: Path, loaded: LoadedRecipe) -> list[dict[str, Any]]:
+def _ranking(file: Path, loaded: LoadedRecipe) -> dict[str, Any]:
+    """A sensitivity.json of this recipe, checked: its ranked groups name modules."""
     try:
         data = json.loads(Path(file).read_text())
         rows = data["groups"]
@@ -179,15 +173,13 @@ def _ranking(file: Path, loaded: LoadedRecipe) -> list[dict[str, Any]]:
     if data.get("recipe_sha256") not in (None, loaded.content_hash) and data.get("recipe") != loaded.recipe.name:
         raise RecipeError(f"--sensitivity {file} ranks recipe '{data.get('recipe')}', not '{loaded.recipe.name}'",
                           field="--sensitivity")
-    return rows
+    return data
 
 
 def trial_recipe(loaded: LoadedRecipe, ranking: list[dict[str, Any]], k: int) -> LoadedRecipe:
     """Trial k in memory: the recipe's own folder, so its relative paths hold."""
-    data = loaded.recipe.model_dump(mode="json")
-    data["name"] = trial_name(loaded.recipe.name, k)
-    data["quantization"]["ignore"] = ignore_for(loaded.recipe.quantization.ignore, ranking, k)
-    return LoadedRecipe(recipe=Recipe.model_validate(data), path=loaded.path)
+    return loaded.variant(trial_name(loaded.recipe.name, k),
+                          {"quantization.ignore": ignore_for(loaded.recipe.quantization.ignore, ranking, k)})
 
 
 def _round(loaded: LoadedRecipe, ks: list[int], ranking: list[dict[str, Any]], folder: Path, state: SearchState,
@@ -206,9 +198,8 @@ def _compare(trials: list[LoadedRecipe], folder: Path, progress: Progress,
     decision, failed gates, worst recovery, weights and throughput, in order."""
     t0 = time.perf_counter()
     comparison = run_comparison(trials, folder / "rounds", progress=progress, verbose=verbose, allow_single=True)
-    data = json.loads((comparison.folder / "comparison.json").read_text())
-    rows = {row["name"]: row for row in data["candidates"]}
-    refused = data.get("refused") or {}
+    rows = {row["name"]: row for row in comparison.data["candidates"]}
+    refused = comparison.data.get("refused") or {}
     outcomes = []
     for trial in trials:
         name = trial.recipe.name
@@ -224,8 +215,8 @@ def _compare(trials: list[LoadedRecipe], folder: Path, progress: Progress,
 
 
 def _weights_bytes(folder: Path, name: str) -> int | None:
-    files = list((folder / "candidates" / name).glob("*/checkpoint/*.safetensors"))
-    return sum(f.stat().st_size for f in files) if files else None
+    """A trial's checkpoint weights (None: it never got one)."""
+    return safetensors_bytes(*folder.glob(f"candidates/{name}/*/checkpoint")) or None
 
 
 def _write_recipe(loaded: LoadedRecipe, ranking: list[dict[str, Any]], k: int, folder: Path,

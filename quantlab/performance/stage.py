@@ -13,7 +13,7 @@ from typing import Any
 from quantlab.core.context import RunContext
 from quantlab.core.engine_time import engine_busy
 from quantlab.core.errors import EngineError, RecipeError
-from quantlab.core.fsutil import sha256_file, write_text_atomic
+from quantlab.core.fsutil import safetensors_bytes, sha256_file, write_text_atomic
 from quantlab.performance import gates as perf_gates
 from quantlab.performance.metrics import compare, median_metrics, summarize
 from quantlab.performance.noise import RepeatSample, interval, ratio_draws, value_draws
@@ -107,7 +107,7 @@ def _memory(ctx: RunContext, role: str, monitors: list[dict[str, Any]]) -> dict[
     system = ((plan.probe.get("cpu") or {}).get("memory_bytes") if plan.device == "cpu"
               else sum(g.get("memory_bytes", 0) for g in plan.probe.get("gpus") or []) or None)
     peak = max(gpu) if plan.device == "cuda" and gpu else (max(rss) if rss else None)
-    weights = sum(p.stat().st_size for p in target.model_dir.glob("*.safetensors")) if target.model_dir else None
+    weights = safetensors_bytes(target.model_dir) if target.model_dir else None
     return {
         "checkpoint_bytes_on_disk": weights,
         "kv_cache_tokens": (log or {}).get("kv_cache_tokens"),

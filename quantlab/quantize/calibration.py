@@ -181,7 +181,7 @@ def held_out_chunks(spec: CalibrationSpec, paths: list[Path], tokenizer, *, coun
     calibration does not sample (rendered as calibration renders them, joined, cut into
     equal chunks), and where they came from. RecipeError when the files hold too few."""
     unseen = []
-    for path, _, rows, chosen in _sampled(spec, paths):
+    for _, _, rows, chosen in _sampled(spec, paths):
         used = {r.line for r in chosen}
         unseen += [r for r in rows if r.line not in used]
     random.Random(seed).shuffle(unseen)

@@ -15,6 +15,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from quantlab.core.fsutil import safetensors_bytes
+
 SIXTEEN_BIT = ("bfloat16", "float16")
 # float32 is chosen only when the 16-bit matmul is clearly slower: on hosts with native
 # bf16 it is about 2x faster, emulated it is 5-50x slower, so the verdict is never close.
@@ -42,7 +44,7 @@ class DtypeChoice:
 
 def float32_bytes(model_dirs: list[Path], model_dtype: str) -> int | None:
     """What the weights in these folders take in float32, from their safetensors sizes."""
-    weights = sum(p.stat().st_size for d in model_dirs for p in Path(d).glob("*.safetensors"))
+    weights = safetensors_bytes(*model_dirs)
     return weights * 4 // (2 if model_dtype in SIXTEEN_BIT else 4) if weights else None
 
 

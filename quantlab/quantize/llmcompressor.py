@@ -284,7 +284,7 @@ def _quantize_checkpoint(loaded: LoadedRecipe, model_ref: ResolvedModel, output:
     if compute.changed:
         progress(f"calibrating in {compute.dtype}, exporting {compute.model_dtype}: {compute.reason}")
     t = lap("dtype_choice_s", t)
-    model = _load_model(recipe, model_ref, compute, log_file)
+    model = load_model(recipe, model_ref, compute, log_file)
     t = lap("load_model_s", t)
     plan, modifiers, shims = _modifiers(q)
 
@@ -321,7 +321,7 @@ def _quantize_checkpoint(loaded: LoadedRecipe, model_ref: ResolvedModel, output:
     return result
 
 
-def _load_model(recipe: Recipe, model_ref: ResolvedModel, compute: DtypeChoice, log_file: Path | None) -> Any:
+def load_model(recipe: Recipe, model_ref: ResolvedModel, compute: DtypeChoice, log_file: Path | None) -> Any:
     """The unquantized model, in the dtype calibration runs in (safetensors only)."""
     with engine_busy():
         import torch

@@ -19,6 +19,7 @@ from typing import Any
 from quantlab.core.progress import Progress, step
 from quantlab.core.engine_time import engine_busy
 from quantlab.core.recipe import LoadedRecipe
+from quantlab.models.source import ResolvedModel
 from quantlab.quantize.modifier_plan import scheme_kwargs
 from quantlab.quantize.spec import FP8_SCHEMES, QuantizationSpec
 from quantlab.sensitivity.groups import group_modules
@@ -86,22 +87,21 @@ class _Quantized:
         return self.err / self.norm if self.norm else 0.0
 
 
-def measure(loaded: LoadedRecipe, model_dir: Path, modules: list[str], chunks: list[list[int]],
-            spec: SensitivitySpec, *, progress: Progress) -> dict[str, Any]:
+def measure(loaded: LoadedRecipe, model_ref: ResolvedModel, modules: list[str], chunks: list[list[int]],
+            spec: SensitivitySpec, *, progress: Progress, log_file: Path | None) -> dict[str, Any]:
     """Every group's mean KL, top-1 agreement and weight error, and the same for all
-    groups quantized at once; the cost in wall seconds and forward passes."""
-    from quantlab.quantize.llmcompressor import calibration_dtype
+    groups quantized at once; the cost in wall seconds and forward passes. What
+    transformers prints while loading goes to `log_file` (the caller holds llm-compressor's
+    log there too: `llmcompressor_log`)."""
+    from quantlab.quantize.llmcompressor import calibration_dtype, load_model
 
     t0 = time.perf_counter()
     with engine_busy():
         import torch
-        from transformers import AutoModelForCausalLM
 
-        compute = calibration_dtype(loaded.recipe, model_dir)
+        compute = calibration_dtype(loaded.recipe, model_ref.path)
         device = "cuda" if torch.cuda.is_available() else "cpu"
-        model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=getattr(torch, compute.dtype),
-                                                     trust_remote_code=loaded.recipe.model.trust_remote_code,
-                                                     use_safetensors=True).eval().to(device)
+        model = load_model(loaded.recipe, model_ref, compute, log_file).eval().to(device)
     named = dict(model.named_modules())
     missing = [m for m in modules if m not in named]
     if missing:
@@ -130,8 +130,8 @@ def measure(loaded: LoadedRecipe, model_dir: Path, modules: list[str], chunks: l
                 "weight_rel_error": q.weight_rel_error}
 
     rows = []
-    with step(progress, f"sensitivity: {len(groups)} {spec.granularity} groups, {len(chunks)} x {spec.tokens} tokens",
-              total=len(groups) + 1, unit="groups") as bar:
+    what = f"sensitivity: {len(groups)} {spec.granularity} groups, {len(chunks)} x {spec.tokens} tokens"
+    with step(progress, what, total=len(groups) + 1, unit="groups") as bar:
         for name, parts in groups.items():
             rows.append({"group": name, "modules": parts, **compare(parts)})
             bar.advance()

@@ -47,7 +47,8 @@ def markdown(result: dict[str, Any], top: int | None = None) -> str:
     lines = [f"# Sensitivity: {result['recipe']}", "",
              f"Proxy: {result['proxy']}. Held-out text: {result['texts']} sequences x {result['tokens']} tokens "
              f"({result['text_source']}). All quantized modules at once: mean KL "
-             f"{result['all_quantized']['mean_kl']:.4g}, top-1 agreement {result['all_quantized']['top1_agreement']:.3f}. Cost: {result['wall_s']:.1f} s, "
+             f"{result['all_quantized']['mean_kl']:.4g}, top-1 agreement "
+             f"{result['all_quantized']['top1_agreement']:.3f}. Cost: {result['wall_s']:.1f} s, "
              f"{result['forward_passes']} forward passes, computed in {result['dtype']} on {result['device']}.", "",
              "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in rows:

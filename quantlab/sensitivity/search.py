@@ -128,23 +128,6 @@ def parse_knob(text: str) -> tuple[str, list[Any]]:
     return field, choices
 
 
-def set_field(data: dict[str, Any], dotted: str, value: Any) -> dict[str, Any]:
-    """A copy of `data` with the dotted field set (missing sections made)."""
-    import copy
-
-    out = copy.deepcopy(data)
-    node = out
-    *parents, leaf = dotted.split(".")
-    for key in parents:
-        if node.get(key) is None:
-            node[key] = {}
-        node = node[key]
-        if not isinstance(node, dict):
-            raise ValueError(f"{dotted}: '{key}' is not a section")
-    node[leaf] = value
-    return out
-
-
 def knob_pick(outcomes: list[dict[str, Any]]) -> tuple[int | None, int]:
     """(the first choice in the user's order that passed, or None; the choice to carry on
     with when none did: fewest failed gates, the earlier on a tie)."""

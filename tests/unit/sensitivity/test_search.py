@@ -101,7 +101,7 @@ def test_knobs_parsed_as_ordered_choices():
 
 
 def test_a_knob_sets_its_field_in_a_copy():
-    from quantlab.sensitivity.search import set_field
+    from quantlab.core.recipe import set_field
 
     data = {"quantization": {"method": "gptq", "gptq": None}}
     out = set_field(data, "quantization.gptq.dampening_frac", 0.05)

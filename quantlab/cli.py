@@ -123,8 +123,16 @@ def sensitivity(
                                            "calibration files (held-out rows are read).")],
     granularity: Annotated[str, typer.Option(help="layer: a decoder layer's modules together; module: each "
                                              "alone.")] = "layer",
-    texts: Annotated[int, typer.Option(help="Held-out sequences.")] = 8,
-    tokens: Annotated[int, typer.Option(help="Tokens per sequence.")] = 256,
+    method: Annotated[str, typer.Option(help="alone: each group quantized by itself; restored: the rest "
+                                        "quantized, each group kept (what keeping it buys back).")] = "alone",
+    texts: Annotated[Optional[int], typer.Option(help="Held-out sequences (default 8 of calibration text, 32 "
+                                                 "answers with --answers-from).")] = None,
+    tokens: Annotated[int, typer.Option(help="Tokens per sequence (the most, with --answers-from).")] = 256,
+    answers_from: Annotated[Optional[Path], typer.Option(
+        help="A run folder (runs/<recipe>/<id>/): score KL on the baseline's answers to its evaluation prompts, "
+        "those of the tasks that failed there, instead of on calibration text.")] = None,
+    tasks: Annotated[Optional[str], typer.Option(
+        help="With --answers-from: these tasks' samples (comma-separated) instead of the failed ones.")] = None,
     losses_from: Annotated[Optional[Path], typer.Option(
         help="A checkpoint folder quantlab quantized with GPTQ: its per-module losses join the table.")] = None,
     runs_dir: Annotated[Path, typer.Option(help="Root folder for outputs (sensitivity/<recipe>/<id>/).")] = \
@@ -132,7 +140,8 @@ def sensitivity(
     top: Annotated[int, typer.Option(help="Rows of the table printed here (all are in the JSON).")] = 10,
 ) -> None:
     """Rank the parts of the model by how far quantizing each alone moves it: next-token KL
-    against the unquantized model on held-out text, in-process, no server. Writes
+    against the unquantized model on held-out text (or, with --answers-from, on the baseline's
+    answers to a blocked run's failing prompts), in-process, no server. Writes
     sensitivity.json, sensitivity.md and sensitivity.png; prints the table's top rows."""
     from pydantic import ValidationError
 
@@ -143,7 +152,12 @@ def sensitivity(
 
     with exit_codes():
         try:
-            spec = SensitivitySpec(granularity=granularity, texts=texts, tokens=tokens)
+            if tasks and not answers_from:
+                raise RecipeError("--tasks picks a run's samples: give the run with --answers-from RUN_DIR",
+                                  field="--tasks")
+            spec = SensitivitySpec(granularity=granularity, method=method, texts=texts, tokens=tokens,
+                                   answers_from=str(answers_from) if answers_from else None,
+                                   tasks=[t.strip() for t in tasks.split(",") if t.strip()] if tasks else None)
         except ValidationError as e:
             problems = "; ".join(f"--{'.'.join(map(str, x['loc']))}: {x['msg']}" for x in e.errors())
             raise RecipeError(f"sensitivity options: {problems}") from None

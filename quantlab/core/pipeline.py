@@ -327,14 +327,16 @@ def sensitivity_only(loaded: LoadedRecipe, runs_root: Path, spec: Any, *, losses
     from quantlab.quantize.calibration import held_out_chunks
     from quantlab.quantize.llmcompressor import check_layout, llmcompressor_log
     from quantlab.release.plots import sensitivity_bars
+    from quantlab.sensitivity.answers import run_answers, whole
     from quantlab.sensitivity.measure import PROXY, measure
     from quantlab.sensitivity.ranking import markdown, ranked, with_quantizer_loss
 
     recipe = loaded.recipe
-    if recipe.calibration is None:
+    if recipe.calibration is None and not spec.answers_from:
         raise RecipeError("sensitivity is measured on held-out rows of the recipe's calibration datasets, and "
                           "this recipe has no calibration section: add one (its rows are only read; the recipe's "
-                          "method need not calibrate)", file=str(loaded.path), field="calibration")
+                          "method need not calibrate), or score a run's answers (--answers-from RUN_DIR)",
+                          file=str(loaded.path), field="calibration")
     losses = None
     if losses_from is not None:
         qfile = Path(losses_from) / QUANTIZE_RESULT_FILE
@@ -352,16 +354,22 @@ def sensitivity_only(loaded: LoadedRecipe, runs_root: Path, spec: Any, *, losses
         with llmcompressor_log(log_file):
             _, quantized = check_layout(loaded, model)
             tokenizer = load_tokenizer(model.path, trust_remote_code=recipe.model.trust_remote_code)
-            chunks, source = held_out_chunks(recipe.calibration, loaded.calibration_paths(), tokenizer,
-                                             count=spec.texts, tokens=spec.tokens, seed=spec.seed)
-            measured = measure(loaded, model, [m.name for m in quantized], chunks, spec, progress=progress,
-                               log_file=log_file)
+            if spec.answers_from:
+                sequences, source = run_answers(Path(spec.answers_from), tokenizer, tasks=spec.tasks,
+                                                count=spec.sequences, tokens=spec.tokens)
+            else:
+                chunks, source = held_out_chunks(recipe.calibration, loaded.calibration_paths(), tokenizer,
+                                                 count=spec.sequences, tokens=spec.tokens, seed=spec.seed)
+                sequences = whole(chunks)
+            pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+            measured = measure(loaded, model, [m.name for m in quantized], sequences, spec, pad_id=pad or 0,
+                               progress=progress, log_file=log_file)
     except RecipeError:
         shutil.rmtree(folder, ignore_errors=True)  # bad input, found before any result: leave nothing behind
         raise
     rows = with_quantizer_loss(ranked(measured.pop("groups")), losses)
     result = {"recipe": recipe.name, "recipe_sha256": loaded.content_hash, "model": str(model.path),
-              "proxy": PROXY, "spec": spec.model_dump(mode="json"), "texts": len(chunks), "tokens": spec.tokens,
+              "proxy": PROXY, "spec": spec.model_dump(mode="json"), "texts": len(sequences), "tokens": spec.tokens,
               "text_source": source, "quantizer_loss_from": str(losses_from) if losses else None,
               **measured, "groups": rows}
     write_json_atomic(folder / "sensitivity.json", result)

@@ -5,8 +5,9 @@ The proxy: each group's modules are fake-quantized alone (round-to-nearest in th
 recipe's scheme: weights by llm-compressor's min-max observer and compressed-tensors'
 fake_quantize; int8/FP8 activations per token, as the served kernels do dynamically),
 the held-out sequences run through the model, and the next-token distribution is
-compared with the unquantized model's: mean KL(unquantized || quantized) over every
-position, and how often the top token stays the same. Then the weights are put back.
+compared with the unquantized model's: mean KL(unquantized || quantized) over the scored
+positions (every one of calibration text; only the answer of a run's prompt + baseline
+answer, `answers.py`), and how often the top token stays the same. Then the weights are put back.
 Method-specific corrections (GPTQ's error feedback, AWQ's and SmoothQuant's scales) are
 not simulated: this ranks where a scheme's rounding hurts, which is what they reduce."""
 
@@ -22,6 +23,7 @@ from quantlab.core.recipe import LoadedRecipe
 from quantlab.models.source import ResolvedModel
 from quantlab.quantize.modifier_plan import scheme_kwargs
 from quantlab.quantize.spec import FP8_SCHEMES, QuantizationSpec
+from quantlab.sensitivity.answers import Sequence
 from quantlab.sensitivity.groups import group_modules
 from quantlab.sensitivity.spec import SensitivitySpec
 
@@ -87,12 +89,42 @@ class _Quantized:
         return self.err / self.norm if self.norm else 0.0
 
 
-def measure(loaded: LoadedRecipe, model_ref: ResolvedModel, modules: list[str], chunks: list[list[int]],
-            spec: SensitivitySpec, *, progress: Progress, log_file: Path | None) -> dict[str, Any]:
-    """Every group's mean KL, top-1 agreement and weight error, and the same for all
-    groups quantized at once; the cost in wall seconds and forward passes. What
-    transformers prints while loading goes to `log_file` (the caller holds llm-compressor's
-    log there too: `llmcompressor_log`)."""
+BATCH_TOKENS = 4096  # padded tokens a forward pass holds: bounds the logits' memory, not the result
+
+
+def _batches(sequences: list[Sequence], pad_id: int, device: str) -> list[tuple[Any, Any, Any]]:
+    """(input ids, attention mask, scored-position mask) per batch, padded on the right
+    (a causal model's real positions do not see the padding)."""
+    import torch
+
+    out, i = [], 0
+    while i < len(sequences):
+        width = max(len(s.ids) for s in sequences[i:i + 1])
+        j = i + 1
+        while j < len(sequences) and max(width, len(sequences[j].ids)) * (j + 1 - i) <= BATCH_TOKENS:
+            width = max(width, len(sequences[j].ids))
+            j += 1
+        part = sequences[i:j]
+        ids = torch.full((len(part), width), pad_id, dtype=torch.long)
+        attention = torch.zeros((len(part), width), dtype=torch.long)
+        scored = torch.zeros((len(part), width), dtype=torch.bool)
+        for row, s in enumerate(part):
+            ids[row, :len(s.ids)] = torch.tensor(s.ids)
+            attention[row, :len(s.ids)] = 1
+            scored[row, s.start:s.end] = True
+        out.append((ids.to(device), attention.to(device), scored.to(device)))
+        i = j
+    return out
+
+
+def measure(loaded: LoadedRecipe, model_ref: ResolvedModel, modules: list[str], sequences: list[Sequence],
+            spec: SensitivitySpec, *, pad_id: int, progress: Progress, log_file: Path | None) -> dict[str, Any]:
+    """Every group's mean KL, top-1 agreement and weight error over the sequences' scored
+    positions (with the group quantized alone, or everything but the group: `spec.method`),
+    its score (the KL it causes alone, or the KL keeping it takes away), and the same for all
+    groups quantized at once; the cost in wall seconds and
+    forward passes. What transformers prints while loading goes to `log_file` (the caller
+    holds llm-compressor's log there too: `llmcompressor_log`)."""
     from quantlab.quantize.llmcompressor import calibration_dtype, load_model
 
     t0 = time.perf_counter()
@@ -108,14 +140,19 @@ def measure(loaded: LoadedRecipe, model_ref: ResolvedModel, modules: list[str], 
         raise ValueError(f"modules not in the model: {missing[:5]}")
     weight_args, act_args = _scheme_args(loaded.recipe.quantization)
     groups = group_modules(modules, spec.granularity)
-    ids = torch.tensor(chunks, device=device)
+    batches = _batches(sequences, pad_id, device)
     passes = 0
 
     def run() -> Any:
+        """Log-probabilities at the scored positions, [positions, vocab]."""
         nonlocal passes
         passes += 1
+        parts = []
         with torch.inference_mode(), engine_busy():
-            return torch.log_softmax(model(input_ids=ids).logits.float(), dim=-1)
+            for ids, attention, scored in batches:
+                logits = model(input_ids=ids, attention_mask=attention).logits
+                parts.append(torch.log_softmax(logits[scored].float(), dim=-1))
+        return torch.cat(parts)
 
     reference = run()
     ref_top = reference.argmax(-1)
@@ -130,14 +167,25 @@ def measure(loaded: LoadedRecipe, model_ref: ResolvedModel, modules: list[str], 
                 "weight_rel_error": q.weight_rel_error}
 
     rows = []
-    what = f"sensitivity: {len(groups)} {spec.granularity} groups, {len(chunks)} x {spec.tokens} tokens"
+    what = f"sensitivity ({spec.method}): {len(groups)} {spec.granularity} groups, {len(sequences)} sequences, " \
+        f"{reference.shape[0]} positions scored"
     with step(progress, what, total=len(groups) + 1, unit="groups") as bar:
-        for name, parts in groups.items():
-            rows.append({"group": name, "modules": parts, **compare(parts)})
-            bar.advance()
         together = compare(modules)
         bar.advance()
+        for name, parts in groups.items():
+            if spec.method == "alone":
+                row = compare(parts)
+                score = row["mean_kl"]
+            else:  # the rest quantized, this group kept: what keeping it buys back
+                kept = set(parts)
+                row = compare([m for m in modules if m not in kept])
+                score = together["mean_kl"] - row["mean_kl"]
+                with _Quantized([named[m] for m in parts], weight_args, None) as own:  # its own rounding error
+                    row["weight_rel_error"] = own.weight_rel_error
+            rows.append({"group": name, "modules": parts, **row, "score": score})
+            bar.advance()
     return {"groups": rows, "all_quantized": together, "forward_passes": passes, "dtype": compute.dtype,
+            "scored_positions": int(reference.shape[0]),
             "dtype_reason": compute.reason, "device": device, "wall_s": time.perf_counter() - t0,
             "scheme": loaded.recipe.quantization.scheme,
             "weight_args": weight_args.model_dump(mode="json"),

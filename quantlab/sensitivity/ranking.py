@@ -8,12 +8,16 @@ from __future__ import annotations
 from typing import Any
 
 
+def _score(group: dict[str, Any]) -> float:
+    return group.get("score", group["mean_kl"])  # files from before `method` scored by mean KL
+
+
 def ranked(groups: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Rows sorted by mean KL, most sensitive first, each with its rank and its share of
-    the sum of the groups' KL."""
-    total = sum(g["mean_kl"] for g in groups) or 1.0
-    rows = sorted(groups, key=lambda g: g["mean_kl"], reverse=True)
-    return [{**g, "rank": i, "kl_share": g["mean_kl"] / total} for i, g in enumerate(rows, 1)]
+    """Rows sorted by score (the KL a group causes alone, or the KL keeping it takes away),
+    most sensitive first, each with its rank and its share of the sum of positive scores."""
+    total = sum(max(_score(g), 0.0) for g in groups) or 1.0
+    rows = sorted(groups, key=_score, reverse=True)
+    return [{**g, "rank": i, "kl_share": max(_score(g), 0.0) / total} for i, g in enumerate(rows, 1)]
 
 
 def with_quantizer_loss(rows: list[dict[str, Any]], losses: dict[str, float] | None) -> list[dict[str, Any]]:
@@ -42,17 +46,21 @@ def markdown(result: dict[str, Any], top: int | None = None) -> str:
     """The ranked table with what it was measured on and what it cost."""
     rows = result["groups"][:top] if top else result["groups"]
     has_loss = any(r.get("quantizer_loss") is not None for r in rows)
-    head = ["rank", "group", "modules", "mean KL", "share", "top-1 agree", "weight rel. error"] + \
-        (["quantizer loss"] if has_loss else [])
+    restored = (result.get("spec") or {}).get("method") == "restored"
+    head = ["rank", "group", "modules"] + (["KL taken away", "mean KL kept"] if restored else ["mean KL"]) + \
+        ["share", "top-1 agree", "weight rel. error"] + (["quantizer loss"] if has_loss else [])
+    scored = f", {result['scored_positions']} positions scored" if result.get("scored_positions") else ""
     lines = [f"# Sensitivity: {result['recipe']}", "",
-             f"Proxy: {result['proxy']}. Held-out text: {result['texts']} sequences x {result['tokens']} tokens "
-             f"({result['text_source']}). All quantized modules at once: mean KL "
+             f"Proxy: {result['proxy']}{' (the rest quantized, each group kept in turn)' if restored else ''}. "
+             f"Held-out text: {result['texts']} sequences of up to {result['tokens']} tokens"
+             f"{scored} ({result['text_source']}). All quantized modules at once: mean KL "
              f"{result['all_quantized']['mean_kl']:.4g}, top-1 agreement "
              f"{result['all_quantized']['top1_agreement']:.3f}. Cost: {result['wall_s']:.1f} s, "
              f"{result['forward_passes']} forward passes, computed in {result['dtype']} on {result['device']}.", "",
              "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in rows:
-        cells = [str(r["rank"]), r["group"], str(len(r["modules"])), f"{r['mean_kl']:.4g}", f"{r['kl_share']:.1%}",
+        kl = [f"{_score(r):.4g}", f"{r['mean_kl']:.4g}"] if restored else [f"{r['mean_kl']:.4g}"]
+        cells = [str(r["rank"]), r["group"], str(len(r["modules"])), *kl, f"{r['kl_share']:.1%}",
                  f"{r['top1_agreement']:.3f}", f"{r['weight_rel_error']:.3g}"]
         if has_loss:
             cells.append("-" if r.get("quantizer_loss") is None else f"{r['quantizer_loss']:.4g}")

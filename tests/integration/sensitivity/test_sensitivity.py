@@ -58,3 +58,35 @@ def test_bad_input_exits_2(tmp_path, tiny_model_dir):
     r = sensitivity(write_recipe(tmp_path, tiny_variant("gptq-w4a16", tiny_model_dir)), tmp_path,
                     "--granularity", "block")
     assert r.returncode == 2 and "--granularity" in r.stderr
+
+
+def test_answers_of_a_run_with_each_module_kept_in_turn(tmp_path, outlier_model):
+    """Held-out text from a run's evaluation (the failed task's prompts and the baseline's
+    answers, as the quality stage records them) and the `restored` method: everything else
+    4-bit, each module kept in turn; keeping the broken one takes the most KL away."""
+    run = tmp_path / "blocked-run"
+    (run / "quality" / "baseline").mkdir(parents=True)
+    (run / "run.json").write_text(json.dumps({"stages": {"quality": {"result": {"gates": [
+        {"gate": "min_recovery", "scope": "ql_json_extract", "verdict": "fail"}]}}}}))
+    people = [("Hiro", 31, "Lisbon"), ("Mina", 22, "Nairobi"), ("Olga", 43, "Oslo"), ("Kemi", 44, "Munich")]
+    rows = [{"doc_id": i, "prompt": repr((json.dumps([{"role": "user", "content": f"{n} is {a} and lives in {c}. "
+                                                        "Reply with only a JSON object."}]),)),
+             "raw": json.dumps({"name": n, "age": a, "city": c})} for i, (n, a, c) in enumerate(people)]
+    (run / "quality" / "baseline" / "ql_json_extract.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    data = tiny_variant("gptq-w4a16", outlier_model)
+    data["quantization"] = {"method": "rtn", "scheme": "W4A16", "group_size": 64}
+    data.pop("calibration")  # round-to-nearest, and answers for held-out text: no calibration files read
+    r = subprocess.run([sys.executable, "-m", "quantlab", "sensitivity", write_recipe(tmp_path, data), "--runs-dir",
+                        tmp_path / "runs", "--answers-from", run, "--method", "restored", "--granularity", "module"],
+                       capture_output=True, text=True, cwd=REPO, timeout=600)
+    assert r.returncode == 0, r.stderr[-3000:]
+    result = json.loads(open(r.stdout.strip().splitlines()[-1]).read())
+    assert result["texts"] == 4 and "failed there: ql_json_extract 4" in result["text_source"]
+    assert result["forward_passes"] == 14 + 2 and 0 < result["scored_positions"] < 4 * 64
+    rows = result["groups"]
+    assert rows[0]["group"] == BROKEN, [(x["group"], x["score"]) for x in rows[:4]]
+    assert rows[0]["score"] > 3 * max(rows[1]["score"], 0) and rows[0]["mean_kl"] < result["all_quantized"]["mean_kl"]
+    assert "KL taken away" in r.stderr
+    bad = subprocess.run([sys.executable, "-m", "quantlab", "sensitivity", write_recipe(tmp_path, data), "--runs-dir",
+                          tmp_path / "runs", "--tasks", "ql_chat"], capture_output=True, text=True, cwd=REPO, timeout=120)
+    assert bad.returncode == 2 and "--answers-from" in bad.stderr

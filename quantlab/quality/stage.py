@@ -95,6 +95,18 @@ def _cache_parts(ctx: RunContext, suites: list[Suite], tasks: list[str], plan) -
             "format": 1}
 
 
+def task_limit(spec: QualitySpec, suite: Suite, task: Any) -> int | None:
+    """How many samples a task runs: quality.limit, else the suite task's own limit, never
+    more than it has (None: all of them, count unknown)."""
+    from quantlab.quality.suites import sample_count
+
+    count = sample_count(suite, task.task)
+    want = spec.limit or task.limit
+    if want is None:
+        return count
+    return min(want, count) if count is not None else want
+
+
 def _runnable(suites: list[Suite], max_len: int | None) -> tuple[list[tuple[Suite, Any]], list[str]]:
     run, skipped = [], []
     for s in suites:
@@ -122,6 +134,11 @@ def _evaluate(ctx: RunContext, role: str, work: list[tuple[Suite, Any]], out: Pa
         folders[suite.name] = suite.folder
     total = len(work)
     done = 0
+    picked = dict(samples or {})
+    if samples is None:  # a suite task's own limit where the recipe sets none (a subset of the samples picks itself)
+        for suite, task in work:
+            if task.limit and spec.limit is None:
+                picked[task.task] = list(range(task_limit(spec, suite, task)))
     with step(ctx.progress, f"quality {role}: lm-eval", total=total, unit="tasks", announce=False) as bar:
         for suite_name, by_api in groups.items():
             def progress(line: str, _role=role) -> None:
@@ -135,7 +152,7 @@ def _evaluate(ctx: RunContext, role: str, work: list[tuple[Suite, Any]], out: Pa
                       served_name=server.served_name,
                       tokenizer=str(_tokenizer_dir(ctx, role)), suite_dir=folders[suite_name], out_dir=out,
                       log_path=ctx.run.path / OUT_DIR / f"{role}-lmeval.log", seed=spec.seed,
-                      limit=None if samples is not None else spec.limit, samples=samples,
+                      limit=None if samples is not None else spec.limit, samples=picked or None,
                       num_concurrent=spec.num_concurrent, request_timeout_s=spec.request_timeout_s,
                       max_retries=spec.max_retries, deadline_s=deadline_s or spec.timeout_s,
                       offline=folders[suite_name] is not None,
@@ -445,7 +462,7 @@ def plan(ctx: RunContext) -> list[str]:
         override = spec.task_gates.get(task.task)
         if count is None or task.metric in TRANSFORMS or (override and override.disabled):
             continue
-        sized.append((task, min(count, spec.limit) if spec.limit else count))
+        sized.append((task, task_limit(spec, suite, task)))
     slices: dict[str, int] = {}
     for task, n in sized:
         slices[task.slice] = slices.get(task.slice, 0) + n

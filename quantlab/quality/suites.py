@@ -18,6 +18,7 @@ from pydantic import ValidationError
 from quantlab.core.errors import RecipeError
 from quantlab.core.fsutil import sha256_file
 from quantlab.quality.spec import QualitySpec, SuiteFile, SuiteTask
+from quantlab.quality.standard_suite import BUILD_HINT, LOCK_FILE, verify
 
 SHIPPED = Path(__file__).resolve().parents[2] / "eval_suites"
 SUITE_FILE = "suite.yaml"
@@ -106,6 +107,11 @@ def load_suite(folder: Path) -> Suite:
         first = err.errors()[0]
         raise RecipeError(f"suite file is not valid: {first['msg']}", file=str(path),
                           field=".".join(str(x) for x in first["loc"])) from None
+    if (folder / LOCK_FILE).is_file():  # data built from pinned sources: the files must be those
+        problems = verify(folder)
+        if problems:
+            raise RecipeError(f"suite '{spec.name}': {'; '.join(problems)}. Build it with {BUILD_HINT}",
+                              file=str(folder / LOCK_FILE))
     yamls = _task_yamls(folder)
     task_files = {}
     for i, task in enumerate(spec.tasks):

@@ -1,0 +1,36 @@
+"""The standard suite through the real served endpoint (the session's tiny server, no
+server started here): PIQA runs with the suite's own sample limit, in lm-eval's format;
+GSM8K, longer than the served context, is skipped with a note."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from conftest import validate, write_recipe
+
+pytestmark = pytest.mark.slow
+
+
+def test_standard_tasks_on_the_served_tiny_model(tiny_server, tiny_served_checkpoint, tmp_path):
+    server, _, _ = tiny_server
+    recipe = write_recipe(tmp_path, {
+        "name": "tiny-standard",
+        "model": {"source": str(tiny_served_checkpoint)},
+        "quantization": {"method": "rtn", "scheme": "W4A16", "group_size": 64},
+        "serve": {"mode": "endpoint", "endpoint": server.base_url, "allow_same_endpoint": True},
+        "quality": {"suites": ["standard"], "tasks": ["std_piqa", "std_gsm8k"], "kl": {"enabled": False}},
+        "release": {"policy": {"not_shown": "warn"}},
+    })
+    r = validate(recipe, tiny_served_checkpoint, tmp_path, relative_runs=True)
+    assert r.returncode in (0, 1), r.stderr[-3000:]
+    [run_dir] = (tmp_path / "runs" / "tiny-standard").iterdir()
+    q = json.loads((run_dir / "run.json").read_text())["stages"]["quality"]["result"]
+    [piqa] = q["tasks"]
+    assert piqa["task"] == "std_piqa" and piqa["n"] == 300 and piqa["slice"] == "commonsense"  # the suite's limit
+    assert any(s.startswith("std_gsm8k: needs max_model_len >= 1280, served 512") for s in q["skipped"]), q["skipped"]
+    rows = [json.loads(x) for x in (run_dir / "quality" / "candidate" / "std_piqa.jsonl").read_text().splitlines()]
+    assert len(rows) == 300 and rows[0]["prompt"].startswith("Question: ") and rows[0]["prompt"].endswith("\nAnswer:")
+    assert all(r["metrics"]["acc"] in (0, 1) for r in rows)
+    # same weights on the same server: the two roles answer alike
+    assert piqa["baseline"] == piqa["candidate"]

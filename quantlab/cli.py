@@ -530,6 +530,11 @@ def recipes_check(
                 loaded = load_recipe(f)
                 for i, p in enumerate(loaded.calibration_paths()):
                     read_rows(p, field_path=f"calibration.datasets.{i}.path")
+                if loaded.recipe.quality is not None:
+                    from quantlab.quality.traffic import load_rows
+
+                    for t in loaded.recipe.quality.traffic:  # every row checked, schemas and scorers found
+                        load_rows(loaded.resolve(t.path))
                 notes = []
                 if preflight:
                     from quantlab.core.pipeline import preflight_recipe

@@ -194,6 +194,8 @@ class QualityResult(_Result):
     plots: list[str] = Field(default_factory=list)
     gates: list[GateVerdict] = Field(default_factory=list)
     notes: list[str] = Field(default_factory=list)
+    traffic: list[dict[str, Any]] = Field(default_factory=list, description="Per traffic task: rows, checks "
+                                          "errored, critical rows; unchecked rows' agreement with the baseline.")
 
 
 class StabilityResult(_Result):

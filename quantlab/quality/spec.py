@@ -80,6 +80,17 @@ class SuiteTask(_Strict):
                                       "max_model_len is shorter.")
     limit: int | None = Field(None, ge=1, description="At most this many samples (the first ones) unless the "
                               "recipe sets quality.limit: a benchmark's size for a CPU run.")
+    gated: bool = Field(True, description="false: reported only (a traffic file's rows without a check).")
+
+
+class TrafficFile(_Strict):
+    """One file of the user's own prompts (quality/traffic.py reads it)."""
+
+    path: str = Field(description="JSONL of prompts, relative to the recipe.")
+    name: str | None = Field(None, pattern=r"^[a-z0-9][a-z0-9_]{0,23}$", description="Names its tasks "
+                             "(traffic_<name>_<slice>); default: the file's stem, lower-cased.")
+    max_tokens: int = Field(256, ge=1, le=8192, description="Longest answer generated per row.")
+    scorer_timeout_s: float = Field(10, gt=0, le=600, description="A python check's limit per row.")
 
 
 class SuiteFile(_Strict):
@@ -123,6 +134,9 @@ class QualitySpec(_Strict):
                               "(eval_suites/<name>) or suite folders relative to the recipe.")
     hub_tasks: list[SuiteTask] = Field(default_factory=list, description="Standard lm-eval tasks (gsm8k, mmlu, "
                                        "...) downloaded from the hub: for machines with a network.")
+    traffic: list[TrafficFile] = Field(default_factory=list, description="Your own prompts (JSONL), replayed "
+                                       "on both models: rows with a check gated per slice, a critical row's "
+                                       "regression blocks on its own, the rest compared with the baseline's answers.")
     tasks: list[TaskName] | None = Field(None, description="Run only these tasks of the suites.")
     limit: int | None = Field(None, ge=1, description="At most this many samples per task (the first ones).")
     samples: Literal["all", "auto"] = Field("all", description="all: the candidate answers every sample (up to "

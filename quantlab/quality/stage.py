@@ -34,7 +34,57 @@ def enabled(ctx: RunContext) -> bool:
 
 
 def _suites(ctx: RunContext) -> list[Suite]:
-    return load_suites(ctx.recipe.quality, ctx.loaded.base_dir)
+    suites = load_suites(ctx.recipe.quality, ctx.loaded.base_dir)
+    if ctx.recipe.quality.traffic:
+        suites += _traffic_suites(ctx)
+    return suites
+
+
+def _traffic_suites(ctx: RunContext) -> list[Suite]:
+    """Each traffic file as a generated suite (made once per content, in the cache);
+    chat rows are rendered with the baseline's chat template."""
+    from quantlab.core.layout import cache_dir
+    from quantlab.models.tokenizer import load_tokenizer
+    from quantlab.quality.suites import load_suite
+    from quantlab.quality.traffic import build_suite
+
+    # the baseline model's own tokenizer (known before any serving plan; the candidate must match it)
+    tok = load_tokenizer(ctx.baseline_model().path, trust_remote_code=ctx.recipe.model.trust_remote_code)
+    return [load_suite(build_suite(f, ctx.loaded.resolve(f.path), tok, cache_dir() / "traffic"))
+            for f in ctx.recipe.quality.traffic]
+
+
+def _gated(tasks: list[quality_gates.Paired], work: list[tuple[Suite, Any]]) -> list[quality_gates.Paired]:
+    """The comparisons gates judge (a traffic file's unchecked rows are reported only)."""
+    ungated = {t.task for _, t in work if not t.gated}
+    return [t for t in tasks if t[0].task not in ungated]
+
+
+def _traffic_findings(work: list[tuple[Suite, Any]], base_dir: Path, cand_dir: Path
+                      ) -> tuple[list[dict[str, Any]], list[Any]]:
+    """Traffic tasks: unchecked rows against the baseline's answers, checks that errored,
+    and one gate per critical row."""
+    from quantlab.quality.lmeval import read_samples
+    from quantlab.quality.traffic import compare_unchecked, critical_verdicts
+
+    findings, gates = [], []
+    for suite, task in work:
+        if not task.task.startswith("traffic_") or suite.folder is None:
+            continue
+        b_rows, _ = read_samples(base_dir, task.task)
+        c_rows, _ = read_samples(cand_dir, task.task)
+        if not task.gated:
+            findings.append({"suite": suite.name, **compare_unchecked(task.task, b_rows, c_rows)})
+            continue
+        data = suite.folder / "data" / f"{task.task}.jsonl"
+        docs = [json.loads(line) for line in data.read_text().splitlines() if line.strip()]
+        critical = critical_verdicts(task.task, docs, b_rows, c_rows)
+        gates += critical
+        findings.append({"suite": suite.name, "task": task.task, "n": len(c_rows),
+                         "errored": {"baseline": sum(int((r["metrics"] or {}).get("errored") or 0) for r in b_rows),
+                                     "candidate": sum(int((r["metrics"] or {}).get("errored") or 0) for r in c_rows)},
+                         "critical": [{"scope": v.scope, "verdict": v.verdict, "detail": v.detail} for v in critical]})
+    return findings, gates
 
 
 def inputs(ctx: RunContext) -> dict[str, Any]:
@@ -221,8 +271,10 @@ def run(ctx: RunContext) -> QualityResult:
         seconds["candidate"] = _evaluate(ctx, "candidate", work, cand_dir)
     kl_result = _kl_result(ctx, kl_token_ids, base_dir, cand_dir)
     tasks, flips, lm_eval_version = _compare_tasks(spec, work, base_dir, cand_dir, looks=looks)
-    slices = _pool_slices(spec, tasks, looks=looks)
-    gates = quality_gates.verdicts(spec, tasks, slices, kl_result)
+    slices = _pool_slices(spec, _gated(tasks, work), looks=looks)
+    gates = quality_gates.verdicts(spec, _gated(tasks, work), slices, kl_result)
+    traffic, critical = _traffic_findings(work, base_dir, cand_dir)
+    gates += critical
     write_text_atomic(out / "flips.jsonl", "".join(json.dumps(f, default=str) + "\n" for f in flips))
     ctx.add_artifact(f"{OUT_DIR}/flips.jsonl", "quality-flips")
     raw = []
@@ -239,7 +291,7 @@ def run(ctx: RunContext) -> QualityResult:
         tasks=comparisons, slices=slice_comparisons, kl=kl_result, baseline_cached=bool(cached),
         baseline_cache_key=key, skipped=skipped, seconds=seconds, lm_eval_version=lm_eval_version,
         suites=[{"name": s.name, "folder": str(s.folder) if s.folder else None, "sha256": s.sha256} for s in suites],
-        raw_files=raw, flips_file=f"{OUT_DIR}/flips.jsonl", plots=plots, gates=gates, notes=notes)
+        raw_files=raw, flips_file=f"{OUT_DIR}/flips.jsonl", plots=plots, gates=gates, notes=notes, traffic=traffic)
 
 
 def _kl_token_ids(ctx: RunContext, suites: list[Suite], cand_tok: Path) -> list[list[int]] | None:
@@ -378,6 +430,7 @@ def _evaluate_until_decided(ctx: RunContext, work: list[tuple[Suite, Any]], base
             _append_samples(folder, cand_dir, task)
             answered[task] = plans[task][look]
         tasks, _, _ = _compare_tasks(spec, work, base_dir, cand_dir, looks=looks)
+        tasks = _gated(tasks, work)
         still = undecided_tasks(quality_gates.verdicts(spec, tasks, _pool_slices(spec, tasks, looks=looks), None),
                                 slice_of)
         for task in list(pending):
@@ -460,7 +513,7 @@ def plan(ctx: RunContext) -> list[str]:
     for suite, task in work:
         count = sample_count(suite, task.task)
         override = spec.task_gates.get(task.task)
-        if count is None or task.metric in TRANSFORMS or (override and override.disabled):
+        if count is None or task.metric in TRANSFORMS or (override and override.disabled) or not task.gated:
             continue
         sized.append((task, task_limit(spec, suite, task)))
     slices: dict[str, int] = {}

@@ -90,12 +90,32 @@ def _quality_section(q: QualityResult) -> Section:
                      f"{q.kl.get('texts')} texts: mean {_fmt(q.kl.get('mean'), 3)}, median "
                      f"{_fmt(q.kl.get('median'), 3)}, P99 {_fmt(q.kl.get('p99'), 3)} nats; same top token "
                      f"{_fmt(q.kl.get('same_top_rate'), 3)}")
-    notes += [f"skipped {s}" for s in q.skipped] + q.notes
+    notes += [f"skipped {s}" for s in q.skipped] + q.notes + _traffic_notes(q.traffic)
     secs = ", ".join(f"{k} {v:.0f} s" for k, v in q.seconds.items())
     notes.append(f"lm-eval {q.lm_eval_version}; evaluation time {secs or '-'}"
                  + ("; baseline from cache" if q.baseline_cached else ""))
     return ("Quality", ["task", "slice", "metric", "n", "baseline", "candidate", "difference [CI]", "recovery",
                         "flips", "McNemar p"], rows, notes)
+
+
+def _traffic_notes(traffic: list[dict[str, Any]]) -> list[str]:
+    """Your own traffic: checks that errored, critical rows, unchecked rows' agreement."""
+    notes = []
+    for t in traffic:
+        if "same_rate" in t:
+            notes.append(f"{t['task']}: {t['n']} rows without a check; the candidate's answer is the baseline's "
+                         f"(normalised) in {t['same_rate']:.0%}, mean chrF {t['mean_chrf']:.1f}")
+            for m in t.get("most_changed", [])[:3]:
+                notes.append(f"  most changed, chrF {m['chrf']:.1f}: baseline {m['baseline'][:80]!r} -> "
+                             f"candidate {m['candidate'][:80]!r}")
+        elif "errored" in t:
+            e = t["errored"]
+            if e["baseline"] or e["candidate"]:
+                notes.append(f"{t['task']}: the check errored on {e['baseline']} baseline and {e['candidate']} "
+                             "candidate answers (counted as not passed)")
+            for c in t.get("critical", []):
+                notes.append(f"{c['scope']}: {c['verdict'].upper()}: {c['detail']}")
+    return notes
 
 
 def _stability_section(st: StabilityResult) -> Section:

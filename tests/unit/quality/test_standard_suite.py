@@ -115,7 +115,10 @@ def test_the_prompts_few_shots_and_metrics_are_lm_evals_own():
         assert {k: a[k] for k in ("doc_to_text", "doc_to_choice", "doc_to_target", "output_type")} == \
             {k: b[k] for k in ("doc_to_text", "doc_to_choice", "doc_to_target", "output_type")}
     humaneval = theirs("humaneval/humaneval.yaml")
-    assert ours("std_humaneval")["generation_kwargs"] == humaneval["generation_kwargs"]
+    sent = ours("std_humaneval")["generation_kwargs"]
+    # the server takes 4 stop sequences (OpenAI's limit); the scorer cuts at lm-eval's 5
+    assert sent["until"] == humaneval["generation_kwargs"]["until"][:4]
+    assert {**sent, "until": humaneval["generation_kwargs"]["until"]} == humaneval["generation_kwargs"]
     assert ours("std_humaneval")["doc_to_text"] == humaneval["doc_to_text"]
 
 
@@ -135,6 +138,10 @@ def test_humaneval_runs_in_a_separate_process(scorer):
     sample = problems[::16]  # 11 problems across the set
     assert all(scorer.score_humaneval(p, [p["canonical_solution"]]) == {"pass_at_1": 1} for p in sample)
     assert scorer.score_humaneval(problems[0], ["    return 'not a bool'\n"]) == {"pass_at_1": 0}
+    assert scorer.STOP == theirs("humaneval/humaneval.yaml")["generation_kwargs"]["until"]
+    # what followed the fifth stop sequence (not sent to the server) is cut before running
+    solved = problems[0]["canonical_solution"] + "\nprint(undefined_name)\n"
+    assert scorer.score_humaneval(problems[0], [solved]) == {"pass_at_1": 1}
     scorer_timeout = scorer.HUMANEVAL_TIMEOUT_S
     scorer.HUMANEVAL_TIMEOUT_S = 1
     try:

@@ -46,10 +46,17 @@ def _traffic_suites(ctx: RunContext) -> list[Suite]:
     from quantlab.core.layout import cache_dir
     from quantlab.models.tokenizer import load_tokenizer
     from quantlab.quality.suites import load_suite
-    from quantlab.quality.traffic import build_suite
+    from quantlab.quality.traffic import build_suite, file_name
 
     # the baseline model's own tokenizer (known before any serving plan; the candidate must match it)
     tok = load_tokenizer(ctx.baseline_model().path, trust_remote_code=ctx.recipe.model.trust_remote_code)
+    named: dict[str, str] = {}
+    for i, f in enumerate(ctx.recipe.quality.traffic):
+        name = file_name(f, ctx.loaded.resolve(f.path))
+        if name in named:
+            raise RecipeError(f"quality.traffic: {f.path} and {named[name]} would both name their tasks "
+                              f"traffic_{name}_*; give one a `name`", field=f"quality.traffic.{i}.name")
+        named[name] = f.path
     return [load_suite(build_suite(f, ctx.loaded.resolve(f.path), tok, cache_dir() / "traffic"))
             for f in ctx.recipe.quality.traffic]
 
@@ -69,8 +76,9 @@ def _traffic_findings(work: list[tuple[Suite, Any]], base_dir: Path, cand_dir: P
 
     findings, gates = [], []
     for suite, task in work:
-        if not task.task.startswith("traffic_") or suite.folder is None:
-            continue
+        if not suite.name.startswith("traffic-") or suite.folder is None or \
+                not (suite.folder / "data" / f"{task.task}.jsonl").is_file():
+            continue  # not a generated traffic suite
         b_rows, _ = read_samples(base_dir, task.task)
         c_rows, _ = read_samples(cand_dir, task.task)
         if not task.gated:

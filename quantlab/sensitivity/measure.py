@@ -99,7 +99,7 @@ def _batches(sequences: list[Sequence], pad_id: int, device: str) -> list[tuple[
 
     out, i = [], 0
     while i < len(sequences):
-        width = max(len(s.ids) for s in sequences[i:i + 1])
+        width = len(sequences[i].ids)
         j = i + 1
         while j < len(sequences) and max(width, len(sequences[j].ids)) * (j + 1 - i) <= BATCH_TOKENS:
             width = max(width, len(sequences[j].ids))

@@ -6,9 +6,11 @@ compared with the baseline's answers, and a critical row that flips and blocks."
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 
 import pytest
-from conftest import validate, write_recipe
+from conftest import REPO, validate, write_recipe
 
 pytestmark = pytest.mark.slow
 
@@ -88,9 +90,6 @@ def test_traffic_replay_blocks_on_a_critical_row(tiny_server, tiny_served_checkp
     report = (run_dir / "report.md").read_text()
     assert "traffic_rows_scored:vip: FAIL" in report and "the check errored on 2 baseline" in report
     # recipes check reads every row too
-    from conftest import REPO
-    import subprocess
-    import sys
     (folder / "rows.jsonl").write_text(json.dumps({"id": "x"}) + "\n")
     check = subprocess.run([sys.executable, "-m", "quantlab", "recipes", "check", recipe], capture_output=True,
                            text=True, cwd=REPO, timeout=120)

@@ -12,6 +12,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -19,6 +20,7 @@ from typing import Any
 
 from quantlab.core.engine_time import engine_busy
 from quantlab.core.errors import EngineError
+from quantlab.core.together import Stopped
 
 PROGRESS = "QUANTLAB-EVAL "  # prefix of the child's progress lines on stdout
 FAILED_FILE = "failed.json"
@@ -116,10 +118,11 @@ def run_tasks(*, tasks: list[str], chat_tasks: list[str] | None = None, base_url
               tokenizer: str | None, suite_dir: Path | None, out_dir: Path, log_path: Path, seed: int,
               limit: int | None, num_concurrent: int, samples: dict[str, list[int]] | None = None, request_timeout_s: float, max_retries: int,
               deadline_s: float, offline: bool, trust_remote_code: bool, progress: Callable[[str], None],
-              is_alive: Callable[[], bool] = lambda: True) -> None:
+              is_alive: Callable[[], bool] = lambda: True, stop: threading.Event | None = None) -> None:
     """Run `tasks` (completions API) then `chat_tasks` (chat completions API, the model's
     chat template) against a served model, in one lm-eval process; per-task sample files
-    land in out_dir."""
+    land in out_dir. `stop` set (another role's evaluation failed, the run was
+    interrupted): the child is killed within a second and `Stopped` raised."""
     # the child runs in the suite folder (task YAML name their data relative to it): absolute paths only
     out_dir, log_path = Path(out_dir).resolve(), Path(log_path).resolve()
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -151,7 +154,7 @@ def run_tasks(*, tasks: list[str], chat_tasks: list[str] | None = None, base_url
                                 cwd=suite_dir or out_dir, env=env, stdout=subprocess.PIPE, stderr=log, text=True,
                                 start_new_session=True)
         try:
-            _follow(proc, log, started, deadline_s, progress, is_alive)
+            _follow(proc, log, started, deadline_s, progress, is_alive, stop)
         finally:
             if proc.poll() is None:
                 os.killpg(proc.pid, signal.SIGKILL)
@@ -167,12 +170,14 @@ def run_tasks(*, tasks: list[str], chat_tasks: list[str] | None = None, base_url
                           f"({served_name}). Last lines of {log_path}:\n{tail}")
 
 
-def _follow(proc, log, started: float, deadline_s: float, progress, is_alive) -> None:
+def _follow(proc, log, started: float, deadline_s: float, progress, is_alive, stop) -> None:
     import selectors
 
     sel = selectors.DefaultSelector()
     sel.register(proc.stdout, selectors.EVENT_READ)
     while True:
+        if stop is not None and stop.is_set():
+            raise Stopped("lm-eval stopped: the other role's evaluation failed or the run was interrupted")
         if time.monotonic() - started > deadline_s:
             raise EngineError(f"lm-eval did not finish within its deadline of {deadline_s:g} s "
                               "(quality.timeout_s); raise it or lower quality.limit")

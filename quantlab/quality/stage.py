@@ -7,13 +7,16 @@ from __future__ import annotations
 
 import json
 import shutil
+import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from quantlab.core import result_cache
 from quantlab.core.context import RunContext
 from quantlab.core.errors import CheckError, EngineError, RecipeError
+from quantlab.core.together import run_together
 from quantlab.quality.suites import Suite, load_suites
 from quantlab.core.fsutil import write_json_atomic, write_text_atomic
 from quantlab.core.progress import step
@@ -177,9 +180,10 @@ def _runnable(suites: list[Suite], max_len: int | None) -> tuple[list[tuple[Suit
 
 
 def _evaluate(ctx: RunContext, role: str, work: list[tuple[Suite, Any]], out: Path, *,
-              samples: dict[str, list[int]] | None = None, deadline_s: float | None = None) -> float:
+              samples: dict[str, list[int]] | None = None, deadline_s: float | None = None,
+              stop: threading.Event | None = None) -> float:
     """`work` through lm-eval against one role's server; `samples` picks doc indices per
-    task instead of the first `quality.limit`."""
+    task instead of the first `quality.limit`; `stop`: give up (see core.together)."""
     from quantlab.quality.lmeval import run_tasks
 
     spec: QualitySpec = ctx.recipe.quality
@@ -215,12 +219,18 @@ def _evaluate(ctx: RunContext, role: str, work: list[tuple[Suite, Any]], out: Pa
                       max_retries=spec.max_retries, deadline_s=deadline_s or spec.timeout_s,
                       offline=folders[suite_name] is not None,
                       trust_remote_code=ctx.recipe.model.trust_remote_code, progress=progress,
-                      is_alive=lambda s=server: s.proc is None or s.proc.poll() is None)
+                      is_alive=lambda s=server: s.proc is None or s.proc.poll() is None, stop=stop)
             try:
                 server.ensure_alive(f"during quality tasks {', '.join(tasks)}")
             except EngineError as err:
                 raise EngineError(f"{err}\nlm-eval log: {ctx.run.path / OUT_DIR / f'{role}-lmeval.log'}") from None
     return time.monotonic() - started
+
+
+def _both_servers_up(ctx: RunContext) -> bool:
+    """Baseline and candidate may be asked at the same time: served side by side, and
+    quality.concurrent_roles not turned off."""
+    return ctx.recipe.serve.side_by_side and ctx.recipe.quality.concurrent_roles
 
 
 def _kl_texts(ctx: RunContext, suites: list[Suite]) -> Path | None:
@@ -269,14 +279,22 @@ def run(ctx: RunContext) -> QualityResult:
     kl_token_ids = _kl_token_ids(ctx, suites, cand_tok)
     base_dir, cand_dir = out / "baseline", out / "candidate"
     seconds: dict[str, float] = {}
-    cached, key = _baseline(ctx, suites, work, kl_token_ids, base_dir, seconds)
     cand_dir.mkdir(parents=True, exist_ok=True)
+    # evaluate-until-decided reads the baseline's answers before each look: it waits for them
+    alongside = None
+    if spec.samples == "all" and _both_servers_up(ctx):
+        ctx.engine("baseline"), ctx.engine("candidate")  # both got here, not from two threads at once
+        alongside = lambda stop: _evaluate(ctx, "candidate", work, cand_dir, stop=stop)  # noqa: E731
+    cached, key = _baseline(ctx, suites, work, kl_token_ids, base_dir, seconds, alongside)
     notes: list[str] = []
     looks: dict[str, int] = {}
     if spec.samples == "auto":
         seconds["candidate"], looks = _evaluate_until_decided(ctx, work, base_dir, cand_dir, notes)
-    else:
+    elif "candidate" not in seconds:
         seconds["candidate"] = _evaluate(ctx, "candidate", work, cand_dir)
+    else:
+        notes.append(f"baseline and candidate were evaluated at the same time (both servers up): "
+                     f"{seconds['baseline']:.0f} s and {seconds['candidate']:.0f} s overlap")
     kl_result = _kl_result(ctx, kl_token_ids, base_dir, cand_dir)
     tasks, flips, lm_eval_version = _compare_tasks(spec, work, base_dir, cand_dir, looks=looks)
     slices = _pool_slices(spec, _gated(tasks, work), looks=looks)
@@ -316,9 +334,12 @@ def _kl_token_ids(ctx: RunContext, suites: list[Suite], cand_tok: Path) -> list[
 
 
 def _baseline(ctx: RunContext, suites: list[Suite], work: list[tuple[Suite, Any]], kl_token_ids, base_dir: Path,
-              seconds: dict[str, float]) -> tuple[Path | None, str]:
+              seconds: dict[str, float], alongside: Callable[[threading.Event], float] | None = None
+              ) -> tuple[Path | None, str]:
     """The baseline's samples in base_dir: copied from the cache, or evaluated (and cached).
-    Returns (the cache folder used or None, the cache key)."""
+    `alongside` (the candidate's evaluation, both servers up): run at the same time as an
+    evaluated baseline, its seconds kept as seconds["candidate"]; not run when the baseline
+    is cached. Returns (the cache folder used or None, the cache key)."""
     spec: QualitySpec = ctx.recipe.quality
     plan = ctx.serving_plan()
     parts = _cache_parts(ctx, suites, [t.task for _, t in work], plan)
@@ -330,7 +351,13 @@ def _baseline(ctx: RunContext, suites: list[Suite], work: list[tuple[Suite, Any]
         shutil.copytree(cached, base_dir, dirs_exist_ok=True, ignore=shutil.ignore_patterns(result_cache.COMPLETE))
         return cached, key
     base_dir.mkdir(parents=True, exist_ok=True)
-    seconds["baseline"] = _evaluate(ctx, "baseline", work, base_dir)
+    if alongside is None:
+        seconds["baseline"] = _evaluate(ctx, "baseline", work, base_dir)
+    else:
+        ctx.progress("quality: baseline and candidate evaluated at the same time (both servers are up)")
+        done = run_together({"baseline": lambda stop: _evaluate(ctx, "baseline", work, base_dir, stop=stop),
+                             "candidate": alongside})
+        seconds.update(done)
     if kl_token_ids is not None:
         _kl_dists(ctx, "baseline", kl_token_ids, base_dir)
     if spec.baseline_cache:  # stored now: a candidate that fails later does not cost the baseline's work

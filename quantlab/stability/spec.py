@@ -74,6 +74,8 @@ class StabilitySpec(_Strict):
     bad_requests: bool = True
     soak: Soak | None = Field(default_factory=Soak)
     gates: StabilityGates = Field(default_factory=StabilityGates)
+    concurrent_roles: bool = Field(True, description="With serve.side_by_side, probe the baseline and the "
+                                   "candidate at the same time. false: one after the other.")
     baseline_cache: bool = Field(True, description="Reuse the baseline's probe results from an earlier run with "
                                  "the same baseline weights, probe settings, engine, arguments and hardware.")
     fallback: str = Field("baseline", description="What serves if the candidate is blocked: 'baseline', or the "

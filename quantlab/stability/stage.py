@@ -19,6 +19,7 @@ from quantlab.core.fsutil import sha256_file, write_text_atomic
 from quantlab.core.progress import step
 from quantlab.core.result_cache import STABILITY, cache_key, lookup, lookup_parts, store
 from quantlab.core.results import PerfResult, StabilityResult
+from quantlab.core.together import run_together
 from quantlab.stability import gates as stability_gates
 from quantlab.stability.spec import StabilitySpec
 from quantlab.serving import stage as serve_stage
@@ -45,7 +46,7 @@ def _cache_parts(ctx: RunContext, tokenizer_dir: Path, max_len: int | None) -> d
     plan = ctx.serving_plan()
     tok_files = {p.name: sha256_file(p) for p in sorted(tokenizer_dir.glob("tokenizer*")) if p.is_file()}
     return {"baseline": ctx.baseline_identity(),
-            "probes": spec.model_dump(mode="json", exclude={"gates", "fallback", "baseline_cache"}),
+            "probes": spec.model_dump(mode="json", exclude={"gates", "fallback", "baseline_cache", "concurrent_roles"}),
             "prompts": {"texts": sha256_file(PROMPT_TEXTS), "tokens": PROMPT_TOKENS, "tokenizer": tok_files},
             "max_model_len": max_len, "engine": (plan.probe.get("versions") or {}).get("vllm"),
             "engine_args": plan.engine_args, "device": plan.device,
@@ -212,12 +213,17 @@ def run(ctx: RunContext) -> StabilityResult:
     key = cache_key(parts)
     cached = lookup(STABILITY, key) if spec.baseline_cache else None
     stab: dict[str, dict[str, Any]] = {}
+    if not cached and spec.concurrent_roles and ctx.recipe.serve.side_by_side:
+        ctx.engine("baseline"), ctx.engine("candidate")  # both got here, not from two threads at once
+        ctx.progress("stability: baseline and candidate probed at the same time (both servers are up)")
+        stab = run_together({role: lambda _stop, r=role: _run_role(ctx, r, spec, prompts, pool, max_len, len(tok))
+                             for role in ROLES})
     for role in ROLES:
         rel = f"{OUT_DIR}/{role}.json"
         if role == "baseline" and cached:
             ctx.progress(f"stability baseline: reusing cached results ({key[:12]})")
             stab[role] = json.loads((cached / "baseline.json").read_text())
-        else:
+        elif role not in stab:
             stab[role] = _run_role(ctx, role, spec, prompts, pool, max_len, len(tok))
         write_text_atomic(ctx.run.path / rel, json.dumps(stab[role], indent=1, default=str))
         ctx.add_artifact(rel, f"stability-{role}")

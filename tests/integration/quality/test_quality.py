@@ -23,7 +23,8 @@ def self_check_recipe(tmp_path, server, model_dir):
         "name": "tiny-self-check",
         "model": {"source": str(model_dir)},
         "quantization": {"method": "rtn", "scheme": "W4A16", "group_size": 64},
-        "serve": {"mode": "endpoint", "endpoint": server.base_url, "allow_same_endpoint": True},
+        # side by side: both roles are up, so baseline and candidate are evaluated at the same time
+        "serve": {"mode": "endpoint", "endpoint": server.base_url, "allow_same_endpoint": True, "side_by_side": True},
         "quality": {"tasks": TASKS, "limit": 20, "kl": {"max_texts": 4, "max_tokens": 64, "max_mean_kl": 0.001,
                                                          "min_same_top_rate": 0.99}},
     })
@@ -62,6 +63,7 @@ def test_self_validation_fails_no_gate_shows_what_it_cannot_then_reuses_the_cach
     # the logprob requests go one at a time: the same server gives the same distributions
     assert q["kl"]["mean"] <= 1e-6 and q["kl"]["same_top_rate"] == 1.0 and q["kl"]["tokens"] > 100
     assert not q["baseline_cached"] and set(q["seconds"]) == {"baseline", "candidate"}
+    assert any("evaluated at the same time" in n for n in q["notes"])
     for task in TASKS:  # real per-sample output from lm-eval, for both roles
         rows = [json.loads(x) for x in (run_dir / "quality" / "candidate" / f"{task}.jsonl").read_text().splitlines()]
         assert len(rows) == 20 and all(r["prompt_hash"] and r["metrics"] for r in rows)

@@ -74,7 +74,8 @@ def test_stability_stage_self_check_through_validate(tiny_server, tiny_served_ch
         "name": "tiny-stability",
         "model": {"source": str(tiny_served_checkpoint)},
         "quantization": {"method": "rtn", "scheme": "W4A16", "group_size": 64},
-        "serve": {"mode": "endpoint", "endpoint": server.base_url, "allow_same_endpoint": True},
+        # side by side: both roles are up, so they are probed at the same time
+        "serve": {"mode": "endpoint", "endpoint": server.base_url, "allow_same_endpoint": True, "side_by_side": True},
         "stability": {"prompts": 4, "max_tokens": 8, "batch": {"concurrency": [4]},
                       "determinism": {"repeats": 2}, "soak": {"requests": 16, "concurrency": 4, "max_tokens": 8}},
         # an endpoint's memory is not visible from here: its growth gate cannot decide, and only warns
@@ -89,7 +90,7 @@ def test_stability_stage_self_check_through_validate(tiny_server, tiny_served_ch
 
     r, run_dir, record = validated(recipe)
     st = record["stages"]["stability"]["result"]
-    assert not st["baseline_cached"]
+    assert not st["baseline_cached"] and "probed at the same time" in r.stdout + r.stderr
     verdicts = {g["gate"]: g["verdict"] for g in st["gates"]}
     assert verdicts.pop("max_rss_growth_mb") == "inconclusive"  # an endpoint's memory is not visible
     assert set(verdicts.values()) == {"pass"} and len(verdicts) == 5

@@ -2,7 +2,14 @@
 
 from __future__ import annotations
 
-from quantlab.quality.lmeval import MAX_PROMPT_CHARS, compact_sample
+import threading
+import time
+
+import pytest
+
+from quantlab.core.together import Stopped
+from quantlab.quality.lmeval import MAX_PROMPT_CHARS, compact_sample, run_tasks
+from quantlab.serving.vllm_server import free_port
 
 
 def test_multiple_choice_answer_is_the_most_likely_choice():
@@ -27,3 +34,17 @@ def test_generation_keeps_the_filtered_and_the_raw_answer_and_cuts_long_prompts(
          "resps": [[" 12 apples"]], "filtered_resps": ["12"], "metrics": ["exact_match"], "exact_match": 1.0}
     row = compact_sample(s)
     assert row["answer"] == "12" and row["raw"] == " 12 apples" and len(row["prompt"]) == MAX_PROMPT_CHARS
+
+
+def test_a_stop_kills_the_lm_eval_child_within_seconds(tmp_path):
+    """The other role's evaluation failed: this one's child is killed, `Stopped` raised,
+    without waiting for lm-eval (nothing listens on the URL; it would retry for minutes)."""
+    stop = threading.Event()
+    threading.Timer(1.0, stop.set).start()
+    started = time.monotonic()
+    with pytest.raises(Stopped):
+        run_tasks(tasks=["ql_lastword"], base_url=f"http://127.0.0.1:{free_port()}", served_name="m",
+                  tokenizer=None, suite_dir=None, out_dir=tmp_path / "out", log_path=tmp_path / "lmeval.log",
+                  seed=0, limit=1, num_concurrent=1, request_timeout_s=60, max_retries=3, deadline_s=600,
+                  offline=True, trust_remote_code=False, progress=lambda line: None, stop=stop)
+    assert time.monotonic() - started < 10

@@ -56,8 +56,8 @@ def main() -> int:
     chat = [t.task for t in suite.tasks if t.task in names and t.api == "chat"]
     plain = [n for n in names if n not in chat]
     spec = ServeSpec(engine_args={"max_model_len": 2048}, startup_timeout_s=900, side_by_side=True)
-    plan = plan_serving(spec, [EngineTarget("baseline", model, "baseline"), EngineTarget("candidate", model, "candidate")],
-                        dtype="bfloat16", probe=probe_for(spec))
+    targets = [EngineTarget(role, model, role) for role in ("baseline", "candidate")]
+    plan = plan_serving(spec, targets, dtype="bfloat16", probe=probe_for(spec))
     quiet = lambda m: None  # noqa: E731
     times: dict[str, list[float]] = {"one after the other": [], "at the same time": []}
     with tempfile.TemporaryDirectory(prefix="quantlab-roles-") as tmp:

@@ -116,7 +116,8 @@ def _child(spec_path: str) -> int:
 
 def run_tasks(*, tasks: list[str], chat_tasks: list[str] | None = None, base_url: str, served_name: str,
               tokenizer: str | None, suite_dir: Path | None, out_dir: Path, log_path: Path, seed: int,
-              limit: int | None, num_concurrent: int, samples: dict[str, list[int]] | None = None, request_timeout_s: float, max_retries: int,
+              limit: int | None, num_concurrent: int, samples: dict[str, list[int]] | None = None,
+              request_timeout_s: float, max_retries: int,
               deadline_s: float, offline: bool, trust_remote_code: bool, progress: Callable[[str], None],
               is_alive: Callable[[], bool] = lambda: True, stop: threading.Event | None = None) -> None:
     """Run `tasks` (completions API) then `chat_tasks` (chat completions API, the model's

@@ -1,13 +1,15 @@
 #!/usr/bin/env python3
 """Quality evaluation of two servers one after the other vs at the same time.
 
-Serves the default model twice (bf16, max_model_len 2048, quantlab's compile cache), one
+Serves the default model twice (bf16 unless --dtype, max_model_len 2048, quantlab's
+compile cache; QUANTLAB_EMULATE_CPU=avx2 for the AVX2-only kind, with --dtype float32), one
 untimed evaluation first (so both orders meet a warm server), then alternates the two
 ways `--repeats` times: lm-eval over default-suite tasks against each server in turn,
 and against both at once (what `quality.concurrent_roles` does with serve.side_by_side).
 Prints the wall time per way, medians and their ratio.
 
 Usage: .venv/bin/python scripts/bench_concurrent_roles.py [--tasks a,b] [--limit 30] [--repeats 2]
+                                                        [--dtype float32]
 """
 
 from __future__ import annotations
@@ -40,6 +42,7 @@ def main() -> int:
     ap.add_argument("--tasks", default=TASKS)
     ap.add_argument("--limit", type=int, default=30)
     ap.add_argument("--repeats", type=int, default=2)
+    ap.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32"])
     args = ap.parse_args()
     sys.path.insert(0, str(REPO))
     from quantlab.core.together import run_together
@@ -57,7 +60,7 @@ def main() -> int:
     plain = [n for n in names if n not in chat]
     spec = ServeSpec(engine_args={"max_model_len": 2048}, startup_timeout_s=900, side_by_side=True)
     targets = [EngineTarget(role, model, role) for role in ("baseline", "candidate")]
-    plan = plan_serving(spec, targets, dtype="bfloat16", probe=probe_for(spec))
+    plan = plan_serving(spec, targets, dtype=args.dtype, probe=probe_for(spec))
     quiet = lambda m: None  # noqa: E731
     times: dict[str, list[float]] = {"one after the other": [], "at the same time": []}
     with tempfile.TemporaryDirectory(prefix="quantlab-roles-") as tmp:
@@ -83,7 +86,8 @@ def main() -> int:
             for s in servers:
                 s.stop()
     seq, par = (statistics.median(v) for v in times.values())
-    print(f"default model bf16 x 2 servers, tasks {','.join(names)}, {args.limit} samples each, {args.repeats} repeats")
+    print(f"default model {args.dtype} x 2 servers, tasks {','.join(names)}, {args.limit} samples each, "
+          f"{args.repeats} repeats")
     for label, values in times.items():
         print(f"  {label:<20} median {statistics.median(values):6.1f} s  ({', '.join(f'{v:.1f}' for v in values)})")
     print(f"  one after the other / at the same time: {seq / par:.2f}x")

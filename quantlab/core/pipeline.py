@@ -389,18 +389,20 @@ def preflight_recipe(loaded: LoadedRecipe, *, progress: Progress) -> list[str]:
     """`quantlab recipes check --preflight`: the recipe against the model's layer layout
     and, where the serving environment is installed, the scheme it will export against
     the serving rules. Returns notes on what was not checked."""
-    from quantlab.quantize.llmcompressor import check_layout
+    from quantlab.quantize.llmcompressor import check_layout, engine_quiet
     from quantlab.models.source import resolve_recipe_model
 
     baseline = resolve_recipe_model(loaded, progress=progress)
-    check_layout(loaded, baseline)
+    with engine_quiet() as engine_said:  # no run folder to log into: its warnings become notes
+        check_layout(loaded, baseline)
+    notes = [f"llm-compressor: {w}" for w in engine_said]
     try:
         plan = plan_predicted_serving(loaded, baseline.path)
     except EngineError as e:  # e.g. no serving environment on a quantize-only machine
-        return [f"serving compatibility not checked: {e}"]
+        return notes + [f"serving compatibility not checked: {e}"]
     if plan is None:
-        return ["a raw recipe's scheme is known only after quantizing: serving compatibility not checked"]
-    return plan.compat["candidate"].warnings + plan.compat["candidate"].notes
+        return notes + ["a raw recipe's scheme is known only after quantizing: serving compatibility not checked"]
+    return notes + plan.compat["candidate"].warnings + plan.compat["candidate"].notes
 
 
 def plan_predicted_serving(loaded: LoadedRecipe, baseline_dir: Path):

@@ -121,6 +121,23 @@ def output_to_file(log_file: Path | None) -> Iterator[None]:
 
 
 @contextlib.contextmanager
+def engine_quiet() -> Iterator[list[str]]:
+    """llm-compressor kept off the terminal where there is no run folder to log into (a
+    recipe check): its console sink removed for the block, its warnings collected, each
+    once, for the caller to show as notes."""
+    with output_to_file(Path(os.devnull)):  # importing llm-compressor already logs (device warnings)
+        from llmcompressor.logger import LoggerConfig, configure_logger
+    configure_logger(LoggerConfig(console_log_level=None))
+    unique: list[str] = []
+    try:
+        with engine_warnings() as found:
+            yield unique
+    finally:
+        configure_logger(LoggerConfig())
+        unique.extend(dict.fromkeys(found))
+
+
+@contextlib.contextmanager
 def llmcompressor_log(log_file: Path | None) -> Iterator[None]:
     """llm-compressor's loguru lines (one per module, on stdout) into `log_file` for the
     whole quantize step; its default console logging is restored afterwards."""

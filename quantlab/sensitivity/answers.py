@@ -17,9 +17,9 @@ from typing import Any
 
 from quantlab.core.errors import RecipeError
 from quantlab.core.run import RECORD_FILE
+from quantlab.quality.sample_format import MAX_PROMPT_CHARS
 
 SAMPLES_DIR = Path("quality") / "baseline"
-MAX_PROMPT_CHARS = 4000  # what the quality stage keeps of a prompt: one this long may be cut
 
 
 @dataclass(frozen=True)

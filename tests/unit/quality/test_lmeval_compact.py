@@ -8,7 +8,8 @@ import time
 import pytest
 
 from quantlab.core.together import Stopped
-from quantlab.quality.lmeval import MAX_PROMPT_CHARS, compact_sample, run_tasks
+from quantlab.quality.lmeval import run_tasks
+from quantlab.quality.sample_format import MAX_PROMPT_CHARS, compact_sample
 from quantlab.serving.vllm_server import free_port
 
 

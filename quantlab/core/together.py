@@ -5,8 +5,9 @@ it, and so does an interruption of the caller (Ctrl-C, SIGTERM), so a job that p
 (an lm-eval child) ends within seconds instead of finishing work nobody will read. The
 caller gets the first failure as it was raised; a job's `Stopped` is never the cause.
 
-Measured on the 2-core Intel Xeon with AMX (default model, bf16, four default-suite
-tasks x 30 samples on each of two servers): one after the other 112.6 s, at once 80.0 s.
+Measured on the 2-core Intel Xeon with AMX (scripts/bench_concurrent_roles.py: default
+model bf16, four default-suite tasks x 30 samples on each of two servers): one after the
+other 91.3 s, at once 70.7 s (1.29x).
 The engine is not the only thing at work: lm-eval's client and vLLM's front-end take a
 good part of the other core, which is why two at once beat one after the other.
 """

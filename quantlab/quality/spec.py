@@ -150,7 +150,7 @@ class QualitySpec(_Strict):
     num_concurrent: int = Field(8, ge=1, le=256, description="Requests lm-eval keeps in flight.")
     concurrent_roles: bool = Field(True, description="With serve.side_by_side, evaluate the baseline and the "
                                    "candidate at the same time (each with num_concurrent requests in flight); "
-                                   "1.4x faster on a 2-core CPU. false: one after the other.")
+                                   "1.29x faster on a 2-core CPU. false: one after the other.")
     request_timeout_s: float = Field(300, gt=0, le=3600)
     max_retries: int = Field(3, ge=0, le=10, description="Retries of a failed request before the task fails.")
     timeout_s: float = Field(3600, gt=0, description="Deadline for one model's whole evaluation.")

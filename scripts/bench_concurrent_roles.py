@@ -9,7 +9,7 @@ and against both at once (what `quality.concurrent_roles` does with serve.side_b
 Prints the wall time per way, medians and their ratio.
 
 Usage: .venv/bin/python scripts/bench_concurrent_roles.py [--tasks a,b] [--limit 30] [--repeats 2]
-                                                        [--dtype float32]
+                                                        [--dtype float32] [--split-cores]
 """
 
 from __future__ import annotations
@@ -43,6 +43,8 @@ def main() -> int:
     ap.add_argument("--limit", type=int, default=30)
     ap.add_argument("--repeats", type=int, default=2)
     ap.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32"])
+    ap.add_argument("--split-cores", action="store_true", help="bind the baseline's engine threads to "
+                    "core 0 and the candidate's to core 1 (VLLM_CPU_OMP_THREADS_BIND) instead of vLLM's binding")
     args = ap.parse_args()
     sys.path.insert(0, str(REPO))
     from quantlab.core.together import run_together
@@ -65,6 +67,9 @@ def main() -> int:
     times: dict[str, list[float]] = {"one after the other": [], "at the same time": []}
     with tempfile.TemporaryDirectory(prefix="quantlab-roles-") as tmp:
         servers = [prepare_engine(plan, role, log_dir=Path(tmp), progress=quiet) for role in ("baseline", "candidate")]
+        if args.split_cores:
+            for core, s in enumerate(servers):
+                s.plan.env["VLLM_CPU_OMP_THREADS_BIND"] = str(core)
         try:
             start_together(servers, quiet)
             for s in servers:  # untimed: the first requests of a fresh server pay its warm-up
@@ -86,7 +91,8 @@ def main() -> int:
             for s in servers:
                 s.stop()
     seq, par = (statistics.median(v) for v in times.values())
-    print(f"default model {args.dtype} x 2 servers, tasks {','.join(names)}, {args.limit} samples each, "
+    where = " on cores 0 and 1" if args.split_cores else ""
+    print(f"default model {args.dtype} x 2 servers{where}, tasks {','.join(names)}, {args.limit} samples each, "
           f"{args.repeats} repeats")
     for label, values in times.items():
         print(f"  {label:<20} median {statistics.median(values):6.1f} s  ({', '.join(f'{v:.1f}' for v in values)})")

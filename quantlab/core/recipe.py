@@ -11,6 +11,8 @@ from __future__ import annotations
 import difflib
 import hashlib
 import json
+import os
+import re
 from pathlib import Path
 from typing import Any, Literal
 
@@ -92,6 +94,7 @@ class LoadedRecipe(BaseModel):
 
     recipe: Recipe
     path: Path
+    extends: tuple[Path, ...] = ()  # the files it builds on, nearest first (`extends:`)
 
     @property
     def base_dir(self) -> Path:
@@ -204,6 +207,76 @@ def parse_recipe(data: Any, *, file: str = "<recipe>") -> Recipe:
         raise _format_validation_error(err, file) from None
 
 
+EXTENDS = "extends"
+MAX_EXTENDS_DEPTH = 8
+
+
+def rebased(data: Any, from_dir: Path, to_dir: Path) -> Any:
+    """A recipe's data with every relative path that exists from its old folder rewritten
+    relative to its new one, so the moved recipe reads the same files."""
+    if isinstance(data, dict):
+        return {k: rebased(v, from_dir, to_dir) for k, v in data.items()}
+    if isinstance(data, list):
+        return [rebased(v, from_dir, to_dir) for v in data]
+    if isinstance(data, str) and data and not os.path.isabs(data) and not re.match(r"^[a-z]+://", data) \
+            and ("/" in data or "." in data) and (Path(from_dir) / data).exists():
+        return os.path.relpath((Path(from_dir) / data).resolve(), Path(to_dir).resolve())
+    return data
+
+
+def merged(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
+    """`over` laid on `base`: mappings merge key by key, anything else (a list, a value,
+    null) replaces what the base had."""
+    out = dict(base)
+    for key, value in over.items():
+        out[key] = merged(base[key], value) if isinstance(value, dict) and isinstance(base.get(key), dict) else value
+    return out
+
+
+def _read_yaml(p: Path) -> Any:
+    try:
+        return yaml.safe_load(p.read_text(encoding="utf-8"))
+    except yaml.YAMLError as err:
+        raise RecipeError(f"not valid YAML: {err}", file=str(p)) from None
+    except UnicodeDecodeError:
+        raise RecipeError("not a UTF-8 text file", file=str(p)) from None
+
+
+def read_recipe_data(path: str | Path) -> tuple[Any, tuple[Path, ...]]:
+    """A recipe file's data with the recipes it `extends` laid under it (their relative
+    paths rewritten to hold from this file's folder), and those files, nearest first."""
+    p = Path(path).resolve()
+    data = _read_yaml(p)
+    chain: list[Path] = []
+    while isinstance(data, dict) and EXTENDS in data:
+        ref = data.pop(EXTENDS)
+        if not isinstance(ref, str) or not ref.strip():
+            raise RecipeError(f"'extends' must be the path of another recipe file, found {ref!r}", file=str(path),
+                              field=EXTENDS)
+        here = chain[-1] if chain else p
+        parent = (here.parent / Path(ref).expanduser()).resolve()
+        if parent == p or parent in chain:
+            circle = " -> ".join(x.name for x in (p, *chain, parent))
+            raise RecipeError(f"'extends: {ref}' goes round in a circle ({circle}); a recipe cannot extend itself",
+                              file=str(here), field=EXTENDS)
+        if len(chain) >= MAX_EXTENDS_DEPTH:
+            raise RecipeError(f"more than {MAX_EXTENDS_DEPTH} recipes extend one another", file=str(path),
+                              field=EXTENDS)
+        if not parent.is_file():
+            raise RecipeError(f"'extends: {ref}': no recipe file at {parent}. Paths are relative to the recipe that "
+                              "extends", file=str(here), field=EXTENDS)
+        base = _read_yaml(parent)
+        if not isinstance(base, dict):
+            raise RecipeError(f"expected a YAML mapping at the top level, found {type(base).__name__}",
+                              file=str(parent))
+        chain.append(parent)
+        nested = base.pop(EXTENDS, None)
+        data = merged(rebased(base, parent.parent, p.parent), data)
+        if nested is not None:  # resolved from the parent's folder on the next turn
+            data[EXTENDS] = nested
+    return data, tuple(chain)
+
+
 def load_recipe(path: str | Path) -> LoadedRecipe:
     p = Path(path)
     if not p.is_file():
@@ -211,14 +284,10 @@ def load_recipe(path: str | Path) -> LoadedRecipe:
             f"recipe file not found: '{p}'. Pass the path to a recipe YAML file "
             "(`quantlab recipes list` shows the shipped ones)."
         )
-    try:
-        data = yaml.safe_load(p.read_text(encoding="utf-8"))
-    except yaml.YAMLError as err:
-        raise RecipeError(f"not valid YAML: {err}", file=str(p)) from None
-    except UnicodeDecodeError:
-        raise RecipeError("not a UTF-8 text file", file=str(p)) from None
-    recipe = parse_recipe(data, file=str(p))
-    loaded = LoadedRecipe(recipe=recipe, path=p.resolve())
+    data, chain = read_recipe_data(p)
+    label = str(p) + "".join(f" (extends {x.name})" for x in chain[:1])
+    recipe = parse_recipe(data, file=label)
+    loaded = LoadedRecipe(recipe=recipe, path=p.resolve(), extends=chain)
     for i, ds in enumerate(recipe.calibration.datasets if recipe.calibration else []):
         resolved = loaded.resolve(ds.path)
         if not resolved.is_file():
@@ -246,4 +315,7 @@ def json_schema() -> dict[str, Any]:
     schema = Recipe.model_json_schema()
     schema["$schema"] = "https://json-schema.org/draft/2020-12/schema"
     schema["title"] = "quantlab recipe"
+    schema["properties"][EXTENDS] = {  # read before validation (read_recipe_data), so not a Recipe field
+        "type": "string", "description": "Another recipe file (relative to this one) this one is laid over: "
+        "mappings merge key by key, a list or a value set here replaces the other's."}
     return schema

@@ -31,9 +31,9 @@ from quantlab.core.errors import RecipeError
 from quantlab.core.fsutil import write_json_atomic, write_text_atomic
 from quantlab.core.pipeline import dry_run, sensitivity_only
 from quantlab.core.fsutil import safetensors_bytes
-from quantlab.core.recipe import LoadedRecipe, set_field
+from quantlab.core.recipe import LoadedRecipe, read_recipe_data, rebased, set_field
 from quantlab.core.run import new_run_folder
-from quantlab.sensitivity.search import SearchState, ignore_for, knob_pick, parse_knob, rebased, trial_name
+from quantlab.sensitivity.search import SearchState, ignore_for, knob_pick, parse_knob, trial_name
 from quantlab.sensitivity.spec import SensitivitySpec
 
 SEARCH_DIR = "search"  # under the runs root: search/<recipe>/<id>/
@@ -223,7 +223,7 @@ def _write_recipe(loaded: LoadedRecipe, ranking: list[dict[str, Any]], k: int, f
                   settings: dict[str, Any]) -> Path:
     """The original recipe file plus the knob settings and the ignore list, its paths
     rebased to its new folder."""
-    data = yaml.safe_load(loaded.path.read_text())
+    data, _ = read_recipe_data(loaded.path)  # what it extends laid in: the written recipe stands alone
     for field, value in settings.items():
         data = set_field(data, field, value)
     data["name"] = trial_name(loaded.recipe.name, k)

@@ -11,10 +11,8 @@ evenly over the open interval, so each round cuts it by width + 1."""
 
 from __future__ import annotations
 
-import os
 import re
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 PASS = "release"
@@ -98,19 +96,6 @@ def ignore_for(recipe_ignore: list[str], ranking: list[dict[str, Any]], k: int) 
 def trial_name(name: str, k: int) -> str:
     suffix = f"-keep{k}"
     return name[:64 - len(suffix)] + suffix
-
-
-def rebased(data: Any, from_dir: Path, to_dir: Path) -> Any:
-    """A recipe's data with every relative path that exists from its old folder rewritten
-    relative to its new one, so the written recipe reads the same files."""
-    if isinstance(data, dict):
-        return {k: rebased(v, from_dir, to_dir) for k, v in data.items()}
-    if isinstance(data, list):
-        return [rebased(v, from_dir, to_dir) for v in data]
-    if isinstance(data, str) and data and not os.path.isabs(data) and not re.match(r"^[a-z]+://", data) \
-            and ("/" in data or "." in data) and (Path(from_dir) / data).exists():
-        return os.path.relpath((Path(from_dir) / data).resolve(), Path(to_dir).resolve())
-    return data
 
 
 def parse_knob(text: str) -> tuple[str, list[Any]]:

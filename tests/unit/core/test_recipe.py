@@ -15,9 +15,9 @@ MINIMAL = {"name": "x", "quantization": {"method": "rtn", "scheme": "W8A16"}}
 
 
 def test_every_method_family_is_shipped():
-    methods = {(yaml.safe_load(p.read_text())["quantization"]["method"]) for p in SHIPPED}
-    assert {"rtn", "gptq", "awq", "smoothquant+gptq", "fp8", "raw"} <= methods
-    assert any("kv_cache" in yaml.safe_load(p.read_text())["quantization"] for p in SHIPPED)
+    loaded = [load_recipe(p).recipe.quantization for p in SHIPPED]
+    assert {"rtn", "gptq", "awq", "smoothquant+gptq", "fp8", "raw"} <= {q.method for q in loaded}
+    assert any(q.kv_cache for q in loaded)
 
 
 @pytest.mark.parametrize("path", SHIPPED, ids=lambda p: p.stem)
@@ -31,6 +31,52 @@ def test_shipped_recipes_validate_and_round_trip(path: Path):
     assert recipe_hash(again) == loaded.content_hash
     for p in loaded.calibration_paths():
         assert p.is_file()
+
+
+def test_extends_lays_a_recipe_over_another_and_reads_its_files_from_either_folder(tmp_path):
+    (tmp_path / "base").mkdir()
+    (tmp_path / "data").mkdir()
+    (tmp_path / "data" / "calib.jsonl").write_text('{"text": "x"}\n')
+    base = {**shipped("gptq-w4a16"), "calibration": {"datasets": [{"path": "../data/calib.jsonl"}], "num_samples": 64}}
+    (tmp_path / "base" / "full.yaml").write_text(yaml.safe_dump(base))
+    child = {"extends": "../base/full.yaml", "name": "small", "calibration": {"num_samples": 8},
+             "quality": {"tasks": ["ql_lastword"], "limit": 20}, "performance": {"repeats": 1}}
+    (tmp_path / "ci").mkdir()
+    (tmp_path / "ci" / "small.yaml").write_text(yaml.safe_dump(child))
+    loaded = load_recipe(tmp_path / "ci" / "small.yaml")
+    r = loaded.recipe
+    assert loaded.extends == ((tmp_path / "base" / "full.yaml").resolve(),)
+    assert r.name == "small" and r.description == base["description"]  # what the child leaves is the parent's
+    assert r.calibration.num_samples == 8 and loaded.calibration_paths() == [(tmp_path / "data" / "calib.jsonl")]
+    # a mapping merges key by key (the gates stay), a list or a value replaces
+    assert r.quality.tasks == ["ql_lastword"] and r.quality.limit == 20 and r.quality.gates.min_recovery == 0.9
+    assert r.performance.repeats == 1 and len(r.performance.workloads) == len(base["performance"]["workloads"])
+    assert r.quantization.method == "gptq" and r.quantization.group_size == 64
+    # and a chain: a third file extending the second
+    (tmp_path / "ci" / "smaller.yaml").write_text(yaml.safe_dump({"extends": "small.yaml", "name": "smaller",
+                                                                   "quality": {"limit": 10}}))
+    again = load_recipe(tmp_path / "ci" / "smaller.yaml")
+    assert again.recipe.quality.limit == 10 and again.recipe.quality.tasks == ["ql_lastword"]
+    assert [p.name for p in again.extends] == ["small.yaml", "full.yaml"]
+
+
+@pytest.mark.parametrize("extends, expected", [
+    ("nope.yaml", "no recipe file at"), ("me.yaml", "goes round in a circle"), (3, "must be the path")])
+def test_bad_extends_names_the_file_and_field(tmp_path, extends, expected):
+    f = tmp_path / "me.yaml"
+    f.write_text(yaml.safe_dump({"extends": extends, "name": "me"}))
+    with pytest.raises(RecipeError) as e:
+        load_recipe(f)
+    assert expected in str(e.value) and "me.yaml" in str(e.value) and "field 'extends'" in str(e.value)
+
+
+def test_a_mistake_in_a_recipe_that_extends_names_both_files(tmp_path):
+    (tmp_path / "full.yaml").write_text(yaml.safe_dump(MINIMAL))
+    (tmp_path / "small.yaml").write_text(yaml.safe_dump({"extends": "full.yaml", "name": "small",
+                                                         "quantization": {"group_sise": 64}}))
+    with pytest.raises(RecipeError) as e:
+        load_recipe(tmp_path / "small.yaml")
+    assert "small.yaml (extends full.yaml)" in str(e.value) and "Did you mean 'group_size'" in str(e.value)
 
 
 def test_defaults_are_safe():

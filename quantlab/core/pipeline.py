@@ -173,17 +173,18 @@ def _run_stages(loaded: LoadedRecipe, run: RunDir, progress: Progress, verbose: 
         head = (f"release blocked: {len(failed)} gate(s) failed" if failed else "release not shown: "
                 f"{len(unshown)} required gate(s) could not decide") + (
             f" and {len(unshown)} could not decide" if failed and unshown else "")
-        raise GateFailure(f"{head}{fallback}; run record {run.path / 'run.json'}:\n  - "
+        raise GateFailure(f"{head}{fallback}; each gate's figures and interval: {run.path / 'report.md'}:\n  - "
                           + "\n  - ".join(_blocking_line(v) for v in failed + unshown))
     return run
 
 
 def _blocking_line(v) -> str:
-    line = f"{v.stage} {v.gate} at {v.scope}: {v.detail}"
+    """One short line a gate: its finding up to the first '; ' (the intervals and sample
+    counts that follow are in run.json and the report)."""
+    line = f"{v.stage} {v.gate} at {v.scope}: {v.detail.split('; ')[0]}"
     if v.verdict == "fail":
         return line
-    need = f"; about {v.samples_to_verdict} samples would tell" if v.samples_to_verdict and \
-        f"{v.samples_to_verdict} samples would tell" not in v.detail else ""
+    need = f"; about {v.samples_to_verdict} samples would tell" if v.samples_to_verdict else ""
     return f"{line} (NOT SHOWN{need})"
 
 

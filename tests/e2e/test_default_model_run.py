@@ -53,7 +53,8 @@ def test_the_demo_recipe_runs_on_the_default_model(tmp_path, default_model_dir, 
     # the real pretrained model completes the sentence. The quantized candidate's answer is
     # not asserted: judging it is the quality stage's job (seen: it drifts off topic).
     assert "Paris" in base["smoke_completion"]["text"]
-    assert cand["smoke_completion"]["text"].strip() and cand["smoke_completion"]["finish_reason"] == "length"
+    # (seen: " the capital of France." ending with stop, or a longer drift cut at the length)
+    assert cand["smoke_completion"]["text"].strip() and cand["smoke_completion"]["finish_reason"] in ("length", "stop")
     assert cand["log"]["linear_kernels"][served_format.layer] == [served_format.kernel]
     assert base["log"]["linear_kernels"] == {}
     assert serve["compat"]["candidate"]["schemes"] == [served_format.compat_scheme]
@@ -131,10 +132,10 @@ def test_a_checkpoint_broken_on_purpose_is_blocked_by_the_quality_gates(tmp_path
     data = shipped("gptq-w4a16")
     data.pop("performance")  # quality only: with its baseline cached no baseline server is needed
     data.pop("stability")
-    # the demo recipe's context, tasks and sample counts: the run above cached their baseline results
+    # the demo recipe's context and quality section: the run above cached their baseline results
     demo = load_recipe(demo_recipe(served_format)).recipe
     data["serve"] = {"engine_args": dict(demo.serve.engine_args)}
-    data["quality"].update(tasks=demo.quality.tasks, limit=demo.quality.limit)
+    data["quality"] = demo.quality.model_dump(mode="json")  # its KL texts too: no baseline server at all
     recipe = write_recipe(tmp_path, data)
     r = subprocess.run([sys.executable, "-m", "quantlab", "validate", recipe, "--checkpoint", broken,
                         "--runs-dir", tmp_path / "runs"], capture_output=True, text=True, cwd=REPO,

@@ -590,15 +590,17 @@ def recipes_list(
     if not directory.is_dir():
         err.print(f"no recipe folder at {directory}")
         raise typer.Exit(2)
-    for f in sorted(directory.glob("*.yaml")):
+    files = sorted(directory.glob("*.yaml"))
+    width = max((len(f.name) for f in files), default=0)
+    for f in files:
         try:
             r = load_recipe(f).recipe
             q = r.quantization
             what = f"{q.method} {q.scheme or ''}".strip() + (" +kv-fp8" if q.kv_cache else "")
             first = (r.description.strip().splitlines() or [""])[0]
-            out.print(f"{f.name:<33} {what:<26} {first}", highlight=False, soft_wrap=True)
+            out.print(f"{f.name:<{width}} {what:<26} {first}", highlight=False, soft_wrap=True)
         except QuantlabError as e:
-            out.print(f"{f.name:<33} [red]invalid[/]: {escape(str(e).splitlines()[0])}", highlight=False)
+            out.print(f"{f.name:<{width}} [red]invalid[/]: {escape(str(e).splitlines()[0])}", highlight=False)
 
 
 if __name__ == "__main__":

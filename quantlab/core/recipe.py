@@ -285,7 +285,7 @@ def load_recipe(path: str | Path) -> LoadedRecipe:
             "(`quantlab recipes list` shows the shipped ones)."
         )
     data, chain = read_recipe_data(p)
-    label = str(p) + "".join(f" (extends {x.name})" for x in chain[:1])
+    label = f"{p} (extends {chain[0].name})" if chain else str(p)
     recipe = parse_recipe(data, file=label)
     loaded = LoadedRecipe(recipe=recipe, path=p.resolve(), extends=chain)
     for i, ds in enumerate(recipe.calibration.datasets if recipe.calibration else []):

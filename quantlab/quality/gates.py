@@ -192,18 +192,19 @@ def samples_to_verdict(b: Sequence[Value], c: Sequence[Value], verdict: str, mar
     return smallest
 
 
+MAX_SAMPLES_NEEDED = 10_000_000  # past this, "about N samples would tell" says nothing useful
+
+
 def samples_needed(n: int, d: float, lo: float, hi: float, margin: float) -> int | None:
     """Rough sample count for the interval to clear the margin, if the observed
     difference and spread held (the half-width shrinks as 1/sqrt(n))."""
     half = (hi - lo) / 2
     gap = abs(d + margin)
-    if gap <= 1e-9 * max(1.0, abs(margin)) or half == 0:  # the difference sits on the margin: no count would tell
+    if gap == 0 or half == 0:
         return None
     needed = int(math.ceil(n * (half / gap) ** 2))
+    # a difference on the margin up to rounding gives an absurd count (4e33 was printed): none
     return needed if needed <= MAX_SAMPLES_NEEDED else None
-
-
-MAX_SAMPLES_NEEDED = 10_000_000  # past this, "about N samples would tell" says nothing useful
 
 
 def kl_verdicts(summary: dict[str, Any], spec: QualitySpec) -> list[GateVerdict]:

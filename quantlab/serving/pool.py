@@ -7,9 +7,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from quantlab.serving.cpu_cores import thread_bind
 from quantlab.serving.vllm_server import Progress, VLLMServer, prepare_engine, start_together
 from quantlab.serving.spec import PRIMARY_TARGET
-from quantlab.serving.plan import ServingPlan
+from quantlab.serving.plan import ROLES, ServingPlan
 
 
 class EnginePool:
@@ -46,9 +47,18 @@ class EnginePool:
             assert len(todo) == 1, "one server at a time: start them one by one"
             for other in list(self._servers):
                 self._stop(other)
-        servers = [prepare_engine(self.plans[t], r, log_dir=self.log_dir, progress=self.progress) for t, r in todo]
+        servers = [prepare_engine(self.plans[t], r, log_dir=self.log_dir, progress=self.progress,
+                                  cpu_bind=self._cpu_bind(t, r)) for t, r in todo]
         start_together(servers, self.progress)
         self._servers.update(zip(todo, servers, strict=True))
+
+    def _cpu_bind(self, target: str, role: str) -> str | None:
+        """Baseline and candidate side by side on one target: a half of the cores each, so
+        they neither take turns on the cores vLLM's own binding gives both nor leave the
+        rest idle (see cpu_cores). Other layouts keep vLLM's binding."""
+        if not self.side_by_side or len(self.plans) != 1 or role not in ROLES:
+            return None
+        return thread_bind(ROLES.index(role), len(ROLES))
 
     def adopt(self, role: str, server: VLLMServer, *, owned: bool, target: str = PRIMARY_TARGET) -> None:
         """Take a server started elsewhere. One not owned (the baseline a comparison shares

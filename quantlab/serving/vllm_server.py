@@ -52,7 +52,9 @@ class LaunchPlan:
 
 
 def plan_launch(spec: ServeSpec, model: Path, served_name: str, device: str, engine_args: dict[str, Any],
-                *, port: int | None = None, python: Path | None = None) -> LaunchPlan:
+                *, port: int | None = None, python: Path | None = None, cpu_bind: str | None = None) -> LaunchPlan:
+    """`cpu_bind`: the cores this engine's threads compute on (see cpu_cores), unless the
+    environment or serve.env names them."""
     host = spec.host
     port = port or free_port(host)
     env = cpu_emulation.apply(dict(os.environ))
@@ -67,6 +69,8 @@ def plan_launch(spec: ServeSpec, model: Path, served_name: str, device: str, eng
         # AVX2 host (which loads _C_AVX2) must not reuse what this CPU's own library compiled
         emulated = cpu_emulation.emulated(env)
         env.setdefault("VLLM_CACHE_ROOT", str(cache_dir() / (f"vllm-emulated-{emulated}" if emulated else "vllm")))
+        if cpu_bind:
+            env.setdefault("VLLM_CPU_OMP_THREADS_BIND", cpu_bind)
     env.update(spec.env)
     extra = engine_arg_list(engine_args)
     if spec.mode == "command":
@@ -241,8 +245,10 @@ def _group_alive(pgid: int) -> bool:
 
 
 
-def prepare_engine(plan: ServingPlan, role: str, *, log_dir: Path, progress: Progress) -> VLLMServer:
-    """The server for one role of a serving plan, not started yet."""
+def prepare_engine(plan: ServingPlan, role: str, *, log_dir: Path, progress: Progress,
+                   cpu_bind: str | None = None) -> VLLMServer:
+    """The server for one role of a serving plan, not started yet. `cpu_bind`: its own
+    cores, where several engines run at once on a CPU host."""
     spec, target, label = plan.spec, plan.target(role), plan.label(role)
     log_path = Path(log_dir) / f"{label}-server.log"
     if spec.mode == "endpoint":
@@ -250,8 +256,11 @@ def prepare_engine(plan: ServingPlan, role: str, *, log_dir: Path, progress: Pro
         return VLLMServer(None, log_path=log_path, startup_timeout_s=spec.startup_timeout_s,
                           endpoint=plan.endpoint_for(role), served_name=target.served_name, role=label)
     assert target.model_dir is not None and plan.engine_args is not None
-    launch = plan_launch(spec, target.model_dir, target.served_name, plan.device, plan.engine_args, port=spec.port)
-    progress(f"starting the {label} server: {target.model_dir.name} on {launch.base_url} (log {log_path})")
+    launch = plan_launch(spec, target.model_dir, target.served_name, plan.device, plan.engine_args, port=spec.port,
+                         cpu_bind=cpu_bind if plan.device == "cpu" else None)
+    bound = launch.env.get("VLLM_CPU_OMP_THREADS_BIND") if plan.device == "cpu" and cpu_bind else None
+    cores = f", engine threads on CPU {bound}" if bound else ""
+    progress(f"starting the {label} server: {target.model_dir.name} on {launch.base_url}{cores} (log {log_path})")
     return VLLMServer(launch, log_path=log_path, startup_timeout_s=spec.startup_timeout_s,
                       shutdown_timeout_s=spec.shutdown_timeout_s, role=label)
 

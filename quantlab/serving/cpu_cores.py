@@ -47,7 +47,10 @@ def split_cores(cores: list[int], slots: int) -> list[list[int]] | None:
 def thread_bind(slot: int, slots: int, *, cpus: list[int] | None = None, sys_cpu: Path = SYS_CPU) -> str | None:
     """The `VLLM_CPU_OMP_THREADS_BIND` value for engine `slot` of `slots` running at once
     (for instance "0" and "1" on a 2-core host), or None to leave vLLM's own choice."""
-    available = sorted(os.sched_getaffinity(0)) if cpus is None else cpus
+    if cpus is None:  # the CPUs this process may use; macOS has no affinity call
+        affinity = getattr(os, "sched_getaffinity", None)
+        cpus = sorted(affinity(0)) if affinity else list(range(os.cpu_count() or 1))
+    available = cpus
     runs = split_cores(physical_cores(available, sys_cpu), slots)
     if runs is None or not 0 <= slot < slots:
         return None

@@ -62,3 +62,9 @@ def test_cuda_launch_is_not_bound(monkeypatch):
     monkeypatch.delenv("VLLM_CPU_OMP_THREADS_BIND", raising=False)
     plan = plan_launch(ServeSpec(), Path("/m"), "c", "cuda", {}, port=1, python=Path("/py"), cpu_bind="1")
     assert "VLLM_CPU_OMP_THREADS_BIND" not in plan.env
+
+
+def test_without_an_affinity_call_every_cpu_counts(monkeypatch, tmp_path):
+    monkeypatch.delattr("os.sched_getaffinity", raising=False)
+    monkeypatch.setattr("os.cpu_count", lambda: 4)
+    assert thread_bind(1, 2, sys_cpu=tmp_path) == "2,3"

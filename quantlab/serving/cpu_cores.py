@@ -50,8 +50,7 @@ def thread_bind(slot: int, slots: int, *, cpus: list[int] | None = None, sys_cpu
     if cpus is None:  # the CPUs this process may use; macOS has no affinity call
         affinity = getattr(os, "sched_getaffinity", None)
         cpus = sorted(affinity(0)) if affinity else list(range(os.cpu_count() or 1))
-    available = cpus
-    runs = split_cores(physical_cores(available, sys_cpu), slots)
+    runs = split_cores(physical_cores(cpus, sys_cpu), slots)
     if runs is None or not 0 <= slot < slots:
         return None
     return ",".join(str(c) for c in runs[slot])

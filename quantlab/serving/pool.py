@@ -56,7 +56,7 @@ class EnginePool:
         """Baseline and candidate side by side on one target: a half of the cores each, so
         they neither take turns on the cores vLLM's own binding gives both nor leave the
         rest idle (see cpu_cores). Other layouts keep vLLM's binding."""
-        if not self.side_by_side or len(self.plans) != 1 or role not in ROLES:
+        if not self.side_by_side or len(self.plans) != 1 or role not in ROLES or self.plans[target].device != "cpu":
             return None
         return thread_bind(ROLES.index(role), len(ROLES))
 

@@ -257,9 +257,10 @@ def prepare_engine(plan: ServingPlan, role: str, *, log_dir: Path, progress: Pro
                           endpoint=plan.endpoint_for(role), served_name=target.served_name, role=label)
     assert target.model_dir is not None and plan.engine_args is not None
     launch = plan_launch(spec, target.model_dir, target.served_name, plan.device, plan.engine_args, port=spec.port,
-                         cpu_bind=cpu_bind if plan.device == "cpu" else None)
-    bound = launch.env.get("VLLM_CPU_OMP_THREADS_BIND") if plan.device == "cpu" and cpu_bind else None
-    cores = f", engine threads on CPU {bound}" if bound else ""
+                         cpu_bind=cpu_bind)
+    # what the engine will use: serve.env or the environment may have named other cores
+    bound = cpu_bind and plan.device == "cpu"
+    cores = f", engine threads on CPU {launch.env['VLLM_CPU_OMP_THREADS_BIND']}" if bound else ""
     progress(f"starting the {label} server: {target.model_dir.name} on {launch.base_url}{cores} (log {log_path})")
     return VLLMServer(launch, log_path=log_path, startup_timeout_s=spec.startup_timeout_s,
                       shutdown_timeout_s=spec.shutdown_timeout_s, role=label)

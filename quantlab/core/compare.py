@@ -52,6 +52,7 @@ from quantlab.performance import stage as perf_stage
 from quantlab.quality import stage as quality_stage
 from quantlab.release import stage as release_stage
 from quantlab.serving import stage as serve_stage
+from quantlab.serving.cpu_cores import thread_bind
 from quantlab.stability import stage as stability_stage
 from quantlab.targets import stage as targets_stage
 
@@ -262,13 +263,14 @@ def _in_groups(folder: Path, active: list[Candidate], selection: SelectionSpec, 
     """The baseline up throughout; the candidates in groups as many as may be up beside
     it, each group's checks and one interleaved load. Returns the baseline server."""
     groups = _groups(active, selection, progress)
-    baseline = _start_baseline(folder, active[0], progress)
+    slots = 1 + max(len(g) for g in groups)  # engines up at once: the baseline and a group
+    baseline = _start_baseline(folder, active[0], progress, slots)
     try:
         for n, group in enumerate(groups, 1):
             if len(groups) > 1:
                 progress(f"candidates group {n} of {len(groups)}: {', '.join(c.name for c in group)} "
                          "(beside the baseline)")
-            _start_candidates(baseline, group, progress, first=n == 1)
+            _start_candidates(baseline, group, progress, slots, first=n == 1)
             group = [c for c in group if c.active]
             _each(group, serve_stage, quality_stage)
             _shared_performance([c for c in group if c.active], progress)
@@ -381,25 +383,33 @@ def _fail(c: Candidate, why: str) -> None:
     c.ctx.close_engines()  # its own server; the shared baseline is not its to stop
 
 
-def _start_baseline(folder: Path, first: Candidate, progress: Progress):
+def _cpu_bind(plan, slot: int, slots: int) -> str | None:
+    """Engine `slot` of the `slots` up at once computes on cores of its own where the host
+    has enough (else they share them in turn), not all on vLLM's choice (see cpu_cores)."""
+    return thread_bind(slot, slots) if plan.device == "cpu" else None
+
+
+def _start_baseline(folder: Path, first: Candidate, progress: Progress, slots: int):
     """The shared baseline server (its log in the comparison's folder), started but not
     waited for: the first group's servers start beside it and all load at once."""
     from quantlab.serving.vllm_server import prepare_engine
 
-    baseline = prepare_engine(first.ctx.serving_plan(), "baseline", log_dir=folder / SERVE_LOG_DIR,
-                              progress=progress)
+    plan = first.ctx.serving_plan()
+    baseline = prepare_engine(plan, "baseline", log_dir=folder / SERVE_LOG_DIR, progress=progress,
+                              cpu_bind=_cpu_bind(plan, 0, slots))
     baseline.start()
     return baseline
 
 
-def _start_candidates(baseline, group: list[Candidate], progress: Progress, *, first: bool) -> None:
+def _start_candidates(baseline, group: list[Candidate], progress: Progress, slots: int, *, first: bool) -> None:
     """The group's servers, started at once beside the baseline (on the first group, while
     it is still loading too); a baseline that fails to start stops the comparison, a
     candidate's fails that candidate alone."""
     from quantlab.serving.vllm_server import prepare_engine, wait_healthy
 
     mine = {c.name: prepare_engine(c.ctx.serving_plan(), "candidate", log_dir=c.run.path / SERVE_LOG_DIR,
-                                   progress=progress) for c in group}
+                                   progress=progress, cpu_bind=_cpu_bind(c.ctx.serving_plan(), 1 + i, slots))
+            for i, c in enumerate(group)}
     started = []
     try:
         for server in mine.values():

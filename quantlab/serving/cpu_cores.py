@@ -7,7 +7,8 @@ waits. Measured on a 2-core AMD EPYC with AVX2 only, two float32 SmolLM2-135M se
 a cold start of both at once took 658 s on one shared core against 223 s with a core
 each, and a batch of 4 x 300-token prompts on both at once 16.5 s against 9.4 s. A lone
 server's request got 1.3x slower (its core also runs the HTTP side), which both roles
-of the performance stage share alike.
+of the performance stage share alike. A comparison runs the baseline and a group of
+candidates at once: a core each where there are enough, else shared in turn.
 """
 
 from __future__ import annotations
@@ -37,16 +38,22 @@ def physical_cores(cpus: list[int], sys_cpu: Path = SYS_CPU) -> list[int]:
 
 
 def split_cores(cores: list[int], slots: int) -> list[list[int]] | None:
-    """`slots` disjoint, equal runs of cores, or None when there are fewer cores than slots."""
-    if slots < 2 or len(cores) < slots:
+    """`slots` runs of cores: disjoint and equal where there are at least as many cores as
+    slots, else one core each, dealt in turn (engines share a core only where there are
+    more engines than cores; vLLM's own binding would put them all on the same one).
+    None where there is nothing to divide: one slot, or one core."""
+    if slots < 2 or len(cores) < 2:
         return None
+    if len(cores) < slots:
+        return [[cores[i % len(cores)]] for i in range(slots)]
     per = len(cores) // slots
     return [cores[i * per:(i + 1) * per] for i in range(slots)]
 
 
 def thread_bind(slot: int, slots: int, *, cpus: list[int] | None = None, sys_cpu: Path = SYS_CPU) -> str | None:
     """The `VLLM_CPU_OMP_THREADS_BIND` value for engine `slot` of `slots` running at once
-    (for instance "0" and "1" on a 2-core host), or None to leave vLLM's own choice."""
+    (for instance "0" and "1" on a 2-core host; "0", "1", "0", "1" for four engines
+    there), or None to leave vLLM's own choice."""
     if cpus is None:  # the CPUs this process may use; macOS has no affinity call
         affinity = getattr(os, "sched_getaffinity", None)
         cpus = sorted(affinity(0)) if affinity else list(range(os.cpu_count() or 1))

@@ -34,11 +34,19 @@ def test_two_core_host_gives_a_core_each(tmp_path):
     assert [thread_bind(s, 2, cpus=[0, 1], sys_cpu=sys_cpu) for s in (0, 1)] == ["0", "1"]
 
 
-def test_too_few_cores_keeps_vllms_choice(tmp_path):
+def test_one_core_or_one_engine_keeps_vllms_choice(tmp_path):
     assert thread_bind(0, 2, cpus=[3], sys_cpu=tmp_path) is None
     assert split_cores([0, 1, 2], 1) is None
     assert split_cores([0, 1, 2], 2) == [[0], [1]]  # equal halves: a left-over core stays free
     assert thread_bind(2, 2, cpus=[0, 1], sys_cpu=tmp_path) is None
+
+
+def test_more_engines_than_cores_share_them_in_turn(tmp_path):
+    # a comparison's baseline and three candidates on a 2-core host: two engines a core,
+    # not all four on vLLM's one
+    sys_cpu = fake_topology(tmp_path, {0: (0, 0), 1: (0, 1)})
+    assert [thread_bind(s, 4, cpus=[0, 1], sys_cpu=sys_cpu) for s in range(4)] == ["0", "1", "0", "1"]
+    assert split_cores([0, 1, 2], 5) == [[0], [1], [2], [0], [1]]
 
 
 def test_missing_topology_counts_every_cpu(tmp_path):

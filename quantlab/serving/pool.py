@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from quantlab.serving.cpu_cores import thread_bind
+from quantlab.serving.cpu_cores import engine_bind
 from quantlab.serving.vllm_server import Progress, VLLMServer, prepare_engine, start_together
 from quantlab.serving.spec import PRIMARY_TARGET
 from quantlab.serving.plan import ROLES, ServingPlan
@@ -56,9 +56,9 @@ class EnginePool:
         """Baseline and candidate side by side on one target: a half of the cores each, so
         they neither take turns on the cores vLLM's own binding gives both nor leave the
         rest idle (see cpu_cores). Other layouts keep vLLM's binding."""
-        if not self.side_by_side or len(self.plans) != 1 or role not in ROLES or self.plans[target].device != "cpu":
+        if not self.side_by_side or len(self.plans) != 1 or role not in ROLES:
             return None
-        return thread_bind(ROLES.index(role), len(ROLES))
+        return engine_bind(self.plans[target].device, ROLES.index(role), len(ROLES))
 
     def adopt(self, role: str, server: VLLMServer, *, owned: bool, target: str = PRIMARY_TARGET) -> None:
         """Take a server started elsewhere. One not owned (the baseline a comparison shares

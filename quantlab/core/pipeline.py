@@ -63,12 +63,28 @@ def baseline_needed(ctx: RunContext) -> bool:
     return not checks or any(s.needs_baseline(ctx) for s in checks)
 
 
+CHECK_STAGES = ("quality", "performance", "stability", "targets")  # the stages whose gates are the evidence
+
+
+def require_evidence(ctx: RunContext) -> None:
+    """A run decides on its checks' gates: a recipe without any would serve both models
+    and decide nothing (it used to sign a release on no evidence). Refused before any work."""
+    if not ctx.enabled_stages & set(CHECK_STAGES):
+        raise RecipeError("the recipe has no check section (quality, performance, stability or serve.targets): "
+                          "`quantlab run` would serve both models and show nothing, and nothing is released "
+                          "without evidence. Add a check section (see recipes/gptq-w4a16.yaml), or only quantize "
+                          f"with `quantlab quantize {ctx.loaded.path.name}`", file=str(ctx.loaded.path),
+                          field="quality")
+
+
 def stages_to_run(ctx: RunContext) -> dict[str, str]:
-    """Which stages this invocation runs, each with the reason."""
+    """Which stages this invocation runs, each with the reason. A recipe without a check
+    section is refused (require_evidence)."""
     plan: dict[str, str] = {}
     upstream_redone = False
     ctx.stages = ctx.stages or STAGES
     ctx.enabled_stages = {stage.NAME for stage in ctx.stages if enabled(stage, ctx)}
+    require_evidence(ctx)
     for stage in ctx.stages:
         if stage.NAME not in ctx.enabled_stages:
             continue

@@ -257,6 +257,9 @@ class ReleaseResult(_Result):
     not_shown_gates: list[str] = Field(default_factory=list, description="Required gates that could not decide.")
     not_shown_policy: dict[str, Any] | None = Field(None, description="release.policy's rules the decision was "
                                                     "made under (None: before quantlab had them).")
+    rule_version: int | None = Field(None, description="The decision rule's version (None: rule 1).")
+    error_budget: dict[str, Any] | None = Field(None, description="How the run's error rates were spent "
+                                                "(release/error_budget.py), as the manifest records it.")
     targets: dict[str, Any] = Field(default_factory=dict, description="Per serve target: decision, why, required "
                                     "(only when the recipe names serve.targets).")
     manifest: str = Field(description="The manifest, relative to the run directory (inside the checkpoint).")

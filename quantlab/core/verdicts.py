@@ -8,6 +8,9 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 Verdict = Literal["pass", "fail", "inconclusive"]
+# how a gate's figure meets its limit: at_most (value <= limit), at_least (value >= limit),
+# non_inferior (the candidate - baseline difference's interval above -margin = limit)
+Comparator = Literal["at_most", "at_least", "non_inferior"]
 
 
 class GateVerdict(BaseModel):
@@ -32,6 +35,31 @@ class GateVerdict(BaseModel):
                                            "or (inconclusive) about how many samples would tell.")
     target: str | None = Field(None, description="The serve target (serve.targets[].name) this verdict is about; "
                                "None: the primary target, which every target's decision includes.")
+    # The test behind the verdict, as fields (None in records written before they existed)
+    metric: str | None = Field(None, description="The figure judged (a task's metric, a load figure, a probe's rate).")
+    comparator: Comparator | None = Field(None, description="How the figure meets the limit.")
+    margin: float | None = Field(None, description="non_inferior: the largest worsening allowed, in the metric's "
+                                 "units (limit = -margin).")
+    confidence: float | None = Field(None, description="Two-sided confidence of the pass side's interval.")
+    fail_confidence: float | None = Field(None, description="Confidence of the fail side's interval (adjusted for "
+                                          "the family of gates and looks).")
+    estimate: float | None = Field(None, description="The point estimate the limit is compared with (non_inferior: "
+                                   "candidate - baseline, positive = candidate better).")
+    low: float | None = Field(None, description="The estimate's interval at `confidence`, lower end.")
+    high: float | None = Field(None, description="The estimate's interval at `confidence`, upper end.")
+    test: str | None = Field(None, description="The interval or test used (tango-score, bca-bootstrap, "
+                             "hierarchical-bootstrap, count, threshold).")
+    warnable: bool = Field(True, description="false: release.policy cannot make this gate only warn when it "
+                           "cannot decide (a task that could not run: drop it from the recipe instead).")
+
+    def beyond_limit(self) -> bool | None:
+        """Whether the point estimate is on the wrong side of the limit (a breach the
+        interval could not yet show); None where the record does not say."""
+        if self.comparator == "non_inferior":
+            return None if self.estimate is None or self.margin is None else self.estimate < -self.margin
+        if self.comparator is None or self.value is None:
+            return None
+        return self.value > self.limit if self.comparator == "at_most" else self.value < self.limit
 
 
 def gate_id(v: GateVerdict) -> str:

@@ -55,19 +55,26 @@ def verdicts(points: list[PerfPoint], gates: PerfGates) -> list[GateVerdict]:
             else:
                 value = metric(p.candidate, key)
                 what = f"candidate {key}"
+            fields = {"metric": f"{key} ratio" if kind == "ratio" else key,
+                      "comparator": "at_least" if direction == "min" else "at_most"}
             if value is None:
                 out.append(GateVerdict(stage=CHECK, gate=gate, scope=scope, verdict="inconclusive",
                                        value=None, limit=limit, detail=f"{what}: not measured (no successful "
-                                       "request, or a single output token)"))
+                                       "request, or a single output token)", **fields))
                 continue
+            iv = p.intervals.get(interval_key(key, kind))
             if gate == "max_error_rate":  # every request sent is counted: a fact of this run, not an estimate
                 verdict = "fail" if value > limit else "pass"
                 why = "counted over every request sent (failed and timed-out ones)"
+                fields["test"] = "count"
             else:
-                verdict, why = _judge(value, limit, direction, p.intervals.get(interval_key(key, kind)))
+                verdict, why = _judge(value, limit, direction, iv)
+                fields["test"] = "hierarchical-bootstrap" if iv else "threshold"
+                if iv:  # the one-sided bounds at performance.confidence, and the fail side's (one-sided)
+                    fields.update(low=iv["pass_low"], high=iv["pass_high"], fail_confidence=1 - iv["fail_alpha"])
             out.append(GateVerdict(stage=CHECK, gate=gate, scope=scope, verdict=verdict, value=value, limit=limit,
                                    detail=f"{what} = {value:.4g}, needs {'>=' if direction == 'min' else '<='} "
-                                   f"{limit:g}; {why}"))
+                                   f"{limit:g}; {why}", estimate=value, **fields))
     return out
 
 

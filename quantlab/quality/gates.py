@@ -1,10 +1,13 @@
 """The quality gates (pure): paired comparisons of tasks and slices, and the KL summary,
 judged against the recipe's quality section.
 
-`min_recovery` and `max_drop` judge the point estimate but fail only when the candidate
-is also worse beyond the interval; `non_inferiority` passes when the interval's worse end
-is above -margin x |baseline|, fails when the whole interval is below it, and is
-inconclusive otherwise (with about how many samples would tell).
+Every comparison gate is a non-inferiority test at its own margin, never a point
+estimate: `non_inferiority` at margin x |baseline|, `min_recovery` r at the worsening a
+recovery of r allows ((1 - r) x |baseline|; |baseline| x (1/r - 1) for lower-is-better
+metrics), `max_drop` d at d, each floored by `non_inferiority_min_margin`. A gate passes
+when the interval's worse end is above -margin, fails when the fail side's interval
+(adjusted for the family of gates) is entirely below it, and is inconclusive otherwise
+(with about how many samples would tell).
 """
 
 from __future__ import annotations
@@ -17,7 +20,7 @@ from typing import Any
 from quantlab.core.results import TaskComparison
 from quantlab.core.verdicts import GateVerdict
 from quantlab.quality.compare import PREFIX_STEP, TRANSFORMS
-from quantlab.quality.spec import QualityGates, QualitySpec, ni_margin
+from quantlab.quality.spec import QualityGates, QualitySpec
 from quantlab.quality.stats import Value, paired_interval
 
 CHECK = "quality"
@@ -89,60 +92,52 @@ def _oriented(cmp_diff: float, low: float, high: float, hib: bool) -> tuple[floa
     return (cmp_diff, low, high) if hib else (-cmp_diff, -high, -low)
 
 
+def gate_margins(gates: QualityGates, cmp: TaskComparison) -> list[tuple[str, float | None, float, float, str]]:
+    """The configured gates of one comparison as non-inferiority tests: (gate, the value
+    it reports, its limit, the margin in the metric's units, how the margin came about)."""
+    floor = gates.non_inferiority_min_margin or 0.0
+    base = abs(cmp.baseline)
+    out = []
+
+    def floored(margin: float, how: str) -> tuple[float, str]:
+        return (floor, f"the floor non_inferiority_min_margin {floor:g}") if floor > margin else (margin, how)
+
+    if gates.min_recovery is not None:
+        r = gates.min_recovery
+        raw = (1 - r) * base if cmp.higher_is_better else base * (1 / r - 1)
+        m, how = floored(max(0.0, raw), f"recovery {r:g} of the baseline's {cmp.baseline:.4g}")
+        out.append(("min_recovery", cmp.recovery, r, m, how))
+    if gates.max_drop is not None:
+        m, how = floored(gates.max_drop, f"max_drop {gates.max_drop:g}")
+        d = cmp.diff if cmp.higher_is_better else -cmp.diff
+        out.append(("max_drop", -d, gates.max_drop, m, how))
+    if gates.non_inferiority_margin is not None:
+        m, how = floored(gates.non_inferiority_margin * base, f"margin {gates.non_inferiority_margin:g} x baseline")
+        out.append(("non_inferiority", None, -m, m, how))  # its value: the interval's worse end
+    return out
+
+
 def comparison_verdicts(cmp: TaskComparison, gates: QualityGates, *, scope: str, b: Sequence[Value] | None = None,
                         c: Sequence[Value] | None = None, iters: int = 2000, seed: int = 0,
                         family: FailFamily | None = None) -> list[GateVerdict]:
-    """The configured gates on one comparison (a task or a pooled slice). A gate fails
-    only beyond the family's interval (see verdicts); alone, its own."""
+    """The configured gates on one comparison (a task or a pooled slice), each a
+    non-inferiority test at its margin (gate_margins). A gate fails only beyond the
+    family's interval (see verdicts); alone, its own."""
     out: list[GateVerdict] = []
     d, lo, hi = _oriented(cmp.diff, cmp.ci_low, cmp.ci_high, cmp.higher_is_better)
     pct = f"{cmp.confidence:.0%}"
     base_line = (f"{cmp.metric}: baseline {cmp.baseline:.4g}, candidate {cmp.candidate:.4g} over {cmp.n} paired "
                  f"samples; difference {cmp.diff:+.4g} ({pct} CI {cmp.ci_low:+.4g} .. {cmp.ci_high:+.4g})")
     fail_lo, fail_hi = lo, hi  # the fail side's interval (hi: the candidate's best plausible difference)
+    fail_conf = cmp.confidence
     if family is not None and family.low is not None:
         _, fail_lo, fail_hi = _oriented(cmp.diff, family.low, family.high, cmp.higher_is_better)
+        fail_conf = family.confidence
         base_line += (f"; fail side at {family.confidence:.2%} (Bonferroni over {family.size} gated comparisons): "
                       f"{family.low:+.4g} .. {family.high:+.4g}")
-    worse_beyond_noise = fail_hi < 0
-    # why a breach is not a failure: inside its own interval, or only inside the family's
-    noise = (f"worse beyond its own {pct} interval, but not beyond the fail side's (adjusted for the family of "
-             "gates)") if hi < 0 <= fail_hi else "within the noise (the interval includes no change)"
     few = cmp.n < gates.min_samples
-
-    def add(gate: str, verdict: str, value, limit, why: str, needed: int | None = None) -> None:
-        out.append(GateVerdict(stage=CHECK, gate=gate, scope=scope, verdict=verdict, value=value, limit=limit,
-                               detail=f"{why}; {base_line}", samples=cmp.n, samples_to_verdict=needed))
-
-    if gates.min_recovery is not None:
-        r = cmp.recovery
-        if few:
-            add("min_recovery", "inconclusive", r, gates.min_recovery, f"only {cmp.n} samples "
-                f"(min_samples {gates.min_samples})")
-        elif r is None:  # a zero baseline score: the ratio says nothing, the difference still does
-            add("min_recovery", "pass" if d >= 0 else "inconclusive", r, gates.min_recovery,
-                "recovery undefined (zero baseline score)"
-                + ("; the candidate is not worse" if d >= 0 else "; the candidate scores lower"))
-        elif r >= gates.min_recovery:
-            add("min_recovery", "pass", r, gates.min_recovery, f"recovery {r:.3f} >= {gates.min_recovery:g}")
-        elif worse_beyond_noise:
-            add("min_recovery", "fail", r, gates.min_recovery, f"recovery {r:.3f} < {gates.min_recovery:g} and the "
-                "candidate is worse beyond the confidence interval")
-        else:
-            add("min_recovery", "inconclusive", r, gates.min_recovery, f"recovery {r:.3f} < "
-                f"{gates.min_recovery:g} but {noise}")
-    if gates.max_drop is not None:
-        drop = -d
-        if few:
-            add("max_drop", "inconclusive", drop, gates.max_drop, f"only {cmp.n} samples")
-        elif drop <= gates.max_drop:
-            add("max_drop", "pass", drop, gates.max_drop, f"drop {drop:.4g} <= {gates.max_drop:g}")
-        elif worse_beyond_noise:
-            add("max_drop", "fail", drop, gates.max_drop, f"drop {drop:.4g} > {gates.max_drop:g} and beyond the noise")
-        else:
-            add("max_drop", "inconclusive", drop, gates.max_drop, f"drop {drop:.4g} > {gates.max_drop:g} but {noise}")
-    if gates.non_inferiority_margin is not None:
-        margin = ni_margin(gates, cmp.baseline)
+    test = "tango-score" if cmp.binary else "bca-bootstrap"
+    for gate, value, limit, margin, how in gate_margins(gates, cmp):
         verdict = ni_verdict(lo, hi, margin)
         downgraded = verdict == "fail" and fail_hi >= -margin
         if downgraded:
@@ -152,19 +147,24 @@ def comparison_verdicts(cmp: TaskComparison, gates: QualityGates, *, scope: str,
         needed = None
         if verdict != "inconclusive" and b is not None and c is not None:
             needed = samples_to_verdict(b, c, verdict, margin, cmp, iters=iters, seed=seed)
-        elif verdict == "inconclusive":  # for a downgraded fail: until the fail side's interval clears the margin
+        elif verdict == "inconclusive" and not few:  # a downgraded fail: until the fail side's interval clears it
             needed = samples_needed(cmp.n, d, *((fail_lo, fail_hi) if downgraded else (lo, hi)), margin)
-        floor = gates.non_inferiority_min_margin
-        how = (f"the floor non_inferiority_min_margin {floor:g}" if floor and margin == floor
-               else f"margin {gates.non_inferiority_margin:g} x baseline")
-        why = {"pass": f"the interval's worse end {lo:+.4g} is above -{margin:.4g} ({how})",
-               "fail": f"the whole interval is below -{margin:.4g}: worse than the margin allows",
-               "inconclusive": (f"only {cmp.n} samples" if few else
-                                f"the whole {pct} interval is below -{margin:.4g}, but not the fail side's "
-                                "(adjusted for the family of gates)" if downgraded else
-                                f"the interval {lo:+.4g} .. {hi:+.4g} straddles -{margin:.4g}")
-               + (f"; about {needed} samples would tell" if needed else "")}[verdict]
-        add("non_inferiority", verdict, lo, -margin, why, needed)
+        shown = {"min_recovery": f"recovery {value:.3f} (needs {limit:g}); " if value is not None else
+                 "recovery undefined (zero baseline score); ",
+                 "max_drop": f"drop {value:.4g} (needs <= {limit:g}); " if value is not None else ""}.get(gate, "")
+        why = shown + {
+            "pass": f"the interval's worse end {lo:+.4g} is above -{margin:.4g} ({how})",
+            "fail": f"the whole interval is below -{margin:.4g} ({how}): worse than the margin allows",
+            "inconclusive": (f"only {cmp.n} samples (min_samples {gates.min_samples})" if few else
+                             f"the whole {pct} interval is below -{margin:.4g}, but not the fail side's "
+                             "(adjusted for the family of gates)" if downgraded else
+                             f"the interval {lo:+.4g} .. {hi:+.4g} straddles -{margin:.4g} ({how})")
+            + (f"; about {needed} samples would tell" if needed else "")}[verdict]
+        out.append(GateVerdict(
+            stage=CHECK, gate=gate, scope=scope, verdict=verdict, value=lo if gate == "non_inferiority" else value,
+            limit=limit, detail=f"{why}; {base_line}", samples=cmp.n, samples_to_verdict=needed, metric=cmp.metric,
+            comparator="non_inferior", margin=margin, confidence=cmp.confidence, fail_confidence=fail_conf,
+            estimate=d, low=lo, high=hi, test=test))
     return out
 
 
@@ -207,6 +207,23 @@ def samples_needed(n: int, d: float, lo: float, hi: float, margin: float) -> int
     return needed if needed <= MAX_SAMPLES_NEEDED else None
 
 
+def skipped_verdicts(spec: QualitySpec, skipped: list[tuple[str, str]]) -> list[GateVerdict]:
+    """A gated task that could not run (a served context too short for it) is a gate
+    that could not decide, named after it: it used to vanish from the decision, so a
+    whole slice could go unjudged. A task whose gates the recipe disables gets none;
+    dropping it from quality.tasks drops it from the run."""
+    out = []
+    for task, why in skipped:
+        override = spec.task_gates.get(task)
+        if override and override.disabled:
+            continue
+        out.append(GateVerdict(stage=CHECK, gate="skipped", scope=task, verdict="inconclusive", value=None, limit=0,
+                               warnable=False,
+                               detail=f"not run: {why}; nothing shows the candidate keeps this task. Serve a longer "
+                               "context (serve.engine_args.max_model_len), or leave the task out of quality.tasks"))
+    return out
+
+
 def kl_verdicts(summary: dict[str, Any], spec: QualitySpec) -> list[GateVerdict]:
     out = []
     for gate, key, limit, direction in (("max_mean_kl", "mean", spec.kl.max_mean_kl, "max"),
@@ -216,11 +233,15 @@ def kl_verdicts(summary: dict[str, Any], spec: QualitySpec) -> list[GateVerdict]
         value = summary.get(key)
         if value is None:
             out.append(GateVerdict(stage=CHECK, gate=gate, scope="kl", verdict="inconclusive", value=None,
-                                   limit=limit, detail="no positions compared"))
+                                   limit=limit, metric=f"kl.{key}", test="threshold",
+                                   comparator="at_most" if direction == "max" else "at_least",
+                                   detail="no positions compared"))
             continue
         ok = value <= limit if direction == "max" else value >= limit
         out.append(GateVerdict(stage=CHECK, gate=gate, scope="kl", verdict="pass" if ok else "fail", value=value,
-                               limit=limit, detail=f"KL(baseline || candidate) {key} = {value:.4g} over "
+                               limit=limit, metric=f"kl.{key}", estimate=value, test="threshold",
+                               comparator="at_most" if direction == "max" else "at_least",
+                               detail=f"KL(baseline || candidate) {key} = {value:.4g} over "
                                f"{summary['tokens']} positions, needs {'<=' if direction == 'max' else '>='} "
                                f"{limit:g}"))
     return out

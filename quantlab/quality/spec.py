@@ -19,13 +19,16 @@ class _Strict(BaseModel):
 
 class QualityGates(_Strict):
     """Applied to every task (and slice) unless task_gates/slice_gates override a field.
-    A gate breached by the point estimate fails only when the candidate is also worse
-    beyond the confidence interval; within the noise it is inconclusive."""
+    Each gate is a non-inferiority test at its own margin: it passes only when the
+    interval's worse end clears the margin, fails only when the whole (family-adjusted)
+    interval is beyond it, and is inconclusive otherwise. Nothing passes on a point estimate."""
 
-    min_recovery: float | None = Field(0.9, gt=0, le=2, description="Candidate score / baseline score (for "
-                                       "lower-is-better metrics such as perplexity: baseline / candidate).")
+    min_recovery: float | None = Field(None, gt=0, le=2, description="Candidate score / baseline score (for "
+                                       "lower-is-better metrics such as perplexity: baseline / candidate), tested "
+                                       "as non-inferiority at the worsening it allows: (1 - r) x |baseline|.")
     max_drop: float | None = Field(None, ge=0, description="Largest allowed absolute worsening, in the metric's "
-                                   "own units (0.05 = five points of accuracy).")
+                                   "own units (0.05 = five points of accuracy), tested as non-inferiority at "
+                                   "that margin.")
     non_inferiority_margin: float | None = Field(0.1, ge=0, le=1, description="Non-inferiority: the confidence "
                                                  "interval of the paired difference must stay above -margin x "
                                                  "|baseline| (pass); entirely below it fails; otherwise "
@@ -81,6 +84,9 @@ class SuiteTask(_Strict):
     limit: int | None = Field(None, ge=1, description="At most this many samples (the first ones) unless the "
                               "recipe sets quality.limit: a benchmark's size for a CPU run.")
     gated: bool = Field(True, description="false: reported only (a traffic file's rows without a check).")
+    higher_is_better: bool | None = Field(None, description="The metric's direction, where its task YAML's "
+                                          "metric_list does not say (and for hub tasks with a metric quantlab "
+                                          "does not know): a gate must know which way is worse.")
 
 
 class TrafficFile(_Strict):

@@ -168,12 +168,13 @@ def task_limit(spec: QualitySpec, suite: Suite, task: Any) -> int | None:
     return min(want, count) if count is not None else want
 
 
-def _runnable(suites: list[Suite], max_len: int | None) -> tuple[list[tuple[Suite, Any]], list[str]]:
+def _runnable(suites: list[Suite], max_len: int | None) -> tuple[list[tuple[Suite, Any]], list[tuple[Any, str]]]:
+    """The tasks that can run at the served length, and those that cannot (task, why)."""
     run, skipped = [], []
     for s in suites:
         for t in s.tasks:
             if t.min_model_len and max_len is not None and max_len < t.min_model_len:
-                skipped.append(f"{t.task}: needs max_model_len >= {t.min_model_len}, served {max_len}")
+                skipped.append((t, f"needs max_model_len >= {t.min_model_len}, served {max_len}"))
             else:
                 run.append((s, t))
     return run, skipped
@@ -273,7 +274,7 @@ def run(ctx: RunContext) -> QualityResult:
     out.mkdir(parents=True, exist_ok=True)
     work, skipped = _runnable(suites, ctx.served_max_model_len())
     if not work:
-        raise CheckError("no quality task can run: " + "; ".join(skipped))
+        raise CheckError("no quality task can run: " + "; ".join(f"{t.task}: {why}" for t, why in skipped))
     base_tok, cand_tok = _tokenizer_dir(ctx, "baseline"), _tokenizer_dir(ctx, "candidate")
     check_same_tokenizer(base_tok, cand_tok, trust_remote_code=ctx.recipe.model.trust_remote_code)
     kl_token_ids = _kl_token_ids(ctx, suites, cand_tok)
@@ -299,6 +300,7 @@ def run(ctx: RunContext) -> QualityResult:
     tasks, flips, lm_eval_version = _compare_tasks(spec, work, base_dir, cand_dir, looks=looks)
     slices = _pool_slices(spec, _gated(tasks, work), looks=looks)
     gates = quality_gates.verdicts(spec, _gated(tasks, work), slices, kl_result)
+    gates += quality_gates.skipped_verdicts(spec, [(t.task, why) for t, why in skipped if t.gated])
     traffic, critical = _traffic_findings(work, base_dir, cand_dir)
     gates += critical
     write_text_atomic(out / "flips.jsonl", "".join(json.dumps(f, default=str) + "\n" for f in flips))
@@ -315,7 +317,8 @@ def run(ctx: RunContext) -> QualityResult:
         notes.append(f"baseline results from the cache ({cached}); no baseline evaluation ran")
     return QualityResult(
         tasks=comparisons, slices=slice_comparisons, kl=kl_result, baseline_cached=bool(cached),
-        baseline_cache_key=key, skipped=skipped, seconds=seconds, lm_eval_version=lm_eval_version,
+        baseline_cache_key=key, skipped=[f"{t.task}: {why}" for t, why in skipped], seconds=seconds,
+        lm_eval_version=lm_eval_version,
         suites=[{"name": s.name, "folder": str(s.folder) if s.folder else None, "sha256": s.sha256} for s in suites],
         raw_files=raw, flips_file=f"{OUT_DIR}/flips.jsonl", plots=plots, gates=gates, notes=notes, traffic=traffic)
 
@@ -390,7 +393,7 @@ def _compare_tasks(spec: QualitySpec, work: list[tuple[Suite, Any]], base_dir: P
     from quantlab.quality.sequential import look_confidence
 
     tasks, flips, lm_eval_version = [], [], None
-    for _, task in work:
+    for suite, task in work:
         b_rows, b_sum = read_samples(base_dir, task.task)
         c_rows, c_sum = read_samples(cand_dir, task.task)
         confidence = quality_gates.task_gates(spec, task.task, task.slice).confidence
@@ -399,13 +402,27 @@ def _compare_tasks(spec: QualitySpec, work: list[tuple[Suite, Any]], base_dir: P
             b_rows = [r for r in b_rows if r["doc_id"] in answered]
             confidence = look_confidence(confidence, looks.get(task.task, 1))
         lm_eval_version = c_sum.get("lm_eval")
-        hib = (c_sum.get("higher_is_better") or {}).get(task.metric, True)
+        hib = _direction(task, suite, c_sum)
         cmp, task_flips = compare_task(task.task, task.slice, task.metric, task.filter, hib, b_rows, c_rows,
                                        confidence=confidence, iters=spec.bootstrap_iters, seed=spec.seed)
         flips += task_flips
         _, bv, cv = paired_values(task.task, task.metric, task.filter, b_rows, c_rows)
         tasks.append((cmp, bv, cv))
     return tasks, flips, lm_eval_version
+
+
+def _direction(task: Any, suite: Suite, summary: dict[str, Any]) -> bool:
+    """The metric's direction as the suite knew it at preflight; lm-eval's own word must agree."""
+    known = suite.directions.get(task.task)
+    said = (summary.get("higher_is_better") or {}).get(task.metric)
+    if known is not None and said is not None and bool(said) != known:
+        raise CheckError(f"task '{task.task}': lm-eval says '{task.metric}' is "
+                         f"{'higher' if said else 'lower'}-is-better, the suite said the opposite at preflight; "
+                         "fix the task's higher_is_better")
+    if known is None and said is None:
+        raise CheckError(f"task '{task.task}': the direction of '{task.metric}' is not known (neither the suite "
+                         "nor lm-eval says): set higher_is_better on the task")
+    return known if known is not None else bool(said)
 
 
 def _pool_slices(spec: QualitySpec, tasks: list[quality_gates.Paired], *, looks: dict[str, int] | None = None

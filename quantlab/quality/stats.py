@@ -1,9 +1,12 @@
 """Paired statistics for the quality stage: pure functions over per-sample values.
 
 Baseline and candidate answer the same prompts, so every comparison is paired:
-- pass/fail metrics: exact McNemar test on the discordant pairs, and Newcombe's hybrid
-  score interval (1998, method 10) for the difference of the paired proportions: honest
-  at zero and few discordant pairs, where a bootstrap interval collapses to [0, 0];
+- pass/fail metrics: exact McNemar test on the discordant pairs, and Tango's score
+  interval (Stat. Med. 1998;17:891) for the difference of the paired proportions: the
+  inversion of the score test the non-inferiority gates run, whose error at the margin
+  stays at its nominal level (exact enumeration: at most 2.50% at nominal 2.5% over
+  n 50-1000), where Newcombe's hybrid interval passed 4.8% at few, one-directional
+  flips, and a bootstrap interval collapses to [0, 0] at zero discordance;
 - other metrics: a paired BCa bootstrap confidence interval (scipy) of the
   candidate-minus-baseline difference (resampling prompts, so the baseline/candidate
   pairing is kept);
@@ -111,23 +114,14 @@ def is_binary(values: Sequence[Value]) -> bool:
     return bool(values) and all(not isinstance(v, tuple) and v in (0.0, 1.0) for v in values)
 
 
-def paired_proportion_interval(base: Sequence[Value], cand: Sequence[Value], *, confidence: float = 0.95
-                               ) -> PairedInterval:
-    """Newcombe's hybrid score interval (Stat. Med. 1998;17:2635, method 10) for
-    p(candidate right) - p(baseline right) over paired pass/fail samples: the Wilson
-    intervals of the two marginal proportions (scipy), combined with the correlation of
-    the pairs. With no discordant pair in n samples it still spans about +-1.9/sqrt(n)."""
+def newcombe_interval(base: Sequence[Value], cand: Sequence[Value], *, confidence: float = 0.95
+                      ) -> PairedInterval:
+    """Newcombe's hybrid score interval (Stat. Med. 1998;17:2635, method 10), which the
+    gates used before Tango's: kept to show, in the tests and the error-rate benchmark,
+    why it was replaced (anti-conservative at few, one-directional flips)."""
     from scipy.stats import binomtest
 
-    if len(base) != len(cand):
-        raise ValueError(f"paired samples differ in count: {len(base)} baseline vs {len(cand)} candidate")
-    if not base:
-        raise ValueError("no samples to compare")
-    n = len(base)
-    both = sum(1 for x, y in zip(base, cand) if x and y)  # r
-    cand_only = sum(1 for x, y in zip(base, cand) if y and not x)  # s
-    base_only = sum(1 for x, y in zip(base, cand) if x and not y)  # t
-    neither = n - both - cand_only - base_only  # u
+    n, both, cand_only, base_only, neither = _paired_counts(base, cand)
     p1, p2 = (both + cand_only) / n, (both + base_only) / n  # candidate, baseline
 
     def wilson(k: int) -> tuple[float, float]:
@@ -145,9 +139,109 @@ def paired_proportion_interval(base: Sequence[Value], cand: Sequence[Value], *, 
     return PairedInterval(p2, p1, d, max(-1.0, low), min(1.0, high), confidence, n)
 
 
+def _paired_counts(base: Sequence[Value], cand: Sequence[Value]) -> tuple[int, int, int, int, int]:
+    """(n, both right, candidate only, baseline only, neither) of paired pass/fail samples."""
+    if len(base) != len(cand):
+        raise ValueError(f"paired samples differ in count: {len(base)} baseline vs {len(cand)} candidate")
+    if not base:
+        raise ValueError("no samples to compare")
+    n = len(base)
+    both = sum(1 for x, y in zip(base, cand) if x and y)
+    cand_only = sum(1 for x, y in zip(base, cand) if y and not x)
+    base_only = sum(1 for x, y in zip(base, cand) if x and not y)
+    return n, both, cand_only, base_only, n - both - cand_only - base_only
+
+
+def tango_z(cand_only, base_only, n: int, d0: float):
+    """Tango's score statistic for H0: p(candidate right) - p(baseline right) = d0, from
+    the discordant counts (numbers or numpy arrays of the same shape). Large positive:
+    the candidate is better than d0; it depends on the pairs only through the two
+    discordant counts and n. Variance from the restricted maximum-likelihood estimate of
+    the baseline-only cell under H0 (a closed-form quadratic root)."""
+    b = np.asarray(cand_only, dtype=float)
+    c = np.asarray(base_only, dtype=float)
+    a2 = 2.0 * n
+    b2 = -b - c + (2.0 * n - b + c) * d0
+    c2 = -c * d0 * (1.0 - d0)
+    p21 = (np.sqrt(np.maximum(b2 * b2 - 4.0 * a2 * c2, 0.0)) - b2) / (2.0 * a2)
+    var = n * (2.0 * p21 + d0 * (1.0 - d0))
+    num = b - c - n * d0
+    with np.errstate(divide="ignore", invalid="ignore"):
+        z = np.where(var > 1e-12, num / np.sqrt(np.maximum(var, 1e-12)), np.sign(num) * np.inf)
+    z = np.where(np.isnan(z), 0.0, z)
+    return float(z) if z.ndim == 0 else z
+
+
+def _z(confidence: float) -> float:
+    """The two-sided interval's normal quantile (each side at (1 - confidence) / 2)."""
+    from scipy.stats import norm
+
+    return float(norm.ppf(1 - (1 - confidence) / 2))
+
+
+def tango_bounds(cand_only: int, base_only: int, n: int, confidence: float) -> tuple[float, float]:
+    """Tango's score interval of p(candidate) - p(baseline): the d0 where the score
+    statistic crosses +-z (it falls as d0 rises)."""
+    from scipy.optimize import brentq
+
+    z = _z(confidence)
+    lo_end, hi_end = -1 + 1e-9, 1 - 1e-9
+
+    def root(target: float) -> float:
+        f = lambda d0: tango_z(cand_only, base_only, n, d0) - target  # noqa: E731
+        if f(lo_end) < 0:
+            return lo_end
+        if f(hi_end) > 0:
+            return hi_end
+        return float(brentq(f, lo_end, hi_end, xtol=1e-10))
+
+    return max(-1.0, root(z)), min(1.0, root(-z))
+
+
+def paired_proportion_interval(base: Sequence[Value], cand: Sequence[Value], *, confidence: float = 0.95
+                               ) -> PairedInterval:
+    """Tango's score interval for p(candidate right) - p(baseline right) over paired
+    pass/fail samples. With no discordant pair in n samples it still spans about
+    +-z^2/(n + z^2) (3.7 points at n = 100)."""
+    n, both, cand_only, base_only, _ = _paired_counts(base, cand)
+    low, high = tango_bounds(cand_only, base_only, n, confidence)
+    p1, p2 = (both + cand_only) / n, (both + base_only) / n  # candidate, baseline
+    return PairedInterval(p2, p1, p1 - p2, low, high, confidence, n)
+
+
+def ni_pass_probability(n: int, margin: float, p_cand_only: float, p_base_only: float,
+                        confidence: float) -> float:
+    """P(the non-inferiority gate passes) when the pairs fall into candidate-only and
+    baseline-only at these rates: exact, summed over every (candidate-only,
+    baseline-only) count of n pairs (a trinomial), the gate passing where Tango's lower
+    bound at `confidence` is above -margin (the score statistic at -margin above z)."""
+    return _trinomial_mass(n, p_cand_only, p_base_only, lambda b, c: tango_z(b, c, n, -margin) > _z(confidence))
+
+
+def ni_fail_probability(n: int, margin: float, p_cand_only: float, p_base_only: float,
+                        confidence: float) -> float:
+    """P(the gate fails): the whole interval at `confidence` (the fail side's) below -margin."""
+    return _trinomial_mass(n, p_cand_only, p_base_only, lambda b, c: tango_z(b, c, n, -margin) < -_z(confidence))
+
+
+def _trinomial_mass(n: int, p1: float, p2: float, where) -> float:
+    from scipy.special import gammaln, xlogy
+
+    i = np.arange(n + 1)[:, None]
+    j = np.arange(n + 1)[None, :]
+    ok = i + j <= n
+    k = np.where(ok, n - i - j, 0)
+    rest = max(0.0, 1.0 - p1 - p2)
+    logp = (gammaln(n + 1) - gammaln(i + 1) - gammaln(j + 1) - gammaln(k + 1)
+            + xlogy(i, p1) + xlogy(j, p2) + xlogy(k, rest))
+    mass = np.where(ok, np.exp(logp), 0.0)
+    b, c = np.broadcast_to(i, mass.shape), np.broadcast_to(j, mass.shape)
+    return float(mass[ok & where(b, c)].sum())
+
+
 def paired_interval(base: Sequence[Value], cand: Sequence[Value], *, confidence: float, iters: int, seed: int,
                     transform=None) -> PairedInterval:
-    """The interval a gate judges: Newcombe's for pass/fail samples, else the bootstrap."""
+    """The interval a gate judges: Tango's for pass/fail samples, else the bootstrap."""
     if transform is None and is_binary(base) and is_binary(cand):
         return paired_proportion_interval(base, cand, confidence=confidence)
     return paired_bootstrap(base, cand, iters=iters, confidence=confidence, seed=seed, transform=transform)

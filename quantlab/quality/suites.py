@@ -24,6 +24,10 @@ SHIPPED = Path(__file__).resolve().parents[2] / "eval_suites"
 SUITE_FILE = "suite.yaml"
 # metrics lm-eval computes for an output type without a metric_list entry naming them
 IMPLICIT = {"loglikelihood_rolling": {"word_perplexity", "byte_perplexity", "bits_per_byte"}}
+# directions of lm-eval's own metrics, for tasks whose YAML (or a hub task) does not state one
+KNOWN_DIRECTIONS = {"acc": True, "acc_norm": True, "exact_match": True, "f1": True, "mcc": True, "bleu": True,
+                    "pass@1": True, "word_perplexity": False, "byte_perplexity": False, "bits_per_byte": False,
+                    "perplexity": False}
 
 
 class _TaskYamlLoader(yaml.SafeLoader):
@@ -41,6 +45,7 @@ class Suite:
     kl_texts: Path | None = None
     sha256: str = ""
     task_files: dict[str, Path] = field(default_factory=dict)
+    directions: dict[str, bool] = field(default_factory=dict)  # task -> its metric is higher-is-better
 
 
 def suite_folder(name: str, recipe_dir: Path) -> Path:
@@ -97,6 +102,22 @@ def _check_task(folder: Path, suite_path: Path, i: int, task: SuiteTask, path: P
                           "so it needs api: completions", file=str(suite_path), field=f"{where}.api")
 
 
+def metric_direction(task: SuiteTask, data: dict | None, *, file: str, field: str) -> bool:
+    """Whether the task's gated metric is higher-is-better: the suite's word, else its task
+    YAML's metric_list, else lm-eval's known metrics. Unknown is refused: a gate that
+    guessed the direction would read a regression as a gain."""
+    if task.higher_is_better is not None:
+        return task.higher_is_better
+    for m in (data or {}).get("metric_list") or []:
+        if isinstance(m, dict) and m.get("metric") == task.metric and isinstance(m.get("higher_is_better"), bool):
+            return m["higher_is_better"]
+    if task.metric in KNOWN_DIRECTIONS:
+        return KNOWN_DIRECTIONS[task.metric]
+    raise RecipeError(f"task '{task.task}' gates metric '{task.metric}', whose direction is not known: its task "
+                      "YAML's metric_list gives no higher_is_better for it. Set higher_is_better: true or false on "
+                      "the task", file=file, field=field)
+
+
 def load_suite(folder: Path) -> Suite:
     path = folder / SUITE_FILE
     try:
@@ -113,7 +134,7 @@ def load_suite(folder: Path) -> Suite:
             raise RecipeError(f"suite '{spec.name}': {'; '.join(problems)}. Build it with {BUILD_HINT}",
                               file=str(folder / LOCK_FILE))
     yamls = _task_yamls(folder)
-    task_files = {}
+    task_files, directions = {}, {}
     for i, task in enumerate(spec.tasks):
         if task.task not in yamls:
             raise RecipeError(f"task '{task.task}' has no task YAML in {folder} (found: "
@@ -121,11 +142,12 @@ def load_suite(folder: Path) -> Suite:
         task_path, data = yamls[task.task]
         _check_task(folder, path, i, task, task_path, data)
         task_files[task.task] = task_path
+        directions[task.task] = metric_direction(task, data, file=str(path), field=f"tasks.{i}.higher_is_better")
     kl = folder / spec.kl_texts if spec.kl_texts else None
     if kl is not None and not kl.is_file():
         raise RecipeError(f"kl_texts file '{spec.kl_texts}' does not exist in {folder}", file=str(path),
                           field="kl_texts")
-    return Suite(spec.name, folder, spec.tasks, kl, folder_sha256(folder), task_files)
+    return Suite(spec.name, folder, spec.tasks, kl, folder_sha256(folder), task_files, directions)
 
 
 def load_suites(spec: QualitySpec, recipe_dir: Path) -> list[Suite]:
@@ -133,7 +155,10 @@ def load_suites(spec: QualitySpec, recipe_dir: Path) -> list[Suite]:
     suites = [load_suite(suite_folder(name, recipe_dir)) for name in spec.suites]
     if spec.hub_tasks:
         hub_id = hashlib.sha256(repr([t.model_dump() for t in spec.hub_tasks]).encode()).hexdigest()
-        suites.append(Suite("hub", None, list(spec.hub_tasks), None, hub_id))
+        directions = {t.task: metric_direction(t, None, file="<recipe>",
+                                               field=f"quality.hub_tasks.{i}.higher_is_better")
+                      for i, t in enumerate(spec.hub_tasks)}
+        suites.append(Suite("hub", None, list(spec.hub_tasks), None, hub_id, directions=directions))
     seen: dict[str, str] = {}
     for s in suites:
         for t in s.tasks:

@@ -265,7 +265,8 @@ def critical_verdicts(task: str, docs: list[dict[str, Any]], base_rows: list[dic
         if c is None or b is None or c.get("errored") or b.get("errored"):
             why = "not answered by both" if c is None or b is None else "its check errored"
             out.append(GateVerdict(stage="quality", gate="critical_row", scope=scope, verdict="inconclusive",
-                                   value=None, limit=1.0, detail=f"critical row {d['id']!r}: {why}", samples=1))
+                                   value=None, limit=1.0, detail=f"critical row {d['id']!r}: {why}", samples=1,
+                                   metric="passed", test="threshold"))
             continue
         flipped = b.get("passed") == 1 and c.get("passed") != 1
         detail = (f"critical row {d['id']!r}: passes on the baseline, fails on the candidate" if flipped else
@@ -273,5 +274,5 @@ def critical_verdicts(task: str, docs: list[dict[str, Any]], base_rows: list[dic
                   f"{'passes' if b.get('passed') == 1 else 'fails too'}")
         out.append(GateVerdict(stage="quality", gate="critical_row", scope=scope,
                                verdict="fail" if flipped else "pass", value=float(c.get("passed") or 0),
-                               limit=1.0, detail=detail, samples=1))
+                               limit=1.0, detail=detail, samples=1, metric="passed", test="threshold"))
     return out

@@ -11,6 +11,15 @@ decision follow from its verdicts) all call it. Three outcomes, never more:
   `release.policy` says `warn` for it (per gate, per check, or for all).
 A gate of an optional serve target decides that target only; the primary target's gates
 count for every target.
+
+The rule has a version (`RULE_VERSION`), recorded with every decision, so `quantlab
+verify` decides a manifest again under the rule it was made with:
+- 1 (records without `rule_version`): no gate at all was a release, and a gate warned by
+  release.policy released whatever its estimate;
+- 2: no gate is never a release (not_shown: nothing shows the candidate is fit), and
+  `warn` releases an undecided gate only when its estimate is within its limit: one
+  whose point estimate is beyond it (a breach the interval cannot yet show) is held, and
+  so is a gate marked not warnable (a task that could not run).
 """
 
 from __future__ import annotations
@@ -23,6 +32,8 @@ from quantlab.core.verdicts import GateVerdict, gate_id
 from quantlab.serving.spec import PRIMARY_TARGET
 
 Decision = Literal["release", "blocked", "not_shown"]
+RULE_VERSION = 2
+RULES = (1, 2)
 NotShown = Literal["block", "warn"]
 
 
@@ -70,6 +81,10 @@ class DecisionRecord(_M):
     not_shown_policy: dict | None = Field(None, description="release.policy's rules this decision was made "
                                           "under; None: a decision from before quantlab had them (then an "
                                           "undecided gate never held a release back).")
+    rule_version: int | None = Field(None, description="The decision rule's version (see release/decision.py); "
+                                     "None: rule 1, from before versions were recorded.")
+    warned_gates: list[str] = Field(default_factory=list, description="Undecided gates release.policy let "
+                                    "through (warned, within their limits).")
 
 
 class TargetDecision(_M):
@@ -112,24 +127,44 @@ def policy_for(recipe, *, fallback: str = "") -> DecisionPolicy:
                           not_shown=rules.not_shown, checks=dict(rules.checks), gates=dict(rules.gates))
 
 
-def decide(verdicts: list[GateVerdict], policy: DecisionPolicy) -> Decided:
-    """blocked, not_shown or release; see the module docstring."""
+def holds(v: GateVerdict, policy: DecisionPolicy, rule: int) -> bool:
+    """Whether an undecided gate holds the release back: the policy requires it, or
+    (rule 2) its estimate is beyond its limit, which no `warn` lets through, or it is a
+    gate no policy may warn (a task that could not run)."""
+    return policy.required(v) or (rule >= 2 and (v.beyond_limit() is True or not v.warnable))
+
+
+def decide(verdicts: list[GateVerdict], policy: DecisionPolicy, *, rule: int = RULE_VERSION) -> Decided:
+    """blocked, not_shown or release; see the module docstring. `rule`: the version to
+    decide under (verify passes the one a manifest records)."""
+    if rule not in RULES:
+        raise ValueError(f"unknown decision rule version {rule} (this quantlab knows {', '.join(map(str, RULES))}): "
+                         "a newer quantlab made this decision; verify it with that version")
     optional = policy.optional_targets
     counted = [v for v in verdicts if v.target is None or v.target not in optional]
     failing = [v for v in counted if v.verdict == "fail"]
     undecided = [v for v in counted if v.verdict == "inconclusive"]
-    holding = [v for v in undecided if policy.required(v)]
+    holding = [v for v in undecided if holds(v, policy, rule)]
     failed, unsure, unshown = ([gate_id(v) for v in vs] for vs in (failing, undecided, holding))
     common = {"failed_gates": failed, "inconclusive_gates": unsure, "not_shown_gates": unshown,
-              "not_shown_policy": policy.rules()}
+              "not_shown_policy": policy.rules(), "rule_version": rule if rule >= 2 else None,
+              "warned_gates": [u for u in unsure if u not in unshown] if rule >= 2 else []}
     if failed:
         why = f"{len(failed)} gate(s) failed: {', '.join(failed)}"
         if unshown:
             why += f"; {len(unshown)} more not shown: {', '.join(unshown)}"
         record = DecisionRecord(decision="blocked", why=why, fallback=policy.fallback, **common)
     elif unshown:
-        record = DecisionRecord(decision="not_shown", why=f"{len(unshown)} required gate(s) could not decide (not "
-                                f"shown): {', '.join(unshown)}; release.policy can make a gate warn instead",
+        breached = [gate_id(v) for v in holding if not policy.required(v) and v.warnable]
+        why = (f"{len(unshown)} required gate(s) could not decide (not shown): {', '.join(unshown)}; release.policy "
+               "can make a gate warn instead")
+        if breached:
+            why += (f" (except {', '.join(breached)}: warned, but its estimate is beyond its limit, which no warning "
+                    "releases)")
+        record = DecisionRecord(decision="not_shown", why=why, fallback=policy.fallback, **common)
+    elif not counted and rule >= 2:
+        record = DecisionRecord(decision="not_shown", why="no gate was configured: nothing shows the candidate is "
+                                "fit to release (add a quality, performance or stability section)",
                                 fallback=policy.fallback, **common)
     else:
         why = f"all {len(counted)} gate(s) passed" if counted else "no gate was configured"
@@ -137,17 +172,17 @@ def decide(verdicts: list[GateVerdict], policy: DecisionPolicy) -> Decided:
         if warned:
             why += f"; {len(warned)} not shown, warned by release.policy: {', '.join(warned)}"
         record = DecisionRecord(decision="release", why=why, **common)
-    return Decided(record=record, targets=_per_target(verdicts, policy), blocking=failing + holding)
+    return Decided(record=record, targets=_per_target(verdicts, policy, rule), blocking=failing + holding)
 
 
-def _per_target(verdicts: list[GateVerdict], policy: DecisionPolicy) -> dict[str, TargetDecision]:
+def _per_target(verdicts: list[GateVerdict], policy: DecisionPolicy, rule: int) -> dict[str, TargetDecision]:
     """One decision per serve target. The primary target's gates (quality, performance,
     stability: measured there) count for every target; each other target adds its own."""
     out = {}
     for name, req in policy.targets.items():
         own = [v for v in verdicts if v.target is None or (name != PRIMARY_TARGET and v.target == name)]
         failed = [v for v in own if v.verdict == "fail"]
-        unshown = [v for v in own if v.verdict == "inconclusive" and policy.required(v)]
+        unshown = [v for v in own if v.verdict == "inconclusive" and holds(v, policy, rule)]
         if failed:
             local = [v.detail for v in failed if v.target == name]
             why = "; ".join(local) if local else f"{len(failed)} gate(s) failed on the primary target"
@@ -159,6 +194,8 @@ def _per_target(verdicts: list[GateVerdict], policy: DecisionPolicy) -> dict[str
             why = "; ".join(local) if local else f"{len(unshown)} gate(s) not shown on the primary target"
             out[name] = TargetDecision(decision="not_shown", required=req, why=why,
                                        not_shown_gates=[gate_id(v) for v in unshown])
+        elif not own and rule >= 2:
+            out[name] = TargetDecision(decision="not_shown", required=req, why="no gate was configured")
         else:
             out[name] = TargetDecision(decision="release", required=req, why=f"all {len(own)} gate(s) passed or "
                                        "warned" if own else "no gate was configured")

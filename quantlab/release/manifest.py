@@ -66,6 +66,10 @@ class Manifest(_M):
                                                "the recipe names serve.targets): decision, why, required.")
     comparison: dict[str, Any] | None = Field(None, description="In a run of several candidates: whether this "
                                               "one was chosen, the rule, why, and every candidate's summary.")
+    error_budget: dict[str, Any] | None = Field(None, description="How the run's error rates were spent: per "
+                                                "check its tests, looks and alphas, the fixed thresholds, the run's "
+                                                "bounds, and the decision rule's version (release/error_budget.py); "
+                                                "None: a manifest from before the ledger.")
     signer: Signer | None = Field(None, description="Who signs it; None: unsigned (signing.method none), or a "
                                   "manifest written before quantlab recorded the signer.")
 
@@ -273,7 +277,11 @@ def verify_folder(folder: Path, **signature_args) -> list[str]:
                             f"{meta['sha256'][:12]}...)")
     for name in sorted(set(on_disk) - set(manifest.checkpoint_files)):
         problems.append(f"added file: {name} (not in the manifest)")
-    expected = decide(manifest.gates, policy_of_manifest(manifest))
+    rule = manifest.decision.rule_version or 1  # a manifest signed before rules had versions: rule 1
+    try:
+        expected = decide(manifest.gates, policy_of_manifest(manifest), rule=rule)
+    except ValueError as err:
+        return problems + [str(err)]
     for name, want in expected.targets.items():
         got = manifest.targets[name]
         if (got.decision, got.failed_gates, got.not_shown_gates) != \

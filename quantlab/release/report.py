@@ -14,7 +14,8 @@ from typing import Any
 from xml.etree import ElementTree as ET
 
 from quantlab.core.verdicts import all_verdicts, gate_id
-from quantlab.release.decision import DecisionPolicy, TargetDecision, decide, recorded_policy, targets_line
+from quantlab.release.decision import (RULE_VERSION, DecisionPolicy, TargetDecision, decide, recorded_policy,
+                                       targets_line)
 from quantlab.core.results import (
     CheckpointResult,
     PerfResult,
@@ -205,7 +206,8 @@ def _blocking(verdicts: list[GateVerdict], release: Any) -> set[str]:
     decided by (no release result yet: the default, every gate required)."""
     policy = recorded_policy({n: d.get("required", True) for n, d in release.targets.items()},
                              release.not_shown_policy) if isinstance(release, ReleaseResult) else DecisionPolicy()
-    return {gate_id(v) for v in decide(verdicts, policy).blocking}
+    rule = (release.rule_version or 1) if isinstance(release, ReleaseResult) else RULE_VERSION
+    return {gate_id(v) for v in decide(verdicts, policy, rule=rule).blocking}
 
 
 def _stages_section(record: RunRecord) -> Section:

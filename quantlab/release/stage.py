@@ -12,6 +12,7 @@ from quantlab.core.context import RunContext, stage_digest
 from quantlab.core.errors import RecipeError
 from quantlab.core.fsutil import sha256_file, write_json_atomic
 from quantlab.core.verdicts import all_verdicts
+from quantlab.release.error_budget import ledger
 from quantlab.release.decision import Decided, decide, policy_for, targets_line
 from quantlab.release.manifest import (
     MANIFEST_FILE,
@@ -122,7 +123,8 @@ def run(ctx: RunContext) -> ReleaseResult:
         ctx.add_artifact(f"{folder.name}/{SIGNATURE_FILE}", "manifest-signature")
     return ReleaseResult(decision=decision.decision, why=decision.why, fallback=decision.fallback,
                          failed_gates=decision.failed_gates, not_shown_gates=decision.not_shown_gates,
-                         not_shown_policy=decision.not_shown_policy,
+                         not_shown_policy=decision.not_shown_policy, rule_version=decision.rule_version,
+                         error_budget=manifest.error_budget,
                          targets={n: d.model_dump(mode="json") for n, d in targets.items()},
                          manifest=f"{folder.name}/{MANIFEST_FILE}",
                          signed=signed, signing_method=s.method, public_key_fingerprint=fingerprint,
@@ -164,6 +166,8 @@ def build_manifest(ctx: RunContext, results: dict[str, Any], verdicts, decision,
         decision=decision,
         targets=targets or {},
         comparison=ctx.comparison,
+        error_budget=ledger(verdicts, rule_version=decision.rule_version or 1, quality=ctx.recipe.quality,
+                            performance=ctx.recipe.performance),
     )
 
 

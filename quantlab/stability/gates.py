@@ -18,7 +18,8 @@ def verdicts(stab: dict[str, dict[str, Any]], spec: StabilitySpec) -> list[GateV
 
     def add(gate: str, scope: str, value, limit, ok: bool, detail: str) -> None:
         out.append(GateVerdict(stage=CHECK, gate=gate, scope=scope, verdict="pass" if ok else "fail",
-                               value=value, limit=limit, detail=detail))
+                               value=value, limit=limit, detail=detail, metric=gate.removeprefix("max_"),
+                               comparator="at_most", estimate=value, test="threshold"))
 
     if g.max_batch_mismatch_excess is not None and "batch" in c:
         cr, br = c["batch"]["mismatch_rate"], b["batch"]["mismatch_rate"]

@@ -12,7 +12,7 @@ CHECK = "targets"
 def _verdict(name: str, gate: str, ok: bool | None, value, limit: float, detail: str) -> GateVerdict:
     verdict = "inconclusive" if ok is None else "pass" if ok else "fail"
     return GateVerdict(stage=CHECK, gate=gate, scope=name, target=name, verdict=verdict, value=value, limit=limit,
-                       detail=detail)
+                       detail=detail, test="threshold")
 
 
 def verdicts(outcome: TargetOutcome, target) -> list[GateVerdict]:

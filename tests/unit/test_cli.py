@@ -140,3 +140,17 @@ def test_checkpoint_candidates_bad_input_exits_2_naming_it(tmp_path):
            "--runs-dir", tmp_path / "runs")
     assert r.returncode == 2 and "two candidates are named 'gptq-w4a16'" in r.stderr
     assert not (tmp_path / "runs").exists()  # refused before any run folder
+
+
+def test_run_on_a_recipe_without_checks_is_refused_before_any_work(tmp_path):
+    """It used to serve both models and, with no gate, release: a signed release on no
+    evidence. Now exit 2 at once (--dry-run and a real run alike), pointing to quantize."""
+    f = tmp_path / "quantize-only.yaml"
+    f.write_text(yaml.safe_dump({"name": "quantize-only", "quantization": {"method": "rtn", "scheme": "W4A16",
+                                                                            "group_size": 64}}))
+    for extra in (["--dry-run"], []):
+        r = ql("run", f, "--runs-dir", tmp_path / "runs", *extra)
+        assert r.returncode == 2, r.stderr
+        assert "no check section" in r.stderr and "quantlab quantize quantize-only.yaml" in r.stderr
+        assert "quantize-only.yaml" in r.stderr and "field 'quality'" in r.stderr
+    assert not list((tmp_path / "runs").glob("quantize-only/*/checkpoint"))

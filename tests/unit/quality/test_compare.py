@@ -29,7 +29,7 @@ def by_gate(vs):
 def test_a_model_against_itself_passes_every_gate():
     rng = random.Random(0)
     base = rows([float(rng.random() < 0.4) for _ in range(150)])
-    cmp, flips, vs = judge(base, base)
+    cmp, flips, vs = judge(base, base, QualityGates(min_recovery=0.9))
     assert cmp.diff == 0 and cmp.mcnemar_p == 1.0 and flips == []
     assert by_gate(vs) == {"min_recovery": "pass", "non_inferiority": "pass"}
 
@@ -38,20 +38,25 @@ def test_a_broken_candidate_fails_with_its_numbers():
     rng = random.Random(1)
     b = [float(rng.random() < 0.6) for _ in range(150)]
     c = [x if rng.random() < 0.2 else 0.0 for x in b]  # most right answers lost
-    cmp, flips, vs = judge(rows(b), rows(c), QualityGates(max_drop=0.05))
+    cmp, flips, vs = judge(rows(b), rows(c), QualityGates(min_recovery=0.9, max_drop=0.05))
     assert by_gate(vs) == {"min_recovery": "fail", "max_drop": "fail", "non_inferiority": "fail"}
     assert cmp.worse == len(flips) > 50 and cmp.better == 0 and cmp.mcnemar_p < 1e-6
     assert all(f["direction"] == "worse" and f["prompt"] and "baseline_answer" in f for f in flips)
     v = next(v for v in vs if v.gate == "min_recovery")
     assert v.value == pytest.approx(cmp.candidate / cmp.baseline) and v.value < 0.5
     assert f"baseline {cmp.baseline:.4g}, candidate {cmp.candidate:.4g} over 150 paired samples" in v.detail
+    # the test behind it, as fields: each gate is non-inferiority at its own margin
+    assert v.comparator == "non_inferior" and v.margin == pytest.approx(0.1 * cmp.baseline) and v.test == "tango-score"
+    assert v.estimate == pytest.approx(cmp.diff) and v.low < v.estimate < v.high and v.beyond_limit()
+    drop = next(v for v in vs if v.gate == "max_drop")
+    assert drop.margin == 0.05 and drop.value == pytest.approx(-cmp.diff)
 
 
 def test_a_small_drop_within_the_noise_is_inconclusive_and_says_how_many_samples_would_tell():
     b = [1.0] * 10 + [0.0] * 10 + [1.0] * 10
     c = list(b)
     c[0] = c[1] = c[2] = 0.0  # 3 of 20 right answers lost: recovery 0.85 on 30 samples
-    cmp, _, vs = judge(rows(b), rows(c))
+    cmp, _, vs = judge(rows(b), rows(c), QualityGates(min_recovery=0.9))
     assert by_gate(vs)["min_recovery"] == "inconclusive"
     ni = next(v for v in vs if v.gate == "non_inferiority")
     assert ni.verdict == "inconclusive" and ni.samples_to_verdict and ni.samples_to_verdict > 30
@@ -67,11 +72,11 @@ def test_lower_is_better_metrics_are_oriented():
     base = [{"doc_id": i, "filter": "none", "prompt_hash": str(i), "metrics": {"word_perplexity": [-100.0, 50]}}
             for i in range(30)]
     worse = [{**r, "metrics": {"word_perplexity": [-160.0, 50]}} for r in base]
-    cmp, _, vs = judge(base, worse, metric="word_perplexity", hib=False)
+    cmp, _, vs = judge(base, worse, QualityGates(min_recovery=0.9), metric="word_perplexity", hib=False)
     assert cmp.candidate > cmp.baseline and cmp.recovery < 0.9
     assert by_gate(vs) == {"min_recovery": "fail", "non_inferiority": "fail"}
     better = [{**r, "metrics": {"word_perplexity": [-90.0, 50]}} for r in base]
-    _, _, vs = judge(base, better, metric="word_perplexity", hib=False)
+    _, _, vs = judge(base, better, QualityGates(min_recovery=0.9), metric="word_perplexity", hib=False)
     assert by_gate(vs) == {"min_recovery": "pass", "non_inferiority": "pass"}
 
 
@@ -114,13 +119,29 @@ def test_a_sample_that_is_not_a_number_is_an_error_naming_task_and_sample():
         judge(base, cand)
 
 
-def test_a_zero_baseline_score_passes_recovery_only_when_the_candidate_is_not_worse():
+def test_a_zero_baseline_score_tests_recovery_at_a_margin_of_zero_or_the_floor():
+    """A recovery of a zero score allows no worsening: non-inferiority at margin 0 (or
+    non_inferiority_min_margin), judged on the interval like every gate."""
     zero, better = rows([0.0] * 40, metric="f1"), rows([0.0] * 30 + [0.5] * 10, metric="f1")
     cmp, _, vs = judge(zero, better, QualityGates(min_recovery=0.9), metric="f1")
     assert cmp.recovery is None and by_gate(vs)["min_recovery"] == "pass"
     negative, worse = rows([0.5] * 20 + [-0.5] * 20, metric="f1"), rows([0.5] * 20 + [-0.6] * 20, metric="f1")
     cmp, _, vs = judge(negative, worse, QualityGates(min_recovery=0.9), metric="f1")
-    assert cmp.recovery is None and by_gate(vs)["min_recovery"] == "inconclusive"
+    assert cmp.recovery is None and by_gate(vs)["min_recovery"] == "fail"  # worse beyond its interval, margin 0
+    floored = QualityGates(min_recovery=0.9, non_inferiority_min_margin=0.1)
+    _, _, vs = judge(negative, worse, floored, metric="f1")
+    assert by_gate(vs)["min_recovery"] == "pass"  # 0.05 worse, well inside a 0.1 floor
+
+
+def test_recovery_and_drop_never_pass_on_the_point_estimate():
+    """Before, a recovery at or above its limit passed on the point estimate alone (at the
+    limit a coin toss): 150 samples, recovery 0.95 against a limit of 0.9 is not shown."""
+    b = [1.0] * 100 + [0.0] * 50
+    c = [1.0] * 95 + [0.0] * 55  # 5 of 100 right answers lost: recovery 0.95, drop 0.033
+    cmp, _, vs = judge(rows(b), rows(c), QualityGates(min_recovery=0.9, max_drop=0.05, non_inferiority_margin=None))
+    assert cmp.recovery == pytest.approx(0.95)
+    assert by_gate(vs) == {"min_recovery": "inconclusive", "max_drop": "inconclusive"}
+    assert all(not v.beyond_limit() for v in vs)  # within its limit: the estimate is; the interval is not yet
 
 
 def test_zero_discordance_at_20_samples_does_not_show_non_inferiority():
@@ -159,21 +180,23 @@ def test_the_fail_side_is_adjusted_for_the_family_of_gates():
         return cmp, bv, cv
 
     good = [1.0] * 60 + [0.0] * 40
-    # 16 right answers lost, 4 gained: recovery 0.8, worse beyond the 95% interval but not far beyond
-    marginal = [1.0] * 44 + [0.0] * 16 + [1.0] * 4 + [0.0] * 36
+    # 20 right answers lost, 4 gained: 16 points worse, beyond the 6-point margin at the 95% interval but not
+    # at the family's
+    marginal = [1.0] * 40 + [0.0] * 20 + [1.0] * 4 + [0.0] * 36
     large = [1.0] * 20 + [0.0] * 80
     tasks = [paired(f"t{i}", good, good) for i in range(10)] + [paired("marginal", good, marginal),
                                                                  paired("large", good, large)]
     alone = {v.gate: v.verdict for v in quality_gates.verdicts(spec, tasks[-2:-1], [], None)}
     family = {(v.gate, v.scope): v for v in quality_gates.verdicts(spec, tasks, [], None)}
-    assert alone["min_recovery"] == "fail"
-    assert family[("min_recovery", "marginal")].verdict == "inconclusive"
-    assert "Bonferroni over 12 gated comparisons" in family[("min_recovery", "marginal")].detail
+    assert alone["non_inferiority"] == "fail"
+    marginal_v = family[("non_inferiority", "marginal")]
+    assert marginal_v.verdict == "inconclusive"
+    assert "Bonferroni over 12 gated comparisons" in marginal_v.detail
     # it says why: worse beyond its own interval, not beyond the family's (not "within the noise")
-    assert "worse beyond its own 95% interval, but not beyond the fail side's" in \
-        family[("min_recovery", "marginal")].detail
-    assert family[("min_recovery", "large")].verdict == "fail"
-    assert family[("min_recovery", "t0")].verdict == "pass"
+    assert "interval is below -0.06, but not the fail side's" in marginal_v.detail
+    assert marginal_v.fail_confidence == pytest.approx(1 - 0.05 / 12) and marginal_v.confidence == 0.95
+    assert family[("non_inferiority", "large")].verdict == "fail"
+    assert family[("non_inferiority", "t0")].verdict == "pass"
 
 
 def test_a_margin_floor_lets_a_low_scoring_task_show_non_inferiority():
@@ -195,3 +218,21 @@ def test_a_margin_floor_lets_a_low_scoring_task_show_non_inferiority():
     _, _, vs = judge(high, high, floored)
     [ni] = [v for v in vs if v.gate == "non_inferiority"]
     assert ni.limit == pytest.approx(-0.09)
+
+
+def test_a_task_that_could_not_run_is_a_required_gate_not_a_silence():
+    """A task skipped for a short served context used to land only in the result's
+    notes: a task, or a whole slice, vanished from the decision."""
+    from quantlab.quality.gates import skipped_verdicts
+    from quantlab.quality.spec import QualitySpec
+    from quantlab.release.decision import DecisionPolicy, decide
+
+    spec = QualitySpec.model_validate({"task_gates": {"ql_off": {"disabled": True}}})
+    vs = skipped_verdicts(spec, [("ql_passkey_1300w", "needs max_model_len >= 2048, served 512"),
+                                 ("ql_off", "needs max_model_len >= 2048, served 512")])
+    [v] = vs
+    assert (v.gate, v.scope, v.verdict) == ("skipped", "ql_passkey_1300w", "inconclusive")
+    assert "served 512" in v.detail and "quality.tasks" in v.detail
+    for policy in (DecisionPolicy(), DecisionPolicy(not_shown="warn")):  # no warning lets it through
+        d = decide(vs, policy).record
+        assert d.decision == "not_shown" and d.not_shown_gates == ["quality.skipped@ql_passkey_1300w"]

@@ -109,11 +109,11 @@ def test_newcombe_matches_the_worked_example():
     """Altman et al., Statistics with Confidence (2000), table 6.2: 14 pairs right for
     both, 5 right for one only, 22 for neither; Newcombe's interval, by the published
     formula (biostatUZH's confIntPairedProportion, Wilson without continuity correction)."""
-    from quantlab.quality.stats import paired_proportion_interval
+    from quantlab.quality.stats import newcombe_interval
 
     base = [1.0] * 14 + [0.0] * 5 + [0.0] * 22
     cand = [1.0] * 14 + [1.0] * 5 + [0.0] * 22
-    ci = paired_proportion_interval(base, cand, confidence=0.95)
+    ci = newcombe_interval(base, cand, confidence=0.95)
     assert round(ci.diff, 4) == 0.122 and 0.0 < ci.low < 0.05 and 0.2 < ci.high < 0.25
 
 
@@ -130,3 +130,36 @@ def test_bca_interval_of_a_skewed_continuous_metric_covers_the_truth():
         ci = paired_bootstrap(base.tolist(), cand.tolist(), iters=500, seed=s)
         covered += ci.low <= true <= ci.high
     assert 0.88 <= covered / 200 <= 0.99
+
+
+def test_non_inferiority_errs_at_its_nominal_level_at_the_margin():
+    """Exact enumeration over every (candidate-only, baseline-only) count: with the
+    candidate truly worse by exactly the margin (p10 - p01 = margin), the gate passes
+    at most 2.75% of the time at nominal 2.5%, over the grid the decision is used on.
+    Newcombe's interval, used before, passed 4.8% at few, one-directional flips."""
+    from quantlab.quality.stats import ni_pass_probability
+
+    worst = 0.0
+    for margin in (0.05, 0.0875):
+        for p01 in (0.0, 0.01, 0.05, 0.10):
+            for n in (50, 80, 200, 1000):
+                p = ni_pass_probability(n, margin, p_cand_only=p01, p_base_only=p01 + margin, confidence=0.95)
+                assert p <= 0.0275, (margin, p01, n, p)
+                worst = max(worst, p)
+    assert worst > 0.02  # not conservative to the point of no power: near nominal somewhere
+
+
+def test_tango_interval_matches_the_score_test_it_inverts():
+    """The interval's lower end is where the score statistic crosses z: a margin just
+    inside it passes the test, just outside does not; no discordant pair in 100 spans
+    +-z^2/(n + z^2)."""
+    from quantlab.quality.stats import paired_proportion_interval, tango_z
+
+    base = [1.0] * 60 + [1.0] * 8 + [0.0] * 3 + [0.0] * 29
+    cand = [1.0] * 60 + [0.0] * 8 + [1.0] * 3 + [0.0] * 29
+    ci = paired_proportion_interval(base, cand, confidence=0.95)
+    assert ci.diff == pytest.approx(-0.05) and ci.low < -0.05 < ci.high
+    assert tango_z(3, 8, 100, ci.low) == pytest.approx(1.959964, abs=1e-4)
+    assert tango_z(3, 8, 100, ci.high) == pytest.approx(-1.959964, abs=1e-4)
+    same = paired_proportion_interval([1.0] * 100, [1.0] * 100, confidence=0.95)
+    assert same.low == pytest.approx(-1.959964 ** 2 / (100 + 1.959964 ** 2), abs=1e-6) == -same.high

@@ -65,3 +65,25 @@ def test_a_loglikelihood_task_cannot_use_the_chat_api(suite_copy):
     (suite_copy / "suite.yaml").write_text(text)
     with pytest.raises(RecipeError, match="chat API only generates"):
         load_suite(suite_copy)
+
+
+def test_a_metric_whose_direction_is_unknown_is_refused_at_load(suite_copy):
+    """A summary without higher_is_better used to be read as higher-is-better: a gate on
+    a lower-is-better metric would then read a regression as a gain."""
+    suite = load_suite(suite_copy)
+    assert suite.directions["ql_code"] is True and suite.directions["ql_prose_ppl"] is False
+    text = (suite_copy / "code.yaml").read_text()
+    (suite_copy / "code.yaml").write_text(text.replace("higher_is_better: true", "weight_by_size: false"))
+    with pytest.raises(RecipeError, match="'pass', whose direction is not known.*higher_is_better") as err:
+        load_suite(suite_copy)
+    assert err.value.field == "tasks.10.higher_is_better"
+    suite_file = suite_copy / "suite.yaml"
+    suite_file.write_text(suite_file.read_text().replace("metric: pass, slice: code",
+                                                         "metric: pass, slice: code, higher_is_better: true"))
+    assert load_suite(suite_copy).directions["ql_code"] is True  # the suite says it
+    spec = QualitySpec.model_validate({"suites": [], "hub_tasks": [{"task": "mine", "metric": "my_score"}]})
+    with pytest.raises(RecipeError, match="direction is not known"):
+        load_suites(spec, suite_copy)
+    spec = QualitySpec.model_validate({"suites": [], "hub_tasks": [
+        {"task": "mine", "metric": "my_score", "higher_is_better": False}, {"task": "gsm8k", "metric": "exact_match"}]})
+    assert load_suites(spec, suite_copy)[0].directions == {"mine": False, "gsm8k": True}

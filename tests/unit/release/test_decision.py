@@ -11,7 +11,6 @@ def verdict(gate, v, scope="w/c1"):
 
 def test_decision_follows_the_verdicts():
     base = DecisionPolicy(fallback="base")
-    assert decide([], base).record.decision == "release"
     decided = decide([verdict("a", "pass"), verdict("b", "fail", "w/c8")], base)
     d = decided.record
     assert d.decision == "blocked" and d.failed_gates == ["performance.b@w/c8"] and d.fallback == "base"
@@ -93,3 +92,41 @@ def test_a_target_with_a_gate_that_could_not_decide_is_not_shown():
     assert targets_line(decided.targets) == ("released for primary; not shown for cpu2 (optional): "
                                              "max_mismatch on cpu2")
 
+
+
+def test_no_gate_is_never_a_release():
+    """It used to be: decide([]) said 'no gate was configured' and released, so a recipe
+    without checks signed a release on no evidence at all."""
+    d = decide([], DecisionPolicy(fallback="base")).record
+    assert d.decision == "not_shown" and "nothing shows" in d.why and d.rule_version == 2
+    # a manifest made under rule 1 is decided again under rule 1 (what it was signed with)
+    assert decide([], DecisionPolicy(), rule=1).record.decision == "release"
+    policy = DecisionPolicy(targets={"primary": True, "gpu": False})
+    assert decide([], policy).targets["gpu"].decision == "not_shown"
+
+
+def test_warn_never_releases_a_gate_whose_estimate_is_beyond_its_limit():
+    """A 2x-margin drop on 50 items was released 92% of the time under not_shown: warn:
+    the interval could not show the breach, and warn let it through."""
+    def quality(estimate, margin=0.05):
+        return GateVerdict(stage="quality", gate="non_inferiority", scope="t", verdict="inconclusive",
+                           value=estimate - 0.1, limit=-margin, detail="d", comparator="non_inferior", margin=margin,
+                           estimate=estimate, low=estimate - 0.1, high=estimate + 0.1)
+    warn = DecisionPolicy(not_shown="warn")
+    inside = decide([quality(-0.03)], warn).record
+    assert inside.decision == "release" and inside.warned_gates == ["quality.non_inferiority@t"]
+    beyond = decide([quality(-0.10)], warn).record
+    assert beyond.decision == "not_shown" and beyond.not_shown_gates == ["quality.non_inferiority@t"]
+    assert "beyond its limit" in beyond.why
+    assert decide([quality(-0.10)], warn, rule=1).record.decision == "release"  # how rule 1 decided it
+    ratio = GateVerdict(stage="performance", gate="max_p99_ttft_ratio", scope="w/c1", verdict="inconclusive",
+                        value=1.7, limit=1.5, detail="d", comparator="at_most")
+    assert decide([ratio], warn).record.decision == "not_shown"
+    assert decide([ratio.model_copy(update={"value": 1.2})], warn).record.decision == "release"
+
+
+def test_an_unknown_rule_version_is_refused():
+    import pytest
+
+    with pytest.raises(ValueError, match="unknown decision rule version 9"):
+        decide([], DecisionPolicy(), rule=9)

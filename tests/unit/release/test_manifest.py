@@ -243,3 +243,23 @@ def test_verify_exits_0_only_for_a_verified_release(tmp_path, keys):
     assert r.returncode == 1 and "NOT VERIFIED" in r.stderr  # malformed: not verified, not bad input
     r = _verify_cli(released, "--sigstore-identity", "someone@example.com")
     assert r.returncode == 2 and "--sigstore-issuer" in r.stderr
+
+
+def test_a_manifest_made_under_the_old_rule_still_verifies_under_it(tmp_path, keys):
+    """Rule 1 released a run with no gate (and a warned breach): a manifest signed then
+    records no rule version and is decided again under rule 1, not today's; the same
+    decision claimed under rule 2 does not follow."""
+    priv, pub = keys
+    folder = make_release(tmp_path / "old")
+    m = json.loads((folder / MANIFEST_FILE).read_text())
+    m["decision"] = decide([], DecisionPolicy(fallback="the baseline"), rule=1).record.model_dump(mode="json")
+    assert m["decision"]["decision"] == "release" and m["decision"]["rule_version"] is None
+    del m["decision"]["rule_version"], m["decision"]["warned_gates"]  # as a manifest of rule 1 was written
+    (folder / MANIFEST_FILE).write_text(json.dumps(m))
+    sign_folder(folder, method="key", private_key=priv)
+    assert verify_folder(folder, public_key=pub) == []
+    m["decision"]["rule_version"] = 2
+    (folder / MANIFEST_FILE).write_text(json.dumps(m))
+    sign_folder(folder, method="key", private_key=priv)
+    [problem] = verify_folder(folder, public_key=pub)
+    assert "decision 'release' does not follow" in problem and "'not_shown'" in problem

@@ -1,0 +1,90 @@
+"""The run's error budget (pure): how its chance of a wrong decision was spent, as one
+ledger the manifest records (`error_budget`).
+
+Two errors, two rules:
+- a false block (an unchanged model blocked): one failing gate blocks, so the fail sides
+  of a check share its alpha (Bonferroni over its gates, points and looks); over the
+  run the checks' alphas add up (a union bound) for the gates judged on an interval;
+- a false release (a model worse than a margin released): a release needs every
+  required gate to pass (an intersection-union test), so each pass side keeps its own
+  alpha and the run's is the largest of them.
+Fixed thresholds (stability, KL, a critical row, a count) are not judged on an
+interval: they are listed, with their false-block rate not controlled by the ledger.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from quantlab.core.verdicts import GateVerdict, gate_id
+
+LEDGER_VERSION = 1
+INTERVAL_TESTS = ("tango-score", "bca-bootstrap", "hierarchical-bootstrap")
+FIXED_TESTS = ("threshold", "count")
+
+
+def ledger(verdicts: list[GateVerdict], *, rule_version: int, quality: Any = None, performance: Any = None
+           ) -> dict[str, Any]:
+    """The ledger of one run: per check its tests, looks and alphas; then the run's."""
+    checks: dict[str, Any] = {}
+    q = [v for v in verdicts if v.stage == "quality" and v.test in INTERVAL_TESTS]
+    if q:
+        checks["quality"] = _quality(q, quality)
+    p = [v for v in verdicts if v.stage == "performance" and v.test in INTERVAL_TESTS]
+    if p:
+        checks["performance"] = _performance(p, performance)
+    fixed = sorted(gate_id(v) for v in verdicts if v.test in FIXED_TESTS)
+    return {
+        "ledger_version": LEDGER_VERSION,
+        "rule_version": rule_version,
+        "checks": checks,
+        "fixed_thresholds": {"gates": fixed, "false_block_rate": "not controlled (a fixed threshold, no interval)"},
+        "run": {
+            "false_block_bound": round(sum(c["fail_alpha_family"] for c in checks.values()), 6),
+            "false_block_rule": "union bound over the checks' fail sides (interval-judged gates only)",
+            "false_release_bound": max((c["pass_alpha"] for c in checks.values()), default=None),
+            "false_release_rule": "intersection-union: every required gate passes at its own alpha",
+            "tests": sum(c["tests"] for c in checks.values()),
+        },
+    }
+
+
+def _quality(vs: list[GateVerdict], spec: Any) -> dict[str, Any]:
+    """Quality's fail side: one interval per comparison (task or slice), however many
+    gates (margins) read it; two-sided intervals, so each side spends half."""
+    comparisons = {v.scope: v for v in vs}
+    fail = [(1 - (v.fail_confidence or v.confidence or 0.95)) / 2 for v in comparisons.values()]
+    out = {
+        "tests": len(comparisons),
+        "gates": len(vs),
+        "test": sorted({v.test for v in vs}),
+        "pass_alpha": round(max((1 - (v.confidence or 0.95)) / 2 for v in vs), 6),
+        "fail_alpha_per_test": round(min(fail), 8),
+        "fail_alpha_family": round(sum(fail), 6),
+        "family_rule": "Bonferroni over the gated comparisons (fail side); each pass side at its own confidence",
+    }
+    if spec is not None:
+        out["samples"] = spec.samples
+        if spec.samples == "auto":
+            out["looks"] = {"first": spec.sequential.first, "growth": spec.sequential.growth,
+                            "rule": "each look at 1 - (1 - confidence) / looks (Bonferroni over the looks)"}
+    return out
+
+
+def _performance(vs: list[GateVerdict], spec: Any) -> dict[str, Any]:
+    """Performance's bounds are one-sided: the fail alpha of each test is 1 - its fail confidence."""
+    fail = [1 - (v.fail_confidence or 0.95) for v in vs]
+    out = {
+        "tests": len(vs),
+        "gates": len(vs),
+        "test": sorted({v.test for v in vs}),
+        "pass_alpha": round(1 - spec.confidence, 6) if spec is not None else None,
+        "fail_alpha_per_test": round(min(fail), 8),
+        # the stage split 1 - confidence over gates x points x looks: the family is that, not the sum over
+        # the verdicts of one look
+        "fail_alpha_family": round(1 - spec.confidence, 6) if spec is not None else round(sum(fail), 6),
+        "family_rule": "Bonferroni over every interval gate x workload point x look (fail side)",
+    }
+    if spec is not None and spec.max_repeats:
+        out["looks"] = {"repeats": spec.repeats, "max_repeats": spec.max_repeats}
+    return out

@@ -1,0 +1,35 @@
+"""The run's error budget: one ledger of how the chance of a wrong decision was spent."""
+
+import pytest
+
+from quantlab.core.verdicts import GateVerdict
+from quantlab.performance.spec import PerformanceSpec
+from quantlab.quality.spec import QualitySpec
+from quantlab.release.error_budget import ledger
+
+
+def q(scope, gate="non_inferiority", fail_confidence=1 - 0.05 / 3):
+    return GateVerdict(stage="quality", gate=gate, scope=scope, verdict="pass", value=0.0, limit=-0.05, detail="d",
+                       comparator="non_inferior", margin=0.05, confidence=0.95, fail_confidence=fail_confidence,
+                       estimate=0.0, low=-0.01, high=0.01, test="tango-score")
+
+
+def test_the_ledger_spends_each_checks_alpha_and_bounds_the_run():
+    perf = PerformanceSpec.model_validate({"workloads": [{"name": "w", "prompt_tokens": 8, "output_tokens": 8,
+                                                          "concurrency": [1]}]})
+    p = GateVerdict(stage="performance", gate="max_p99_ttft_ratio", scope="w/c1", verdict="pass", value=1.0,
+                    limit=1.5, detail="d", comparator="at_most", fail_confidence=1 - 0.05 / 3,
+                    test="hierarchical-bootstrap")
+    s = GateVerdict(stage="stability", gate="max_server_errors", scope="bad_requests", verdict="pass", value=0,
+                    limit=0, detail="d", comparator="at_most", test="threshold")
+    # three comparisons, one of them read by two gates (two margins on one interval): three tests
+    verdicts = [q("a"), q("b"), q("c"), q("c", gate="max_drop"), p, s]
+    book = ledger(verdicts, rule_version=2, quality=QualitySpec(), performance=perf)
+    quality = book["checks"]["quality"]
+    assert quality["tests"] == 3 and quality["gates"] == 4 and quality["test"] == ["tango-score"]
+    assert quality["fail_alpha_family"] == pytest.approx(0.025) and quality["pass_alpha"] == pytest.approx(0.025)
+    assert book["checks"]["performance"]["fail_alpha_family"] == pytest.approx(0.05)
+    assert book["run"]["false_block_bound"] == pytest.approx(0.075)
+    assert book["run"]["false_release_bound"] == pytest.approx(0.05)
+    assert book["fixed_thresholds"]["gates"] == ["stability.max_server_errors@bad_requests"]
+    assert book["rule_version"] == 2 and book["ledger_version"] == 1

@@ -1,19 +1,28 @@
 """What the quality gates can tell with the data a recipe gives them, before a long run
-(`quantlab run --dry-run`): per gated pass/fail task and slice, the noise floor of its
-interval, whether non-inferiority can be shown at all (and about how many samples it
-would take), and the smallest drop that would block. Pure: from sample counts and
-stated assumptions (a baseline score, a share of answers that change between two
-servers of the same model), through the same interval and family rule the gates use."""
+(`quantlab run --dry-run`, and the quality preflight when release.policy.underpowered is
+`error`): per gated pass/fail comparison (a task or a pooled slice) its distinct items,
+the noise floor of its interval, P(release | unchanged) and P(not released | a drop of
+twice the margin) at a stated discordance, the smallest drop its fail side blocks 80% of
+the time, and the items 80% power to release an unchanged model would need.
+
+Pure, and exact: the gates' score test depends on the pairs only through the two
+discordant counts, so each probability is a sum over every (candidate-only,
+baseline-only) count of n pairs (quality/stats.ni_pass_probability), the same test the
+gates run, at the same confidences (the fail side's adjusted for the family).
+"""
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from quantlab.quality.spec import QualityGates, ni_margin
-from quantlab.quality.stats import paired_proportion_interval
+from quantlab.quality.stats import ni_fail_probability, ni_pass_probability, paired_proportion_interval
 
 ASSUMED_SCORE = 0.5  # the baseline's share of right answers, where nothing better is known
 ASSUMED_DISCORDANCE = 0.05  # answers that differ between two servers of the same model
+POWER = 0.8  # what "can decide" means here: 80% of the time
+MAX_PLANNED_ITEMS = 1_000_000
 
 
 @dataclass(frozen=True)
@@ -22,18 +31,35 @@ class GatePlan:
     n: int
     half_width: float  # of the interval of an unchanged model, at the gate's confidence
     margin: float | None  # non-inferiority, absolute (margin x the baseline score, or its floor)
-    can_show: bool | None  # can non-inferiority pass at all with n samples
-    samples_to_show: int | None  # about how many would let it pass
-    blocks_drop: float | None  # the smallest drop (share of samples) the fail side (family) catches
+    p_release_unchanged: float | None  # this comparison passes, the candidate unchanged
+    p_held_2x: float | None  # not passed, the candidate worse by 2 x margin
+    p_blocked_2x: float | None  # failed (the fail side), worse by 2 x margin
+    samples_to_show: int | None  # items for P(release | unchanged) >= POWER, when n has fewer
+    blocks_drop: float | None  # the smallest drop (share of items) the fail side blocks >= POWER
+    required: bool = True  # not warned by release.policy
+
+    @property
+    def can_show(self) -> bool | None:
+        """Whether an unchanged model passes this comparison at least POWER of the time."""
+        return None if self.p_release_unchanged is None else self.p_release_unchanged >= POWER
+
+    @property
+    def underpowered(self) -> bool:
+        return bool(self.required and self.margin is not None and not self.can_show)
 
     def line(self) -> str:
-        ni = "-" if self.margin is None else (
-            f"non-inferiority (margin {self.margin:.3f}): " + ("can be shown" if self.can_show else
-                                                               f"cannot be shown (needs ~{self.samples_to_show})"
-                                                               if self.samples_to_show else "cannot be shown"))
+        if self.margin is None:
+            ni = "no non-inferiority gate"
+        else:
+            ni = (f"margin {self.margin:.3f}: P(release | unchanged) {self.p_release_unchanged:.0%}, "
+                  f"P(not released | 2x margin) {self.p_held_2x:.0%}")
+            if not self.can_show:
+                ni += (f"; cannot decide (needs ~{self.samples_to_show} items)" if self.samples_to_show
+                       else "; cannot decide at any size")
         block = f"blocks drops >= {self.blocks_drop:.2f}" if self.blocks_drop is not None else \
             "blocks no drop it can see"
-        return f"{self.scope:<22} n {self.n:<5} +-{self.half_width:.3f}   {ni}; {block}"
+        warned = "" if self.required else " (warned by release.policy)"
+        return f"{self.scope:<22} n {self.n:<5} +-{self.half_width:.3f}   {ni}; {block}{warned}"
 
 
 def _table(n: int, score: float, discordance: float, drop: float) -> tuple[list[float], list[float]]:
@@ -49,20 +75,58 @@ def _table(n: int, score: float, discordance: float, drop: float) -> tuple[list[
 
 
 def plan_gate(scope: str, n: int, gates: QualityGates, family: int, *, score: float = ASSUMED_SCORE,
-              discordance: float = ASSUMED_DISCORDANCE) -> GatePlan:
-    unchanged = paired_proportion_interval(*_table(n, score, discordance, 0.0), confidence=gates.confidence)
+              discordance: float = ASSUMED_DISCORDANCE, required: bool = True) -> GatePlan:
+    """One comparison's plan: unchanged means `discordance` of the pairs flip, half each
+    way; a drop moves that share of right answers to the baseline's side only."""
+    half_d = discordance / 2
+    unchanged = paired_proportion_interval(*_table(max(n, 1), score, discordance, 0.0), confidence=gates.confidence)
     half = (unchanged.high - unchanged.low) / 2
     margin = ni_margin(gates, score)
-    can_show = samples = None
-    if margin is not None:
-        can_show = n >= gates.min_samples and unchanged.low >= -margin
-        if not can_show:
-            samples = next((m for m in (int(n * 1.25 ** k) + 1 for k in range(1, 40))
-                            if m >= gates.min_samples and paired_proportion_interval(
-                                *_table(m, score, discordance, 0.0), confidence=gates.confidence).low >= -margin),
-                           None)
     fail_confidence = 1 - (1 - gates.confidence) / max(1, family)
-    limit = margin if margin is not None else 0.0
-    blocks = next((drop / 100 for drop in range(1, 101) if drop / 100 <= score and paired_proportion_interval(
-        *_table(n, score, discordance, drop / 100), confidence=fail_confidence).high < -limit), None)
-    return GatePlan(scope, n, half, margin, can_show, samples, blocks if n >= gates.min_samples else None)
+    enough = n >= gates.min_samples
+    p_release = p_held = p_blocked = needed = None
+    if margin is not None:
+        p_release = ni_pass_probability(n, margin, half_d, half_d, gates.confidence) if enough else 0.0
+        p_held = 1 - ni_pass_probability(n, margin, half_d, half_d + 2 * margin, gates.confidence) if enough else 1.0
+        p_blocked = ni_fail_probability(n, margin, half_d, half_d + 2 * margin, fail_confidence) if enough else 0.0
+        if p_release < POWER:
+            needed = items_to_show(margin, discordance, gates.confidence, at_least=max(n + 1, gates.min_samples))
+    limit = margin or 0.0
+    blocks = None
+    if enough:
+        blocks = _smallest(lambda drop: ni_fail_probability(n, limit, half_d, half_d + drop, fail_confidence) >= POWER,
+                           top=min(score, 1 - discordance))
+    return GatePlan(scope, n, half, margin, p_release, p_held, p_blocked, needed, blocks, required)
+
+
+def _smallest(holds, *, top: float) -> float | None:
+    """The smallest drop (in whole points, up to `top`) where `holds` (monotone in the drop)."""
+    lo, hi = 1, int(top * 100)
+    if hi < 1 or not holds(hi / 100):
+        return None
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if holds(mid / 100):
+            hi = mid
+        else:
+            lo = mid + 1
+    return lo / 100
+
+
+def items_to_show(margin: float, discordance: float, confidence: float, *, at_least: int) -> int | None:
+    """The fewest items (never fewer than `at_least`) at which an unchanged model passes
+    non-inferiority at `margin` with probability POWER: a normal-approximation start,
+    then exact steps up from there."""
+    if margin <= 0:
+        return None
+    from scipy.stats import norm
+
+    z_a, z_b = norm.ppf(1 - (1 - confidence) / 2), norm.ppf(POWER)
+    sd0 = math.sqrt(discordance + margin - margin * margin)  # the score test's spread at -margin
+    guess = max(at_least, int(((z_a * sd0 + z_b * math.sqrt(discordance)) / margin) ** 2 * 0.8))
+    n = guess
+    while n <= MAX_PLANNED_ITEMS:
+        if ni_pass_probability(n, margin, discordance / 2, discordance / 2, confidence) >= POWER:
+            return n
+        n = max(n + 1, int(n * 1.1))
+    return None

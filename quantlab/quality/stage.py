@@ -6,6 +6,7 @@ divergence, and gates per task and per slice."""
 from __future__ import annotations
 
 import json
+import math
 import shutil
 import threading
 import time
@@ -113,6 +114,15 @@ def preflight(ctx: RunContext) -> None:
     if spec.kl.texts and not ctx.loaded.resolve(spec.kl.texts).is_file():
         raise RecipeError(f"KL text file '{spec.kl.texts}' does not exist", file=str(ctx.loaded.path),
                           field="quality.kl.texts")
+    if ctx.recipe.release.policy.underpowered == "error":
+        weak = [p for p in _gate_plans(ctx)[0] if p.underpowered]
+        if weak:
+            raise RecipeError(f"{len(weak)} required quality comparison(s) cannot decide with their data: "
+                              + "; ".join(f"{p.scope} ({p.n} items, P(release | unchanged) "
+                                          f"{p.p_release_unchanged:.0%}, needs ~{p.samples_to_show or '?'})"
+                                          for p in weak)
+                              + ". Give them more items (quality.limit), a wider margin, or let them warn "
+                              "(release.policy.gates)", file=str(ctx.loaded.path), field="release.policy.underpowered")
 
 
 def _tokenizer_dir(ctx: RunContext, role: str) -> Path:
@@ -551,14 +561,41 @@ def baseline_cached(ctx: RunContext) -> bool:
 
 
 def plan(ctx: RunContext) -> list[str]:
-    """`--dry-run`: what each gated pass/fail task and slice can tell with its samples
+    """`--dry-run`: what each gated pass/fail task and slice can tell with its items
     (quality/planner.py; perplexity-type tasks depend on their per-sample spread). The
     baseline's scores come from its cached results where there are some, else from a
     stated assumption."""
-    from quantlab.quality.planner import ASSUMED_DISCORDANCE, ASSUMED_SCORE, plan_gate
+    from quantlab.quality.planner import ASSUMED_DISCORDANCE, ASSUMED_SCORE, POWER
+
+    plans, cached = _gate_plans(ctx)
+    source = (f"the baseline's own scores from its cached results where known (else {ASSUMED_SCORE:.0%})"
+              if cached else f"an assumed baseline score of {ASSUMED_SCORE:.0%} (no cached baseline results yet)")
+    required = [p for p in plans if p.required and p.margin is not None]
+    run_release = math.prod(p.p_release_unchanged for p in required) if required else None
+    lines = [f"quality gates, planned: {len(plans)} gated pass/fail comparisons; {source}, and "
+             f"{ASSUMED_DISCORDANCE:.0%} of answers changing between two servers of the same model (drops are "
+             "shares of all items)"]
+    lines += [p.line() for p in plans]
+    if run_release is not None:
+        lines.append(f"all {len(required)} required comparisons pass for an unchanged model with probability about "
+                     f"{run_release:.0%} (if independent)")
+    weak = [p.scope for p in required if p.underpowered]
+    if weak:
+        lines.append(f"cannot decide at this size ({len(weak)}: P(release | unchanged) < {POWER:.0%}): "
+                     f"{', '.join(weak)}; release.policy.underpowered: error refuses such a run")
+    return lines
+
+
+def _gate_plans(ctx: RunContext) -> tuple[list[Any], bool]:
+    """The planner's view of every gated pass/fail comparison (tasks, then pooled slices),
+    and whether the baseline's scores came from its cache."""
+    from quantlab.core.verdicts import GateVerdict
+    from quantlab.quality.planner import ASSUMED_SCORE, plan_gate
     from quantlab.quality.suites import sample_count
+    from quantlab.release.decision import policy_for
 
     spec: QualitySpec = ctx.recipe.quality
+    policy = policy_for(ctx.recipe)
     work, _ = _runnable(_suites(ctx), ctx.recipe_max_model_len())
     scores = _cached_baseline_scores(ctx, work)
     sized = []
@@ -575,20 +612,20 @@ def plan(ctx: RunContext) -> list[str]:
                      if sum(1 for t, _ in sized if t.slice == name) >= 2 and not (
                          spec.slice_gates.get(name) and spec.slice_gates[name].disabled)}
     family = len(sized) + len(pooled_slices)
-    source = (f"the baseline's own scores from its cached results where known (else {ASSUMED_SCORE:.0%})"
-              if scores else f"an assumed baseline score of {ASSUMED_SCORE:.0%} (no cached baseline results yet)")
-    lines = [f"quality gates, planned: {family} gated pass/fail comparisons; {source}, and "
-             f"{ASSUMED_DISCORDANCE:.0%} of answers changing between two servers of the same model (drops are "
-             "shares of all samples)"]
-    for task, n in sized:
-        lines.append(plan_gate(task.task, n, quality_gates.task_gates(spec, task.task, task.slice), family,
-                               score=scores.get(task.task, ASSUMED_SCORE)).line())
+
+    def required(scope: str) -> bool:
+        return policy.required(GateVerdict(stage=quality_gates.CHECK, gate="non_inferiority", scope=scope, verdict="inconclusive",
+                                           value=None, limit=0, detail=""))
+
+    plans = [plan_gate(task.task, n, quality_gates.task_gates(spec, task.task, task.slice), family,
+                       score=scores.get(task.task, ASSUMED_SCORE), required=required(task.task))
+             for task, n in sized]
     for name, n in sorted(pooled_slices.items()):
         members = [(t, m) for t, m in sized if t.slice == name]
         score = sum(scores.get(t.task, ASSUMED_SCORE) * m for t, m in members) / max(1, sum(m for _, m in members))
-        lines.append(plan_gate(f"slice:{name}", n, quality_gates.slice_gates(spec, name), family,
-                               score=score).line())
-    return lines
+        plans.append(plan_gate(f"slice:{name}", n, quality_gates.slice_gates(spec, name), family, score=score,
+                               required=required(f"slice:{name}")))
+    return plans, bool(scores)
 
 
 def _cached_baseline_scores(ctx: RunContext, work: list[tuple[Suite, Any]]) -> dict[str, float]:

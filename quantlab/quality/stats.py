@@ -21,6 +21,7 @@ lm-eval aggregates as a ratio of sums (perplexities weighted by words or bytes).
 
 from __future__ import annotations
 
+import functools
 import math
 import warnings
 from dataclasses import dataclass
@@ -209,34 +210,67 @@ def paired_proportion_interval(base: Sequence[Value], cand: Sequence[Value], *, 
     return PairedInterval(p2, p1, p1 - p2, low, high, confidence, n)
 
 
+EXACT_MAX_N = 2000  # past this, the planner's probabilities use the normal approximation (the grid is n^2 / 2)
+
+
 def ni_pass_probability(n: int, margin: float, p_cand_only: float, p_base_only: float,
                         confidence: float) -> float:
     """P(the non-inferiority gate passes) when the pairs fall into candidate-only and
     baseline-only at these rates: exact, summed over every (candidate-only,
     baseline-only) count of n pairs (a trinomial), the gate passing where Tango's lower
     bound at `confidence` is above -margin (the score statistic at -margin above z)."""
-    return _trinomial_mass(n, p_cand_only, p_base_only, lambda b, c: tango_z(b, c, n, -margin) > _z(confidence))
+    if n > EXACT_MAX_N:
+        return _normal_probability(n, margin, p_cand_only, p_base_only, confidence, side="pass")
+    z = _z_grid(n, round(-margin, 12))
+    return _trinomial_mass(n, p_cand_only, p_base_only, z > _z(confidence))
 
 
 def ni_fail_probability(n: int, margin: float, p_cand_only: float, p_base_only: float,
                         confidence: float) -> float:
     """P(the gate fails): the whole interval at `confidence` (the fail side's) below -margin."""
-    return _trinomial_mass(n, p_cand_only, p_base_only, lambda b, c: tango_z(b, c, n, -margin) < -_z(confidence))
+    if n > EXACT_MAX_N:
+        return _normal_probability(n, margin, p_cand_only, p_base_only, confidence, side="fail")
+    z = _z_grid(n, round(-margin, 12))
+    return _trinomial_mass(n, p_cand_only, p_base_only, z < -_z(confidence))
 
 
-def _trinomial_mass(n: int, p1: float, p2: float, where) -> float:
-    from scipy.special import gammaln, xlogy
+def _normal_probability(n: int, margin: float, p1: float, p2: float, confidence: float, *, side: str) -> float:
+    """The score test's pass (or fail) probability by the normal approximation: the
+    difference of the discordant rates, with its variance at the true rates."""
+    from scipy.stats import norm
 
-    i = np.arange(n + 1)[:, None]
-    j = np.arange(n + 1)[None, :]
+    delta = p1 - p2
+    sd = math.sqrt(max(1e-12, (p1 + p2 - delta * delta) / n))
+    z = _z(confidence)
+    return float(norm.sf((-margin - delta) / sd + z) if side == "pass" else norm.cdf((-margin - delta) / sd - z))
+
+
+@functools.lru_cache(maxsize=4)
+def _counts_grid(n: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """(candidate-only, baseline-only, the rest, log multinomial coefficient, valid) over n pairs."""
+    from scipy.special import gammaln
+
+    i = np.arange(n + 1)[:, None].astype(float)
+    j = np.arange(n + 1)[None, :].astype(float)
     ok = i + j <= n
-    k = np.where(ok, n - i - j, 0)
+    k = np.where(ok, n - i - j, 0.0)
+    coef = gammaln(n + 1) - gammaln(i + 1) - gammaln(j + 1) - gammaln(k + 1)
+    return np.broadcast_to(i, ok.shape), np.broadcast_to(j, ok.shape), k, coef, ok
+
+
+@functools.lru_cache(maxsize=8)
+def _z_grid(n: int, d0: float) -> np.ndarray:
+    i, j, _, _, _ = _counts_grid(n)
+    return tango_z(i, j, n, d0)
+
+
+def _trinomial_mass(n: int, p1: float, p2: float, where: np.ndarray) -> float:
+    from scipy.special import xlogy
+
+    i, j, k, coef, ok = _counts_grid(n)
     rest = max(0.0, 1.0 - p1 - p2)
-    logp = (gammaln(n + 1) - gammaln(i + 1) - gammaln(j + 1) - gammaln(k + 1)
-            + xlogy(i, p1) + xlogy(j, p2) + xlogy(k, rest))
-    mass = np.where(ok, np.exp(logp), 0.0)
-    b, c = np.broadcast_to(i, mass.shape), np.broadcast_to(j, mass.shape)
-    return float(mass[ok & where(b, c)].sum())
+    logp = coef + xlogy(i, p1) + xlogy(j, p2) + xlogy(k, rest)
+    return float(np.exp(logp[ok & where]).sum())
 
 
 def paired_interval(base: Sequence[Value], cand: Sequence[Value], *, confidence: float, iters: int, seed: int,

@@ -51,6 +51,10 @@ class ReleasePolicySpec(_Strict):
     gates: dict[str, NotShown] = Field(default_factory=dict, description="Per gate, as 'check.gate' (e.g. "
                                        "'quality.non_inferiority'), or for one scope 'check.gate@scope' (e.g. "
                                        "'quality.non_inferiority@ql_code'); the most specific rule wins.")
+    underpowered: Literal["note", "error"] = Field("note", description="A required quality comparison whose data "
+                                                   "cannot release an unchanged model 80% of the time (the "
+                                                   "planner, at 5% discordance): note (default) names it in the "
+                                                   "dry run's plan; error refuses the run at preflight.")
 
     @model_validator(mode="after")
     def _known_names(self) -> "ReleasePolicySpec":

@@ -13,12 +13,53 @@ def test_more_samples_narrow_the_floor_and_let_non_inferiority_show():
     widths = [plans[n].half_width for n in (30, 100, 1000)]
     assert widths == sorted(widths, reverse=True)
     assert not plans[10].can_show and plans[10].blocks_drop is None  # below min_samples: nothing shown
-    assert not plans[30].can_show and 30 < plans[30].samples_to_show < 1000
-    assert plans[1000].can_show and plans[1000].samples_to_show is None
+    assert plans[10].samples_to_show >= gates.min_samples  # never fewer than min_samples
+    assert not plans[30].can_show and 30 < plans[30].samples_to_show < 1000 and plans[30].underpowered
+    assert plans[1000].can_show and plans[1000].samples_to_show is None and not plans[1000].underpowered
     assert plans[1000].blocks_drop < plans[100].blocks_drop < plans[30].blocks_drop
-    # what it says is what the gate would do: at the planned size, an unchanged model shows
-    assert plan_gate("t", plans[30].samples_to_show, gates, family=13).can_show
-    assert "cannot be shown (needs ~" in plans[30].line() and "blocks drops >= " in plans[30].line()
+    # what it says is what the gate would do: at the planned size, an unchanged model shows 80% of the time
+    at = plan_gate("t", plans[30].samples_to_show, gates, family=13)
+    assert at.can_show and 0.8 <= at.p_release_unchanged < 0.9
+    assert "cannot decide (needs ~" in plans[30].line() and "blocks drops >= " in plans[30].line()
+    assert "P(release | unchanged)" in plans[30].line()
+
+
+def test_the_plan_is_the_gates_own_error_rates():
+    """P(release | unchanged) and P(blocked | 2x margin), exact, against a simulation of
+    the gate itself on the same paired model."""
+    import numpy as np
+
+    from quantlab.core.results import TaskComparison
+    from quantlab.quality.gates import FailFamily, comparison_verdicts
+    from quantlab.quality.stats import paired_proportion_interval
+
+    gates = QualityGates(non_inferiority_margin=None, max_drop=0.05)  # a 5-point margin, whatever the score
+    plan = plan_gate("t", 300, gates, family=1, discordance=0.06)
+    assert plan.margin is None  # max_drop is its own margin; the planner plans non_inferiority
+    gates = QualityGates(non_inferiority_margin=0.1, non_inferiority_min_margin=0.05)
+    plan = plan_gate("t", 300, gates, family=1, score=0.5, discordance=0.06)
+    rng = np.random.default_rng(5)
+    passed = held = 0
+    trials = 400
+    for drop, counter in ((0.0, "passed"), (0.10, "held")):
+        for _ in range(trials):
+            u = rng.random(300)
+            base = (u < 0.5).astype(float)
+            cand = base.copy()
+            cand[(u < 0.03 + drop)] = 0.0  # baseline-only: 3% + the drop
+            cand[(u >= 0.5) & (u < 0.53)] = 1.0  # candidate-only: 3%
+            ci = paired_proportion_interval(base.tolist(), cand.tolist(), confidence=0.95)
+            cmp = TaskComparison(task="t", slice="s", metric="acc", filter=None, higher_is_better=True, n=300,
+                                 baseline=ci.baseline, candidate=ci.candidate, diff=ci.diff, ci_low=ci.low,
+                                 ci_high=ci.high, confidence=0.95, recovery=None, binary=True)
+            [v] = comparison_verdicts(cmp, gates.model_copy(update={"non_inferiority_min_margin": 0.05}),
+                                      scope="t", family=FailFamily(1, 0.95))
+            if counter == "passed":
+                passed += v.verdict == "pass"
+            else:
+                held += v.verdict != "pass"
+    assert abs(passed / trials - plan.p_release_unchanged) < 0.06, (passed / trials, plan.p_release_unchanged)
+    assert held / trials >= 0.99 and plan.p_held_2x >= 0.99
 
 
 def test_a_larger_family_needs_a_larger_drop_to_block():

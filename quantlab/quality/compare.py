@@ -114,13 +114,34 @@ def pooled(comparisons: list[TaskComparison], rows: dict[str, tuple[list[Value],
     members = [t for t in comparisons if t.slice == slice_ and t.metric not in TRANSFORMS and t.higher_is_better]
     if len(members) < 2:
         return None
+    return _pool(members, rows, f"slice:{slice_}", slice_, confidence=confidence, iters=iters, seed=seed)
+
+
+POOLED_SCOPE = "pooled"
+
+
+def pooled_all(comparisons: list[TaskComparison], rows: dict[str, tuple[list[Value], list[Value]]], *,
+               confidence: float, iters: int, seed: int) -> tuple[TaskComparison, list[Value], list[Value]] | None:
+    """One comparison over every gated pass/fail item of every task, stratified by task
+    with weights proportional to its items (so the estimate is the pooled difference).
+    The pooled score test's variance is at least the stratified one's (the spread of the
+    tasks' own differences only adds to it), so its error at the margin stays nominal
+    or below. It sees a small drop spread over every task that no task alone can."""
+    members = [t for t in comparisons if t.binary and t.metric not in TRANSFORMS and t.higher_is_better]
+    if len(members) < 2:
+        return None
+    return _pool(members, rows, POOLED_SCOPE, "all", confidence=confidence, iters=iters, seed=seed)
+
+
+def _pool(members: list[TaskComparison], rows: dict[str, tuple[list[Value], list[Value]]], name: str, slice_: str,
+          *, confidence: float, iters: int, seed: int) -> tuple[TaskComparison, list[Value], list[Value]]:
     b = [v for t in members for v in rows[t.task][0]]
     c = [v for t in members for v in rows[t.task][1]]
     ci: PairedInterval = paired_interval(b, c, iters=iters, confidence=confidence, seed=seed)
     binary = is_binary(b) and is_binary(c)
     worse = sum(1 for x, y in zip(b, c, strict=True) if binary and x > y)
     better = sum(1 for x, y in zip(b, c, strict=True) if binary and y > x)
-    cmp = TaskComparison(task=f"slice:{slice_}", slice=slice_, metric="+".join(sorted({t.metric for t in members})),
+    cmp = TaskComparison(task=name, slice=slice_, metric="+".join(sorted({t.metric for t in members})),
                          filter=None, higher_is_better=True, n=len(b), baseline=ci.baseline, candidate=ci.candidate,
                          diff=ci.diff, ci_low=ci.low, ci_high=ci.high, confidence=confidence,
                          recovery=recovery(ci.baseline, ci.candidate, True), binary=binary,

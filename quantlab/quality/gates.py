@@ -19,7 +19,7 @@ from typing import Any
 
 from quantlab.core.results import TaskComparison
 from quantlab.core.verdicts import GateVerdict
-from quantlab.quality.compare import PREFIX_STEP, TRANSFORMS
+from quantlab.quality.compare import POOLED_SCOPE, PREFIX_STEP, TRANSFORMS
 from quantlab.quality.spec import QualityGates, QualitySpec
 from quantlab.quality.stats import Value, paired_interval
 
@@ -29,10 +29,11 @@ CHECK = "quality"
 Paired = tuple[TaskComparison, Sequence[Value], Sequence[Value]]
 
 
-def verdicts(spec: QualitySpec, tasks: list[Paired], slices: list[Paired], kl: dict[str, Any] | None
-             ) -> list[GateVerdict]:
-    """Every quality gate: per task, per slice (pooled), and on the KL summary. A task or
-    slice whose gates are disabled in the recipe gets none.
+def verdicts(spec: QualitySpec, tasks: list[Paired], slices: list[Paired], kl: dict[str, Any] | None,
+             pooled: Paired | None = None) -> list[GateVerdict]:
+    """Every quality gate: per task, per slice (pooled), over every item (`pooled`, at
+    quality.pooled's margin), and on the KL summary. A task or slice whose gates are
+    disabled in the recipe gets none.
 
     The family: a release needs every gate to pass, and each pass is judged at its own
     confidence (requiring all of them is an intersection-union test: no adjustment is
@@ -50,12 +51,15 @@ def verdicts(spec: QualitySpec, tasks: list[Paired], slices: list[Paired], kl: d
         override = spec.slice_gates.get(cmp.slice)
         if not (override and override.disabled):
             gated.append((cmp, b, c, slice_gates(spec, cmp.slice), f"slice:{cmp.slice}"))
+    if pooled is not None and spec.pooled is not None:
+        gated.append((*pooled, pooled_gates(spec), pooled[0].task))
     out: list[GateVerdict] = []
     for cmp, b, c, g, scope in gated:
         family = FailFamily(size=len(gated), confidence=1 - (1 - cmp.confidence) / len(gated))
         if family.size > 1:
+            pooled_scope = scope.startswith("slice:") or scope == POOLED_SCOPE
             ci = paired_interval(b, c, confidence=family.confidence, iters=spec.bootstrap_iters, seed=seed,
-                                 transform=None if scope.startswith("slice:") else TRANSFORMS.get(cmp.metric))
+                                 transform=None if pooled_scope else TRANSFORMS.get(cmp.metric))
             family = FailFamily(family.size, family.confidence, ci.low, ci.high)
         out += comparison_verdicts(cmp, g, scope=scope, b=b, c=c, iters=iters, seed=seed, family=family)
     if kl is not None:
@@ -71,6 +75,14 @@ class FailFamily:
     confidence: float
     low: float | None = None  # candidate - baseline, as the comparison's own interval
     high: float | None = None
+
+
+def pooled_gates(spec: QualitySpec) -> QualityGates:
+    """The pooled gate: non-inferiority at quality.pooled.margin points, whatever the score."""
+    assert spec.pooled is not None
+    return QualityGates(min_recovery=None, max_drop=None, non_inferiority_margin=0.0,
+                        non_inferiority_min_margin=spec.pooled.margin, confidence=spec.pooled.confidence,
+                        min_samples=spec.gates.min_samples)
 
 
 def task_gates(spec: QualitySpec, task: str, slice_: str) -> QualityGates:
@@ -138,6 +150,8 @@ def comparison_verdicts(cmp: TaskComparison, gates: QualityGates, *, scope: str,
     few = cmp.n < gates.min_samples
     test = "tango-score" if cmp.binary else "bca-bootstrap"
     for gate, value, limit, margin, how in gate_margins(gates, cmp):
+        if scope == POOLED_SCOPE:
+            how = f"quality.pooled.margin {margin:g}, over every gated pass/fail item"
         verdict = ni_verdict(lo, hi, margin)
         downgraded = verdict == "fail" and fail_hi >= -margin
         if downgraded:

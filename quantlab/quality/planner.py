@@ -51,7 +51,7 @@ class GatePlan:
         if self.margin is None:
             ni = "no non-inferiority gate"
         else:
-            ni = (f"margin {self.margin:.3f}: P(release | unchanged) {self.p_release_unchanged:.0%}, "
+            ni = (f"non-inferiority (margin {self.margin:.3f}): P(release | unchanged) {self.p_release_unchanged:.0%}, "
                   f"P(not released | 2x margin) {self.p_held_2x:.0%}")
             if not self.can_show:
                 ni += (f"; cannot decide (needs ~{self.samples_to_show} items)" if self.samples_to_show

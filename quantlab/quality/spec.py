@@ -127,6 +127,15 @@ class KLSpec(_Strict):
                                             "models' most likely next token is the same.")
 
 
+class PooledSpec(_Strict):
+    """One non-inferiority test over every gated pass/fail item of every task (stratified
+    by task): a small drop spread over all tasks, which no task alone can see."""
+
+    margin: float = Field(0.02, gt=0, le=0.5, description="Largest allowed worsening of the pooled pass rate, in "
+                          "points (0.02 = two points).")
+    confidence: float = Field(0.95, gt=0.5, lt=1, description="Two-sided confidence of its interval.")
+
+
 class SequentialSpec(_Strict):
     """How `samples: auto` grows each task's sample: `first`, then x `growth` per look."""
 
@@ -161,6 +170,8 @@ class QualitySpec(_Strict):
     max_retries: int = Field(3, ge=0, le=10, description="Retries of a failed request before the task fails.")
     timeout_s: float = Field(3600, gt=0, description="Deadline for one model's whole evaluation.")
     gates: QualityGates = Field(default_factory=QualityGates)
+    pooled: PooledSpec | None = Field(default_factory=PooledSpec, description="The pooled gate over every gated "
+                                      "pass/fail item (quality.non_inferiority@pooled); null: none.")
     task_gates: dict[TaskName, GateOverride] = Field(default_factory=dict)
     slice_gates: dict[str, GateOverride] = Field(default_factory=dict)
     kl: KLSpec = Field(default_factory=KLSpec)

@@ -22,7 +22,7 @@ from quantlab.quality.suites import Suite, load_suites
 from quantlab.core.fsutil import write_json_atomic, write_text_atomic
 from quantlab.core.progress import step
 from quantlab.quality import gates as quality_gates
-from quantlab.quality.compare import TRANSFORMS, compare_task, paired_values, pooled
+from quantlab.quality.compare import POOLED_SCOPE, TRANSFORMS, compare_task, paired_values, pooled
 from quantlab.quality.spec import QualitySpec
 from quantlab.quality.stats import kl_summary, top_token, topk_kl
 from quantlab.core.results import QualityResult, TaskComparison
@@ -309,7 +309,8 @@ def run(ctx: RunContext) -> QualityResult:
     kl_result = _kl_result(ctx, kl_token_ids, base_dir, cand_dir)
     tasks, flips, lm_eval_version = _compare_tasks(spec, work, base_dir, cand_dir, looks=looks)
     slices = _pool_slices(spec, _gated(tasks, work), looks=looks)
-    gates = quality_gates.verdicts(spec, _gated(tasks, work), slices, kl_result)
+    everything = _pool_everything(spec, _gated(tasks, work), looks=looks)
+    gates = quality_gates.verdicts(spec, _gated(tasks, work), slices, kl_result, everything)
     gates += quality_gates.skipped_verdicts(spec, [(t.task, why) for t, why in skipped if t.gated])
     traffic, critical = _traffic_findings(work, base_dir, cand_dir)
     gates += critical
@@ -321,7 +322,8 @@ def run(ctx: RunContext) -> QualityResult:
             rel = str(p.relative_to(ctx.run.path))
             ctx.add_artifact(rel, f"quality-{role}-samples")
             raw.append(rel)
-    comparisons, slice_comparisons = [cmp for cmp, _, _ in tasks], [cmp for cmp, _, _ in slices]
+    comparisons = [cmp for cmp, _, _ in tasks]
+    slice_comparisons = [cmp for cmp, _, _ in slices + ([everything] if everything else [])]
     plots = _plots(ctx, comparisons + slice_comparisons, notes)
     if cached:
         notes.append(f"baseline results from the cache ({cached}); no baseline evaluation ran")
@@ -433,6 +435,21 @@ def _direction(task: Any, suite: Suite, summary: dict[str, Any]) -> bool:
         raise CheckError(f"task '{task.task}': the direction of '{task.metric}' is not known (neither the suite "
                          "nor lm-eval says): set higher_is_better on the task")
     return known if known is not None else bool(said)
+
+
+def _pool_everything(spec: QualitySpec, tasks: list[quality_gates.Paired], *, looks: dict[str, int] | None = None
+                     ) -> quality_gates.Paired | None:
+    """Every gated pass/fail item pooled (quality.pooled), at the confidence of the
+    most-looked-at task when evaluating until decided."""
+    from quantlab.quality.compare import pooled_all
+    from quantlab.quality.sequential import look_confidence
+
+    if spec.pooled is None:
+        return None
+    most = max([(looks or {}).get(cmp.task, 1) for cmp, _, _ in tasks] or [1])
+    return pooled_all([cmp for cmp, _, _ in tasks], {cmp.task: (bv, cv) for cmp, bv, cv in tasks},
+                      confidence=look_confidence(spec.pooled.confidence, most), iters=spec.bootstrap_iters,
+                      seed=spec.seed)
 
 
 def _pool_slices(spec: QualitySpec, tasks: list[quality_gates.Paired], *, looks: dict[str, int] | None = None
@@ -611,11 +628,12 @@ def _gate_plans(ctx: RunContext) -> tuple[list[Any], bool]:
     pooled_slices = {name: n for name, n in slices.items()
                      if sum(1 for t, _ in sized if t.slice == name) >= 2 and not (
                          spec.slice_gates.get(name) and spec.slice_gates[name].disabled)}
-    family = len(sized) + len(pooled_slices)
+    everything = sum(n for _, n in sized) if spec.pooled is not None and len(sized) >= 2 else 0
+    family = len(sized) + len(pooled_slices) + (1 if everything else 0)
 
     def required(scope: str) -> bool:
-        return policy.required(GateVerdict(stage=quality_gates.CHECK, gate="non_inferiority", scope=scope, verdict="inconclusive",
-                                           value=None, limit=0, detail=""))
+        return policy.required(GateVerdict(stage=quality_gates.CHECK, gate="non_inferiority", scope=scope,
+                                           verdict="inconclusive", value=None, limit=0, detail=""))
 
     plans = [plan_gate(task.task, n, quality_gates.task_gates(spec, task.task, task.slice), family,
                        score=scores.get(task.task, ASSUMED_SCORE), required=required(task.task))
@@ -625,6 +643,10 @@ def _gate_plans(ctx: RunContext) -> tuple[list[Any], bool]:
         score = sum(scores.get(t.task, ASSUMED_SCORE) * m for t, m in members) / max(1, sum(m for _, m in members))
         plans.append(plan_gate(f"slice:{name}", n, quality_gates.slice_gates(spec, name), family, score=score,
                                required=required(f"slice:{name}")))
+    if everything:
+        score = sum(scores.get(t.task, ASSUMED_SCORE) * m for t, m in sized) / everything
+        plans.append(plan_gate(POOLED_SCOPE, everything, quality_gates.pooled_gates(spec), family, score=score,
+                               required=required(POOLED_SCOPE)))
     return plans, bool(scores)
 
 

@@ -47,7 +47,7 @@ def candidate(name: str, recipe: str, model_dir, *, max_mean_kl: float) -> dict:
     data["quality"] = {"tasks": ["ql_lastword"], "limit": 10,
                        "kl": {"max_texts": 4, "max_tokens": 64, "max_mean_kl": max_mean_kl},
                        # 10 samples show nothing: no comparison gate, the KL gate decides
-                       "gates": {"non_inferiority_margin": None}}
+                       "gates": {"non_inferiority_margin": None}, "pooled": None}
     data["selection"] = {"rule": "highest_throughput", "at_once": 2}
     return data
 

@@ -268,7 +268,7 @@ def test_dry_run_plans_without_starting_anything(tmp_path, tiny_model_dir, serve
     assert planned == ["quantize", "serve", "quality", "release"]  # no performance/stability section here
     # under the quality stage, what its gate can tell with 20 samples (the planner)
     [gate_plan] = [line for line in lines if line.strip().startswith("ql_lastword ")]
-    assert "n 20" in gate_plan and "non-inferiority" in gate_plan
+    assert "n 20" in gate_plan and "non-inferiority" in gate_plan and "P(release | unchanged) " in gate_plan
     assert "no estimate" in r.stdout  # no earlier run to estimate from
     assert not (tmp_path / "runs").exists() and serving_env_processes() - before == set()
 

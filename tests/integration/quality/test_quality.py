@@ -47,6 +47,7 @@ def test_self_validation_fails_no_gate_shows_what_it_cannot_then_reuses_the_cach
     release = record["stages"]["release"]["result"]
     assert release["decision"] == "not_shown" and not release["failed_gates"] and release["not_shown_gates"]
     assert all(g.startswith("quality.non_inferiority@") for g in release["not_shown_gates"])
+    assert "quality.non_inferiority@pooled" in release["not_shown_gates"]  # 80 items cannot show 2 points
     assert "release not shown" in r.stderr and "NOT SHOWN" in r.stderr
     q = record["stages"]["quality"]["result"]
     assert sorted(t["task"] for t in q["tasks"]) == sorted(TASKS) and all(t["n"] == 20 for t in q["tasks"])
@@ -105,7 +106,7 @@ def test_evaluate_until_decided_stops_each_task_at_its_first_decided_look(tiny_s
     data = __import__("yaml").safe_load(self_check_recipe(tmp_path, server, tiny_served_checkpoint).read_text())
     data["quality"].update(limit=80, samples="auto", sequential={"first": 20, "growth": 2},
                            gates={"non_inferiority_margin": 0.1, "non_inferiority_min_margin": 0.2},
-                           kl={"enabled": False})
+                           pooled={"margin": 0.2}, kl={"enabled": False})
     r, record, run_dir = validated(write_recipe(tmp_path, data, "auto.yaml"), tiny_served_checkpoint, tmp_path)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     q = record["stages"]["quality"]["result"]

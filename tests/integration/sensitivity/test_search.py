@@ -30,7 +30,8 @@ def test_search_keeps_the_broken_layer_and_releases_that_trial(tmp_path, outlier
     # 4 bits, 3.2e-5 with layer 0 kept in bf16; the limit sits between them with a 1.6x margin either side
     data["quality"] = {"tasks": ["ql_lastword"], "limit": 10,
                        "kl": {"max_texts": 4, "max_tokens": 64, "max_mean_kl": 5e-5},
-                       "gates": {"non_inferiority_margin": None}}  # 10 samples show nothing; the KL gate decides
+                       # 10 samples show nothing: no comparison gate, the KL gate decides
+                       "gates": {"non_inferiority_margin": None}, "pooled": None}
     recipe = write_recipe(tmp_path, data, "outlier.yaml")
     runs = tmp_path / "runs"
     r = subprocess.run([sys.executable, "-m", "quantlab", "search", recipe, "--runs-dir", runs, "--max-layers", "1",

@@ -236,3 +236,35 @@ def test_a_task_that_could_not_run_is_a_required_gate_not_a_silence():
     for policy in (DecisionPolicy(), DecisionPolicy(not_shown="warn")):  # no warning lets it through
         d = decide(vs, policy).record
         assert d.decision == "not_shown" and d.not_shown_gates == ["quality.skipped@ql_passkey_1300w"]
+
+
+def test_the_pooled_gate_sees_a_small_drop_spread_over_every_task():
+    """Five tasks of 400 items each lose 4 points each: within every task's own margin
+    (10% of a 0.6 score), but over all 2,000 items beyond the pooled gate's 2 points."""
+    from quantlab.quality import gates as quality_gates
+    from quantlab.quality.compare import paired_values, pooled_all
+    from quantlab.quality.spec import QualitySpec
+
+    spec = QualitySpec.model_validate({})
+
+    def paired(name):
+        base = [1.0] * 240 + [0.0] * 160
+        cand = [1.0] * 224 + [0.0] * 16 + [0.0] * 160  # 16 of 400 right answers lost: 4 points
+        b_rows, c_rows = rows(base, prompt=name), rows(cand, prompt=name)
+        cmp, _ = compare_task(name, name, "acc", None, True, b_rows, c_rows, confidence=0.95, iters=200, seed=0)
+        _, bv, cv = paired_values(name, "acc", None, b_rows, c_rows)
+        return cmp, bv, cv
+
+    tasks = [paired(f"t{i}") for i in range(5)]
+    everything = pooled_all([t[0] for t in tasks], {t[0].task: t[1:] for t in tasks}, confidence=0.95, iters=200,
+                            seed=0)
+    assert everything[0].n == 2000 and everything[0].tasks == [f"t{i}" for i in range(5)]
+    vs = quality_gates.verdicts(spec, tasks, [], None, everything)
+    by_scope = {v.scope: v.verdict for v in vs}
+    assert all(by_scope[f"t{i}"] != "fail" for i in range(5))  # no task alone blocks
+    assert by_scope["pooled"] == "fail"
+    [p] = [v for v in vs if v.scope == "pooled"]
+    assert p.margin == 0.02 and "quality.pooled.margin 0.02" in p.detail
+    assert "Bonferroni over 6 gated comparisons" in p.detail
+    off = QualitySpec.model_validate({"pooled": None})
+    assert "pooled" not in {v.scope for v in quality_gates.verdicts(off, tasks, [], None, everything)}

@@ -140,6 +140,7 @@ class Interval:
     draws: int
     repeats: int
     requests: int  # the fewest successful requests behind one block's figure
+    pass_alpha: float = 0.05  # one-sided, of the pass bounds (1 - confidence, split over the looks)
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -149,4 +150,4 @@ def interval(draws: np.ndarray, *, confidence: float, fail_alpha: float, repeats
     a = 1.0 - confidence
     q = np.quantile(draws, [a, 1.0 - a, fail_alpha, 1.0 - fail_alpha])
     return Interval(pass_low=float(q[0]), pass_high=float(q[1]), fail_low=float(q[2]), fail_high=float(q[3]),
-                    fail_alpha=fail_alpha, draws=len(draws), repeats=repeats, requests=requests)
+                    fail_alpha=fail_alpha, draws=len(draws), repeats=repeats, requests=requests, pass_alpha=a)

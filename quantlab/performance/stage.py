@@ -17,6 +17,7 @@ from quantlab.core.fsutil import safetensors_bytes, sha256_file, write_text_atom
 from quantlab.performance import gates as perf_gates
 from quantlab.performance.metrics import compare, median_metrics, summarize
 from quantlab.performance.noise import RepeatSample, interval, ratio_draws, value_draws
+from quantlab.performance.placement import Placement, swapped as placement_swapped
 from quantlab.performance.spec import PerformanceSpec, Workload, max_length
 from quantlab.core.progress import step
 from quantlab.core.results import PerfPoint, PerfResult, ServeResult
@@ -152,12 +153,19 @@ def run(ctx: RunContext) -> PerfResult:
                       "Set serve.side_by_side: true for alternating A/B measurements")
     requests = _requests(ctx, spec)
     measured = _Measured()
-    _measure_all(ctx, spec, order, requests, measured, device=plan.device)
-    looks = _looks(spec, interleaved, notes)
-    if looks > 1:
-        first = _points_of(spec, measured, client, [], looks=looks)
-        order = _more_repeats(ctx, spec, order, requests, measured, first, device=plan.device, looks=looks,
-                              notes=notes)
+    if interleaved:
+        measured.placement = Placement.of({role: ctx.engine(role) for role in ROLES})
+    try:
+        _measure_all(ctx, spec, order, requests, measured, device=plan.device)
+        looks = _looks(spec, interleaved, notes)
+        if looks > 1:
+            first = _points_of(spec, measured, client, [], looks=looks)
+            order = _more_repeats(ctx, spec, order, requests, measured, first, device=plan.device, looks=looks,
+                                  notes=notes)
+    finally:
+        if measured.placement is not None:
+            measured.placement.put(False)  # the later stages find the engines where they were launched
+    notes += _placement_notes(measured)
     return result_of(ctx, spec, measured, client, notes, looks=looks, interleaved=interleaved,
                      order=[f"{role}#{rep + 1}" for rep, role in order])
 
@@ -209,6 +217,31 @@ class _Measured:
     warmed: set[tuple[str, str]] = field(default_factory=set)  # (role, workload) already warmed up
     cpu_s: float = 0.0  # the load generator's CPU time, for its share of a core
     wall_s: float = 0.0
+    placement: Placement | None = None  # crossover: the engines swap cores every second repeat
+    placed: dict[int, str] = field(default_factory=dict)  # repeat -> where each role computed
+
+
+def _placement_notes(measured: _Measured) -> list[str]:
+    if measured.placement is None:
+        return ["placement: not swapped between repeats (no two quantlab-launched CPU engines on cores of their "
+                "own); a ratio here holds the placement as well as the model"]
+    swaps = [rep for rep, where in measured.placed.items() if "swapped" in where]
+    lines = [f"placement: repeat {rep + 1}: {where}" for rep, where in sorted(measured.placed.items())]
+    if not swaps and len(measured.placed) > 1:
+        lines.append("placement: the engines' threads could not be moved, so every repeat ran as launched")
+    return lines
+
+
+def _place(measured: _Measured, rep: int) -> None:
+    """Repeat `rep` on its crossover placement (performance/placement.py)."""
+    p = measured.placement
+    if p is None:
+        return
+    ok = p.put(placement_swapped(rep))
+    where = p.line() + (" (cores swapped)" if p.is_swapped else "")
+    if not ok:
+        where += " (the swap could not move the engines' threads)"
+    measured.placed.setdefault(rep, where)
 
 
 def _measure_all(ctx: RunContext, spec: PerformanceSpec, order: list[tuple[int, str]], requests: dict[str, list],
@@ -222,6 +255,7 @@ def _measure_all(ctx: RunContext, spec: PerformanceSpec, order: list[tuple[int, 
                                 if only is None or (w.name, pt[0]) in only)
     with step(ctx.progress, "performance: load points", total=n_points, unit="points", announce=False) as bar:
         for block, (rep, role) in enumerate(order, 1):
+            _place(out, rep)
             server = ctx.engine(role)
             for w in spec.workloads:
                 if only is not None and not any((w.name, pt[0]) in only for pt in _points(w)):
@@ -309,6 +343,7 @@ def _points_of(spec: PerformanceSpec, measured: _Measured, client: dict | None, 
     n_points = sum(len(_points(w)) for w in spec.workloads)
     family = max(1, len(perf_gates.judged_by_interval(spec.gates)) * n_points * looks)
     fail_alpha = (1 - spec.confidence) / family
+    pass_confidence = 1 - (1 - spec.confidence) / looks  # a pass may come at any look: its alpha is split too
     for w in spec.workloads:
         for point, conc, rate in _points(w):
             reps = measured.metrics[(w.name, point)]
@@ -322,7 +357,8 @@ def _points_of(spec: PerformanceSpec, measured: _Measured, client: dict | None, 
                                     monitor=measured.monitor[(w.name, point)], near_client_ceiling=near,
                                     raw_files=measured.raw[(w.name, point)],
                                     intervals=_intervals(spec, measured.samples[(w.name, point)],
-                                                         fail_alpha=fail_alpha, seed=w.seed)))
+                                                         fail_alpha=fail_alpha, seed=w.seed,
+                                                         pass_confidence=pass_confidence)))
             if near:
                 notes.append(f"{w.name}/{point}: {asked:.0f} requests/s is over half the load generator's own "
                              f"ceiling here ({client['requests_per_s']:.0f}/s): the client may limit this point")
@@ -330,7 +366,7 @@ def _points_of(spec: PerformanceSpec, measured: _Measured, client: dict | None, 
 
 
 def _intervals(spec: PerformanceSpec, samples: dict[str, list[RepeatSample]], *, fail_alpha: float,
-               seed: int) -> dict[str, dict[str, Any]]:
+               seed: int, pass_confidence: float | None = None) -> dict[str, dict[str, Any]]:
     """The bootstrap interval of every gated figure at one point."""
     out: dict[str, dict[str, Any]] = {}
     b, c = samples.get("baseline", []), samples.get("candidate", [])
@@ -343,7 +379,7 @@ def _intervals(spec: PerformanceSpec, samples: dict[str, list[RepeatSample]], *,
         draws = (ratio_draws(b, c, key, draws=spec.bootstrap_draws, seed=seed) if kind == "ratio"
                  else value_draws(c, key, draws=spec.bootstrap_draws, seed=seed))
         if draws is not None:
-            out[name] = interval(draws, confidence=spec.confidence, fail_alpha=fail_alpha,
+            out[name] = interval(draws, confidence=pass_confidence or spec.confidence, fail_alpha=fail_alpha,
                                  repeats=min(len(b), len(c)) if kind == "ratio" else len(c),
                                  requests=fewest).as_dict()
     return out

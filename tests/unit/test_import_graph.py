@@ -36,7 +36,7 @@ ADAPTERS = {
     "quantlab.models.source", "quantlab.serving.vllm_server", "quantlab.serving.vllm_facts",
     "quantlab.serving.pool", "quantlab.quality.kl", "quantlab.performance.loadgen",
     "quantlab.performance.prompts", "quantlab.performance.monitor", "quantlab.performance.stream_stub",
-    "quantlab.stability.probe",
+    "quantlab.stability.probe", "quantlab.performance.placement",
 }
 ORCHESTRATION = {"quantlab.core.context": 2, "quantlab.core.pipeline": 4, "quantlab.core.compare": 4,
                  "quantlab.core.search": 4, "quantlab.cli": 5, "quantlab.__main__": 5}

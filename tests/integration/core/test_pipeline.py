@@ -4,6 +4,7 @@ edited serve section, failure records, SIGTERM, and the early serving check."""
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import signal
 import subprocess
@@ -90,6 +91,12 @@ def test_failed_serve_then_resume_with_an_edited_serve_section(tmp_path, tiny_mo
     assert all(g["verdict"] == "pass" for g in perf["gates"])
     assert all((run_dir / p).is_file() for p in perf["plots"])
     assert "starting" not in second.stderr.split("stage performance")[1]  # the serve stage's servers were reused
+    # crossover placement: the second repeat ran with the two engines on each other's cores
+    from quantlab.serving.cpu_cores import physical_cores
+
+    if len(physical_cores(sorted(os.sched_getaffinity(0)))) >= 2:
+        placed = [n for n in perf["notes"] if n.startswith("placement: repeat")]
+        assert len(placed) == 2 and "(cores swapped)" in placed[1] and "swapped" not in placed[0], perf["notes"]
 
     # where the time went: engine waits recorded per stage and for the whole attempt
     timed = {n: st for n, st in record["stages"].items() if st["finished_at"] != quantized["finished_at"]}

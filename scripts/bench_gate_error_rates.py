@@ -20,6 +20,12 @@ release.decision.decide), on candidates simulated from the baseline's own record
   slice's own gate fails.
 
 Only quality gates are simulated (performance and stability need servers).
+
+First, per gated pass/fail comparison (tasks, pooled slices, the pooled gate over every
+item), exact by enumeration (quality/planner.py, the gates' own score test): at each
+--discordance, P(release | unchanged), P(not released | a loss of 2x its margin) and
+P(blocked | 3x its margin), the loss planted as points of the score, with each
+comparison's real item count and baseline score from the records.
 """
 
 from __future__ import annotations
@@ -37,10 +43,12 @@ sys.path.insert(0, str(REPO))
 
 from quantlab.core.recipe import load_recipe  # noqa: E402
 from quantlab.quality import gates as quality_gates  # noqa: E402
-from quantlab.quality.compare import TRANSFORMS, compare_task, paired_values, pooled  # noqa: E402
+from quantlab.quality.compare import TRANSFORMS, compare_task, paired_values, pooled, pooled_all  # noqa: E402
 from quantlab.quality.lmeval import read_samples  # noqa: E402
 from quantlab.quality.suites import load_suites  # noqa: E402
-from quantlab.release.decision import DecisionPolicy, decide  # noqa: E402
+from quantlab.quality.planner import plan_gate  # noqa: E402
+from quantlab.quality.stats import ni_fail_probability  # noqa: E402
+from quantlab.release.decision import decide, policy_for  # noqa: E402
 
 
 def load(samples: Path, recipe_path: Path):
@@ -51,12 +59,9 @@ def load(samples: Path, recipe_path: Path):
         for t in suite.tasks:
             if not (samples / f"{t.task}.jsonl").is_file():
                 continue
-            rows, summary = read_samples(samples, t.task)
-            hib = (summary.get("higher_is_better") or {}).get(t.metric, True)
-            tasks.append((t, rows, hib))
-    rules = loaded.recipe.release.policy
-    policy = DecisionPolicy(not_shown=rules.not_shown, checks=dict(rules.checks), gates=dict(rules.gates))
-    return spec, tasks, policy
+            rows, _ = read_samples(samples, t.task)
+            tasks.append((t, rows, suite.directions[t.task]))
+    return spec, tasks, policy_for(loaded.recipe)
 
 
 def simulate(rows, metric, rng: random.Random, *, discordance: float, ppl_noise: float, break_right: float = 0.0):
@@ -92,8 +97,60 @@ def judge(spec, tasks, policy, rng, *, discordance: float, ppl_noise: float, bre
     slices = [p for name in sorted({c.slice for c in comparisons})
               if (p := pooled(comparisons, values, name, confidence=spec.gates.confidence,
                               iters=spec.bootstrap_iters, seed=0)) is not None]
-    verdicts = quality_gates.verdicts(spec, paired, slices, None)
+    everything = pooled_all(comparisons, values, confidence=spec.pooled.confidence, iters=spec.bootstrap_iters,
+                            seed=0) if spec.pooled else None
+    verdicts = quality_gates.verdicts(spec, paired, slices, None, everything)
     return verdicts, decide(verdicts, policy).record.decision
+
+
+def exact_table(spec, tasks, policy, discordances) -> None:
+    """Per comparison, exact: the planner's figures at the records' sizes and scores."""
+    from quantlab.core.verdicts import GateVerdict
+
+    binary = [(t, rows) for t, rows, hib in tasks if t.metric not in TRANSFORMS and hib]
+    scores = {t.task: sum(float(r["metrics"][t.metric]) for r in rows) / len(rows) for t, rows in binary}
+    sizes = {t.task: len(rows) for t, rows in binary}
+    comparisons = [(t.task, sizes[t.task], quality_gates.task_gates(spec, t.task, t.slice), scores[t.task])
+                   for t, _ in binary]
+    for name in sorted({t.slice for t, _ in binary}):
+        members = [t.task for t, _ in binary if t.slice == name]
+        if len(members) >= 2:
+            n = sum(sizes[m] for m in members)
+            comparisons.append((f"slice:{name}", n, quality_gates.slice_gates(spec, name),
+                                sum(scores[m] * sizes[m] for m in members) / n))
+    if spec.pooled is not None and len(binary) >= 2:
+        n = sum(sizes.values())
+        comparisons.append(("pooled", n, quality_gates.pooled_gates(spec),
+                            sum(scores[t] * sizes[t] for t in sizes) / n))
+    family = len(comparisons)
+
+    def required(scope):
+        return policy.required(GateVerdict(stage="quality", gate="non_inferiority", scope=scope,
+                                           verdict="inconclusive", value=None, limit=0, detail=""))
+
+    print("
+per comparison, exact: P(release | unchanged) / P(not released | 2x margin) / P(blocked | 3x margin)")
+    print("| comparison | items | baseline | margin | " + " | ".join(f"d={d:g}" for d in discordances) + " |")
+    print("|---|---|---|---|" + "---|" * len(discordances))
+    run = {d: 1.0 for d in discordances}
+    for scope, n, gates, score in comparisons:
+        cells = []
+        for d in discordances:
+            plan = plan_gate(scope, n, gates, family, score=score, discordance=d, required=required(scope))
+            if plan.margin is None:
+                cells.append("-")
+                continue
+            fail_conf = 1 - (1 - gates.confidence) / family
+            blocked3 = ni_fail_probability(n, plan.margin, d / 2, d / 2 + 3 * plan.margin, fail_conf)
+            cells.append(f"{plan.p_release_unchanged:.2f} / {plan.p_held_2x:.2f} / {blocked3:.2f}")
+            if plan.required:
+                run[d] *= plan.p_release_unchanged
+        margin = plan_gate(scope, n, gates, family, score=score).margin
+        flag = "" if required(scope) else " (warned)"
+        print(f"| {scope}{flag} | {n} | {score:.3f} | {margin if margin is None else f'{margin:.3f}'} | "
+              + " | ".join(cells) + " |")
+    print("run level, required comparisons all passing for an unchanged model (independent): "
+          + ", ".join(f"d={d:g}: {p:.2f}" for d, p in run.items()))
 
 
 def main() -> None:
@@ -113,6 +170,7 @@ def main() -> None:
     sizes = ", ".join(f"{t.task} {len(rows)}" for t, rows, _ in tasks)
     print(f"records: {args.samples} ({sizes}); recipe {args.recipe.name}; policy {policy.rules()}; "
           f"{args.trials} trials per row; ppl noise {args.ppl_noise:.1%}; bootstrap {args.bootstrap_iters}")
+    exact_table(spec, tasks, policy, args.discordance)
     print("\nnull (nothing changed): discordance -> blocked (a gate failed) / not_shown / release")
     for d in args.discordance:
         t0, counts, failing = time.time(), {"blocked": 0, "not_shown": 0, "release": 0}, {}

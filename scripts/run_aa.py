@@ -2,7 +2,7 @@
 nothing changed.
 
     .venv/bin/python scripts/run_aa.py [--recipe recipes/gptq-w4a16.yaml] [--runs 3]
-        [--concurrency 8 4 16] [--runs-dir runs-aa] [--out aa.md]
+        [--concurrency 8 4 16] [--checks quality performance] [--runs-dir runs-aa] [--out aa.md]
 
 Each run is `quantlab validate RECIPE --checkpoint <the baseline model's folder>` with
 the recipe's quality and performance sections (stability and targets off, the baseline
@@ -42,12 +42,18 @@ def baseline_dir(recipe: Path) -> Path:
     return resolve_recipe_model(load_recipe(recipe), progress=lambda _m: None).path
 
 
-def aa_recipe(recipe: Path, out: Path, concurrency: int) -> Path:
+def aa_recipe(recipe: Path, out: Path, concurrency: int, checks: list[str]) -> Path:
+    """The recipe's checks named in `checks` (quality, performance), the baseline quality
+    cache off; stability and extra serve targets off."""
     data = yaml.safe_load(recipe.read_text())
-    data["name"] = f"aa-c{concurrency}"
+    data["name"] = f"aa-{'-'.join(checks)}-c{concurrency}"
     data.pop("stability", None)
+    for check in ("quality", "performance"):
+        if check not in checks:
+            data.pop(check, None)
     data.get("serve", {}).pop("targets", None)
-    data["quality"] = {**data.get("quality", {}), "num_concurrent": concurrency, "baseline_cache": False}
+    if "quality" in checks:
+        data["quality"] = {**data.get("quality", {}), "num_concurrent": concurrency, "baseline_cache": False}
     # paths in the recipe (calibration data) are relative to its folder
     for ds in (data.get("calibration") or {}).get("datasets", []):
         ds["path"] = str((recipe.parent / ds["path"]).resolve())
@@ -69,7 +75,8 @@ def summarize(run_dir: Path) -> dict:
         for key in ("output_tokens_per_s", "ttft_ms.p99", "tpot_ms.p99"):
             c = pt["comparison"].get(key) or {}
             iv = pt.get("intervals", {}).get(f"ratio:{key}")
-            ratios[f"{pt['workload']}/{pt['point']} {key}"] = (c.get("ratio"), iv and (iv["pass_low"], iv["pass_high"]))
+            ratios[f"{pt['workload']}/{pt['point']} {key}"] = (c.get("ratio"), iv and (iv["pass_low"], iv["pass_high"]),
+                                                                iv and iv["pass_low"] <= 1.0 <= iv["pass_high"])
     count = {(g["stage"], g["verdict"]) for g in gates}
     return {
         "run": str(run_dir), "status": record["status"], "decision": release.get("decision", record["status"]),
@@ -86,6 +93,8 @@ def main() -> int:
     ap.add_argument("--recipe", type=Path, default=REPO / "recipes" / "gptq-w4a16.yaml")
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--concurrency", type=int, nargs="+", default=[8, 4, 16])
+    ap.add_argument("--checks", nargs="+", choices=["quality", "performance"], default=["quality", "performance"],
+                    help="which of the recipe's checks the A/A runs keep (performance alone: the placement check)")
     ap.add_argument("--runs-dir", type=Path, default=REPO / "runs-aa")
     ap.add_argument("--out", type=Path)
     args = ap.parse_args()
@@ -95,7 +104,7 @@ def main() -> int:
     results = []
     for i in range(args.runs):
         conc = args.concurrency[i % len(args.concurrency)]
-        recipe = aa_recipe(args.recipe, args.runs_dir, conc)
+        recipe = aa_recipe(args.recipe, args.runs_dir, conc, args.checks)
         before = set(args.runs_dir.glob(f"{recipe.stem}/*"))
         t0 = time.monotonic()
         proc = subprocess.run([str(quantlab), "validate", str(recipe), "--checkpoint", str(model), "--runs-dir",
@@ -120,6 +129,14 @@ def main() -> int:
               "|---|" + "---|" * len(results)]
     for t in tasks:
         lines.append(f"| {t} | " + " | ".join(f"{s['discordance'].get(t, float('nan')):.1%}" for s in results) + " |")
+    figures = sorted({f for s in results for f in s["ratios"]})
+    if figures:
+        lines += ["", "| figure | ratio per run | runs whose interval covers 1.0 |", "|---|---|---|"]
+        for f in figures:
+            got = [s["ratios"].get(f) for s in results]
+            shown = ", ".join("-" if g is None or g[0] is None else f"{g[0]:.3f}" for g in got)
+            covers = sum(1 for g in got if g is not None and g[2])
+            lines.append(f"| {f} | {shown} | {covers} of {sum(1 for g in got if g is not None and g[1])} |")
     blocked = sum(1 for s in results if s["decision"] == "blocked")
     lines += ["", f"false blocks: {blocked} of {len(results)} A/A runs"]
     for s in results:

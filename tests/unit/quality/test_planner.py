@@ -70,5 +70,22 @@ def test_a_larger_family_needs_a_larger_drop_to_block():
 def test_sample_counts_come_from_the_suite_data():
     suite = load_suite(SHIPPED / "default")
     counts = {t.task: sample_count(suite, t.task) for t in suite.tasks}
-    assert counts["ql_passkey_150w"] == 60 and counts["ql_passkey_1300w"] == 20 and counts["ql_arithmetic"] == 150
+    assert counts["ql_passkey_150w"] == 300 and counts["ql_passkey_1300w"] == 20 and counts["ql_arithmetic"] == 406
     assert all(n and n > 0 for n in counts.values())
+
+
+def test_the_shipped_suite_holds_300_distinct_items_per_required_comparison():
+    """Grown to decide: every gated task of the default suite (but the three longer
+    pass-key lengths, warned per length in the shipped recipes and pooled in the
+    long-context slice) has at least 300 distinct items."""
+    import json
+
+    suite = load_suite(SHIPPED / "default")
+    keys = {"ql_lastword": "context", "ql_prose_ppl": "text", "ql_knowledge_mc": "question",
+            "ql_arithmetic": "question", "ql_json_extract": "text", "ql_passkey_150w": "context",
+            "ql_chat": "question", "ql_code": "name", "ql_safety": "prompt"}
+    for task, key in keys.items():
+        rows = [json.loads(x) for x in (SHIPPED / "default" / "data" / f"{task[3:]}.jsonl").read_text().splitlines()]
+        assert len({r[key] for r in rows}) >= 300, task
+    long_context = sum(sample_count(suite, t.task) for t in suite.tasks if t.slice == "long-context")
+    assert long_context >= 300

@@ -194,6 +194,8 @@ class QualityResult(_Result):
     plots: list[str] = Field(default_factory=list)
     gates: list[GateVerdict] = Field(default_factory=list)
     notes: list[str] = Field(default_factory=list)
+    plan: list[str] = Field(default_factory=list, description="What the gates could detect with these items, "
+                            "said before the run (quality/planner.py): one line per comparison, then the run's.")
     traffic: list[dict[str, Any]] = Field(default_factory=list, description="Per traffic task: rows, checks "
                                           "errored, critical rows; unchecked rows' agreement with the baseline.")
 

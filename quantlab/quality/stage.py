@@ -114,8 +114,11 @@ def preflight(ctx: RunContext) -> None:
     if spec.kl.texts and not ctx.loaded.resolve(spec.kl.texts).is_file():
         raise RecipeError(f"KL text file '{spec.kl.texts}' does not exist", file=str(ctx.loaded.path),
                           field="quality.kl.texts")
+    plans = _gate_plans(ctx)[0]
+    ctx.progress("quality plan (before any engine starts; --dry-run shows each comparison): "
+                 + _plan_summary(plans))
     if ctx.recipe.release.policy.underpowered == "error":
-        weak = [p for p in _gate_plans(ctx)[0] if p.underpowered]
+        weak = [p for p in plans if p.underpowered]
         if weak:
             raise RecipeError(f"{len(weak)} required quality comparison(s) cannot decide with their data: "
                               + "; ".join(f"{p.scope} ({p.n} items, P(release | unchanged) "
@@ -332,7 +335,16 @@ def run(ctx: RunContext) -> QualityResult:
         baseline_cache_key=key, skipped=[f"{t.task}: {why}" for t, why in skipped], seconds=seconds,
         lm_eval_version=lm_eval_version,
         suites=[{"name": s.name, "folder": str(s.folder) if s.folder else None, "sha256": s.sha256} for s in suites],
-        raw_files=raw, flips_file=f"{OUT_DIR}/flips.jsonl", plots=plots, gates=gates, notes=notes, traffic=traffic)
+        raw_files=raw, flips_file=f"{OUT_DIR}/flips.jsonl", plots=plots, gates=gates, notes=notes, traffic=traffic,
+        plan=_plan_lines(ctx))
+
+
+def _plan_lines(ctx: RunContext) -> list[str]:
+    """The planner's lines for the record and the report (a failure to plan never fails the run)."""
+    try:
+        return plan(ctx)
+    except (RecipeError, CheckError, OSError, ValueError) as err:
+        return [f"not planned: {err}"]
 
 
 def _kl_token_ids(ctx: RunContext, suites: list[Suite], cand_tok: Path) -> list[list[int]] | None:
@@ -601,6 +613,20 @@ def plan(ctx: RunContext) -> list[str]:
         lines.append(f"cannot decide at this size ({len(weak)}: P(release | unchanged) < {POWER:.0%}): "
                      f"{', '.join(weak)}; release.policy.underpowered: error refuses such a run")
     return lines
+
+
+def _plan_summary(plans: list[Any]) -> str:
+    """One line: how likely an unchanged model passes every required comparison, and which cannot decide."""
+    from quantlab.quality.planner import ASSUMED_DISCORDANCE
+
+    required = [p for p in plans if p.required and p.margin is not None]
+    if not required:
+        return "no required pass/fail comparison"
+    weak = [p.scope for p in required if p.underpowered]
+    line = (f"{len(required)} required pass/fail comparisons; an unchanged model passes all of them about "
+            f"{math.prod(p.p_release_unchanged for p in required):.0%} of the time at "
+            f"{ASSUMED_DISCORDANCE:.0%} discordance")
+    return line + (f"; cannot decide with their items: {', '.join(weak)}" if weak else "")
 
 
 def _gate_plans(ctx: RunContext) -> tuple[list[Any], bool]:

@@ -84,8 +84,10 @@ def _quality_section(q: QualityResult) -> Section:
         rows.append([t.task, t.slice, t.metric, str(t.n), _fmt(t.baseline, 4), _fmt(t.candidate, 4),
                      f"{t.diff:+.3g} [{t.ci_low:+.3g}, {t.ci_high:+.3g}]", _fmt(t.recovery, 3), flips,
                      _fmt(t.mcnemar_p, 3)])
-    notes = [f"difference = candidate - baseline with its {q.tasks[0].confidence:.0%} paired bootstrap interval; "
-             "flips = samples lost / gained against the baseline (in " + str(q.flips_file) + ")"] if q.tasks else []
+    notes = [f"difference = candidate - baseline with its {q.tasks[0].confidence:.0%} paired interval (Tango's "
+             "score interval for pass/fail metrics, the BCa bootstrap otherwise); flips = samples lost / gained "
+             "against the baseline (in " + str(q.flips_file) + ")"] if q.tasks else []
+    notes += [f"planned before the run: {line.strip()}" for line in q.plan]
     if q.kl:
         notes.append(f"next-token KL(baseline || candidate) over {q.kl.get('tokens')} positions of "
                      f"{q.kl.get('texts')} texts: mean {_fmt(q.kl.get('mean'), 3)}, median "

@@ -94,6 +94,10 @@ def test_the_demo_recipe_runs_on_the_default_model(tmp_path, default_model_dir, 
     assert base["ql_knowledge_mc"] > 0.35 and base["ql_code"] > 0.3 and base["ql_json_extract"] > 0.5
     assert quality["kl"]["tokens"] > 1000 and 0 < quality["kl"]["mean"] < 5
     assert "### Quality" in (run_dir / "report.md").read_text()
+    # what its demo-sized data can detect, said before any engine started, and kept in the record and report
+    assert "quality plan (before any engine starts" in r.stderr
+    assert any("P(release | unchanged)" in line for line in quality["plan"])
+    assert "planned before the run: " in (run_dir / "report.md").read_text()
 
     stability = record["stages"]["stability"]["result"]
     for role in ("baseline", "candidate"):

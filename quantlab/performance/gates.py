@@ -20,6 +20,10 @@ from quantlab.performance.spec import PerfGates
 CHECK = "performance"
 # a P99 from fewer requests than this per repeat is one of the slowest few: it may fail, never pass
 MIN_P99_REQUESTS = 100
+# One error budget for the run (release/error_budget.py): an unchanged model is falsely
+# blocked at most 1 - confidence = 5% of the time over the interval-judged checks, half
+# spent by quality's fail side ((1 - c) / 2, one-sided), half by performance's.
+FAIL_SHARE = 0.5
 
 # gate field -> (comparison key or candidate metric, kind, direction)
 PERF_GATES = {

@@ -337,12 +337,13 @@ def _more_repeats(ctx: RunContext, spec: PerformanceSpec, order: list[tuple[int,
 def _points_of(spec: PerformanceSpec, measured: _Measured, client: dict | None, notes: list[str], *,
                looks: int = 1) -> list[PerfPoint]:
     """Each point's medians over repeats, paired candidate/baseline ratios, and the gated
-    figures' intervals. The fail side's alpha: 1 - confidence split over every gated
-    figure at every point and every look (Bonferroni)."""
+    figures' intervals. The fail side's alpha: its share of the run's false-block budget
+    (FAIL_SHARE x (1 - confidence)) split over every gated figure at every point and
+    every look (Bonferroni)."""
     points = []
     n_points = sum(len(_points(w)) for w in spec.workloads)
     family = max(1, len(perf_gates.judged_by_interval(spec.gates)) * n_points * looks)
-    fail_alpha = (1 - spec.confidence) / family
+    fail_alpha = perf_gates.FAIL_SHARE * (1 - spec.confidence) / family
     pass_confidence = 1 - (1 - spec.confidence) / looks  # a pass may come at any look: its alpha is split too
     for w in spec.workloads:
         for point, conc, rate in _points(w):

@@ -17,6 +17,7 @@ from __future__ import annotations
 from typing import Any
 
 from quantlab.core.verdicts import GateVerdict, gate_id
+from quantlab.performance.gates import FAIL_SHARE
 
 LEDGER_VERSION = 1
 INTERVAL_TESTS = ("tango-score", "bca-bootstrap", "hierarchical-bootstrap")
@@ -80,9 +81,9 @@ def _performance(vs: list[GateVerdict], spec: Any) -> dict[str, Any]:
         "test": sorted({v.test for v in vs}),
         "pass_alpha": round(1 - spec.confidence, 6) if spec is not None else None,
         "fail_alpha_per_test": round(min(fail), 8),
-        # the stage split 1 - confidence over gates x points x looks: the family is that, not the sum over
-        # the verdicts of one look
-        "fail_alpha_family": round(1 - spec.confidence, 6) if spec is not None else round(sum(fail), 6),
+        # the stage split its share of 1 - confidence over gates x points x looks: the family is that, not
+        # the sum over the verdicts of one look
+        "fail_alpha_family": round(FAIL_SHARE * (1 - spec.confidence), 6) if spec is not None else round(sum(fail), 6),
         "family_rule": "Bonferroni over every interval gate x workload point x look (fail side)",
     }
     if spec is not None and spec.max_repeats:

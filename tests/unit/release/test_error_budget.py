@@ -28,8 +28,9 @@ def test_the_ledger_spends_each_checks_alpha_and_bounds_the_run():
     quality = book["checks"]["quality"]
     assert quality["tests"] == 3 and quality["gates"] == 4 and quality["test"] == ["tango-score"]
     assert quality["fail_alpha_family"] == pytest.approx(0.025) and quality["pass_alpha"] == pytest.approx(0.025)
-    assert book["checks"]["performance"]["fail_alpha_family"] == pytest.approx(0.05)
-    assert book["run"]["false_block_bound"] == pytest.approx(0.075)
+    assert book["checks"]["performance"]["fail_alpha_family"] == pytest.approx(0.025)
+    # one budget: an unchanged model is falsely blocked at most 5% of the time over both checks
+    assert book["run"]["false_block_bound"] == pytest.approx(0.05)
     assert book["run"]["false_release_bound"] == pytest.approx(0.05)
     assert book["fixed_thresholds"]["gates"] == ["stability.max_server_errors@bad_requests"]
     assert book["rule_version"] == 2 and book["ledger_version"] == 1

@@ -2,14 +2,19 @@
 sample grows from look to look, the confidence each look is judged at, and which tasks
 are decided.
 
-The design: a group-sequential test with a Bonferroni split of the error over the
-looks planned for a task. A task with N samples available is looked at after `first`,
-`first x growth`, ... samples and finally after all N: K looks. Every look judges the
-task's (and its slice's) gates at confidence 1 - (1 - c) / K, so the chance that any
-look of the task gets a pass or a fail wrong is at most 1 - c, whatever look it stops
-at (a union bound over the looks: conservative, simple, and valid for any stopping
-rule). A task stops at the first look where none of its gates, nor its slice's, is
-inconclusive, or when its data runs out."""
+The design: a group-sequential test whose error is spent over the looks planned for a
+task. A task with N samples available is looked at after `first`, `first x growth`, ...
+samples and finally after all N: K looks. The look at n samples (information t = n / N)
+judges the task's gates at confidence 1 - a_k, a_k = A(t_k) - A(t_(k-1)) with the
+O'Brien-Fleming-like spending function of Lan and DeMets, A(t) = 2 - 2 Phi(z_(1-a/2) /
+sqrt(t)): early looks spend almost nothing (only a clear case stops there), the last
+look nearly all of a = 1 - c, so the full sample keeps nearly its fixed-size power
+(Bonferroni's a / K at every look cost the last look most of it). The a_k add up to a,
+so the chance that any look gets a pass or a fail wrong is at most 1 - c whatever look
+it stops at (a union bound over the looks: conservative, and valid for any stopping
+rule). Slices and the pooled gate, whose members stop at different looks, keep the
+Bonferroni split over the most looks of a member task. A task stops at the first look
+where none of its gates, nor its slice's, is inconclusive, or when its data runs out."""
 
 from __future__ import annotations
 
@@ -30,8 +35,28 @@ def schedule(available: int, first: int, growth: float) -> list[int]:
 
 
 def look_confidence(confidence: float, looks: int) -> float:
-    """The confidence every look is judged at, so all looks together keep `confidence`."""
+    """Bonferroni: the confidence every look is judged at, so all looks together keep
+    `confidence` (slices and the pooled gate)."""
     return 1 - (1 - confidence) / max(1, looks)
+
+
+def spent(alpha: float, t: float) -> float:
+    """Lan-DeMets O'Brien-Fleming-like spending: the two-sided alpha spent by information t."""
+    from scipy.stats import norm
+
+    if t <= 0:
+        return 0.0
+    return float(min(alpha, 2 - 2 * norm.cdf(norm.ppf(1 - alpha / 2) / t ** 0.5)))
+
+
+def spent_confidence(confidence: float, plan: list[int], n: int) -> float:
+    """The confidence of a task's look at n samples of its plan: 1 - what that look spends."""
+    alpha = 1 - confidence
+    if len(plan) <= 1:
+        return confidence
+    k = next((i for i, size in enumerate(plan) if size >= n), len(plan) - 1)
+    now, before = plan[k] / plan[-1], (plan[k - 1] / plan[-1] if k else 0.0)
+    return 1 - max(1e-12, spent(alpha, now) - spent(alpha, before))
 
 
 def undecided_tasks(verdicts: Iterable[GateVerdict], slice_of: dict[str, str]) -> set[str]:

@@ -158,8 +158,9 @@ class QualitySpec(_Strict):
                                             "limit). auto: evaluate until decided: the candidate answers the "
                                             "first samples of each task, then more at each look, and a task "
                                             "stops as soon as its gates (and its slice's) are decided; each look "
-                                            "is judged at 1 - (1 - confidence) / looks, so stopping early keeps "
-                                            "the error rates. The baseline answers every sample (it is cached).")
+                                            "spends a share of 1 - confidence (O'Brien-Fleming-like: little "
+                                            "early, most at the last look), so stopping early keeps the error "
+                                            "rates. The baseline answers every sample (it is cached).")
     sequential: SequentialSpec = Field(default_factory=SequentialSpec)
     seed: int = 1234
     num_concurrent: int = Field(8, ge=1, le=256, description="Requests lm-eval keeps in flight.")

@@ -302,15 +302,17 @@ def run(ctx: RunContext) -> QualityResult:
     cached, key = _baseline(ctx, suites, work, kl_token_ids, base_dir, seconds, alongside)
     notes: list[str] = []
     looks: dict[str, int] = {}
+    plans: dict[str, list[int]] = {}
     if spec.samples == "auto":
-        seconds["candidate"], looks = _evaluate_until_decided(ctx, work, base_dir, cand_dir, notes)
+        seconds["candidate"], plans = _evaluate_until_decided(ctx, work, base_dir, cand_dir, notes)
+        looks = {task: len(p) for task, p in plans.items()}
     elif "candidate" not in seconds:
         seconds["candidate"] = _evaluate(ctx, "candidate", work, cand_dir)
     else:
         notes.append(f"baseline and candidate were evaluated at the same time (both servers up): "
                      f"{seconds['baseline']:.0f} s and {seconds['candidate']:.0f} s overlap")
     kl_result = _kl_result(ctx, kl_token_ids, base_dir, cand_dir)
-    tasks, flips, lm_eval_version = _compare_tasks(spec, work, base_dir, cand_dir, looks=looks)
+    tasks, flips, lm_eval_version = _compare_tasks(spec, work, base_dir, cand_dir, plans=plans)
     slices = _pool_slices(spec, _gated(tasks, work), looks=looks)
     everything = _pool_everything(spec, _gated(tasks, work), looks=looks)
     gates = quality_gates.verdicts(spec, _gated(tasks, work), slices, kl_result, everything)
@@ -407,24 +409,25 @@ def _kl_result(ctx: RunContext, kl_token_ids, base_dir: Path, cand_dir: Path) ->
 
 
 def _compare_tasks(spec: QualitySpec, work: list[tuple[Suite, Any]], base_dir: Path, cand_dir: Path, *,
-                   looks: dict[str, int] | None = None
+                   plans: dict[str, list[int]] | None = None
                    ) -> tuple[list[quality_gates.Paired], list[dict[str, Any]], str | None]:
     """Each task's samples joined and compared: (comparison, baseline values, candidate
-    values) per task, every flip, and the lm-eval version that wrote them. With `looks`
-    (evaluate until decided) the candidate answered a prefix: the baseline is cut to the
-    same samples and the interval widened for the task's planned looks."""
+    values) per task, every flip, and the lm-eval version that wrote them. With `plans`
+    (evaluate until decided: each task's look schedule) the candidate answered a prefix:
+    the baseline is cut to the same samples and the interval judged at what this look
+    spends (quality/sequential.spent_confidence)."""
     from quantlab.quality.lmeval import read_samples
-    from quantlab.quality.sequential import look_confidence
+    from quantlab.quality.sequential import spent_confidence
 
     tasks, flips, lm_eval_version = [], [], None
     for suite, task in work:
         b_rows, b_sum = read_samples(base_dir, task.task)
         c_rows, c_sum = read_samples(cand_dir, task.task)
         confidence = quality_gates.task_gates(spec, task.task, task.slice).confidence
-        if looks:
+        if plans:
             answered = {r["doc_id"] for r in c_rows}
             b_rows = [r for r in b_rows if r["doc_id"] in answered]
-            confidence = look_confidence(confidence, looks.get(task.task, 1))
+            confidence = spent_confidence(confidence, plans.get(task.task, [len(answered)]), len(answered))
         lm_eval_version = c_sum.get("lm_eval")
         hib = _direction(task, suite, c_sum)
         cmp, task_flips = compare_task(task.task, task.slice, task.metric, task.filter, hib, b_rows, c_rows,
@@ -484,12 +487,12 @@ def _pool_slices(spec: QualitySpec, tasks: list[quality_gates.Paired], *, looks:
 
 
 def _evaluate_until_decided(ctx: RunContext, work: list[tuple[Suite, Any]], base_dir: Path, cand_dir: Path,
-                            notes: list[str]) -> tuple[float, dict[str, int]]:
+                            notes: list[str]) -> tuple[float, dict[str, list[int]]]:
     """`quality.samples: auto`: the candidate answers each task's samples look by look
     (quality/sequential.py) until the task's gates and its slice's are decided, its data
     runs out, or quality.timeout_s is spent. Each look's answers land in
-    candidate/look-<k>/ and are appended to the task's file. Returns (seconds, planned
-    looks per task)."""
+    candidate/look-<k>/ and are appended to the task's file. Returns (seconds, each task's
+    look schedule)."""
     from quantlab.quality.lmeval import read_samples
     from quantlab.quality.sequential import schedule, undecided_tasks
 
@@ -520,7 +523,7 @@ def _evaluate_until_decided(ctx: RunContext, work: list[tuple[Suite, Any]], base
         for task in todo:
             _append_samples(folder, cand_dir, task)
             answered[task] = plans[task][look]
-        tasks, _, _ = _compare_tasks(spec, work, base_dir, cand_dir, looks=looks)
+        tasks, _, _ = _compare_tasks(spec, work, base_dir, cand_dir, plans=plans)
         tasks = _gated(tasks, work)
         still = undecided_tasks(quality_gates.verdicts(spec, tasks, _pool_slices(spec, tasks, looks=looks), None),
                                 slice_of)
@@ -536,7 +539,7 @@ def _evaluate_until_decided(ctx: RunContext, work: list[tuple[Suite, Any]], base
              for task, (k, why) in sorted(stopped.items())]
     notes.append("evaluated until decided (quality.samples: auto; each look judged at 1 - (1 - confidence) / "
                  "planned looks): " + "; ".join(parts))
-    return spent, looks
+    return spent, plans
 
 
 def _append_samples(folder: Path, into: Path, task: str) -> None:

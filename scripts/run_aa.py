@@ -57,7 +57,7 @@ def aa_recipe(recipe: Path, out: Path, concurrency: int, checks: list[str]) -> P
     # paths in the recipe (calibration data) are relative to its folder
     for ds in (data.get("calibration") or {}).get("datasets", []):
         ds["path"] = str((recipe.parent / ds["path"]).resolve())
-    path = out / f"aa-c{concurrency}.yaml"
+    path = out / f"{data['name']}.yaml"
     path.write_text(yaml.safe_dump(data, sort_keys=False))
     return path
 

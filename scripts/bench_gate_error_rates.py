@@ -128,8 +128,7 @@ def exact_table(spec, tasks, policy, discordances) -> None:
         return policy.required(GateVerdict(stage="quality", gate="non_inferiority", scope=scope,
                                            verdict="inconclusive", value=None, limit=0, detail=""))
 
-    print("
-per comparison, exact: P(release | unchanged) / P(not released | 2x margin) / P(blocked | 3x margin)")
+    print("\nper comparison, exact: P(release | unchanged) / P(not released | 2x margin) / P(blocked | 3x margin)")
     print("| comparison | items | baseline | margin | " + " | ".join(f"d={d:g}" for d in discordances) + " |")
     print("|---|---|---|---|" + "---|" * len(discordances))
     run = {d: 1.0 for d in discordances}

@@ -111,7 +111,7 @@ def exact_table(spec, tasks, policy, discordances) -> None:
     scores = {t.task: sum(float(r["metrics"][t.metric]) for r in rows) / len(rows) for t, rows in binary}
     sizes = {t.task: len(rows) for t, rows in binary}
     comparisons = [(t.task, sizes[t.task], quality_gates.task_gates(spec, t.task, t.slice), scores[t.task])
-                   for t, _ in binary]
+                   for t, _ in binary if not (spec.task_gates.get(t.task) and spec.task_gates[t.task].disabled)]
     for name in sorted({t.slice for t, _ in binary}):
         members = [t.task for t, _ in binary if t.slice == name]
         if len(members) >= 2:

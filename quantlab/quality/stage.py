@@ -644,13 +644,15 @@ def _gate_plans(ctx: RunContext) -> tuple[list[Any], bool]:
     policy = policy_for(ctx.recipe)
     work, _ = _runnable(_suites(ctx), ctx.recipe_max_model_len())
     scores = _cached_baseline_scores(ctx, work)
-    sized = []
+    sized, ungated = [], set()  # a task whose own gates are disabled still counts in its slice and the pool
     for suite, task in work:
         count = sample_count(suite, task.task)
         override = spec.task_gates.get(task.task)
-        if count is None or task.metric in TRANSFORMS or (override and override.disabled) or not task.gated:
+        if count is None or task.metric in TRANSFORMS or not task.gated:
             continue
         sized.append((task, task_limit(spec, suite, task)))
+        if override and override.disabled:
+            ungated.add(task.task)
     slices: dict[str, int] = {}
     for task, n in sized:
         slices[task.slice] = slices.get(task.slice, 0) + n
@@ -658,7 +660,7 @@ def _gate_plans(ctx: RunContext) -> tuple[list[Any], bool]:
                      if sum(1 for t, _ in sized if t.slice == name) >= 2 and not (
                          spec.slice_gates.get(name) and spec.slice_gates[name].disabled)}
     everything = sum(n for _, n in sized) if spec.pooled is not None and len(sized) >= 2 else 0
-    family = len(sized) + len(pooled_slices) + (1 if everything else 0)
+    family = len(sized) - len(ungated) + len(pooled_slices) + (1 if everything else 0)
 
     def required(scope: str) -> bool:
         return policy.required(GateVerdict(stage=quality_gates.CHECK, gate="non_inferiority", scope=scope,
@@ -666,7 +668,7 @@ def _gate_plans(ctx: RunContext) -> tuple[list[Any], bool]:
 
     plans = [plan_gate(task.task, n, quality_gates.task_gates(spec, task.task, task.slice), family,
                        score=scores.get(task.task, ASSUMED_SCORE), required=required(task.task))
-             for task, n in sized]
+             for task, n in sized if task.task not in ungated]
     for name, n in sorted(pooled_slices.items()):
         members = [(t, m) for t, m in sized if t.slice == name]
         score = sum(scores.get(t.task, ASSUMED_SCORE) * m for t, m in members) / max(1, sum(m for _, m in members))

@@ -158,7 +158,9 @@ def test_failed_serve_then_resume_with_an_edited_serve_section(tmp_path, tiny_mo
     for p in perf["points"]:
         iv = p["intervals"]["candidate:ttft_ms.p99"]
         assert 0 < iv["fail_low"] <= iv["pass_low"] <= iv["pass_high"] <= iv["fail_high"]
-        assert iv["fail_alpha"] == pytest.approx(0.05 / (2 * 2 * 2))  # 2 interval gates x 2 points x 2 looks
+        # half the run's 5% false-block budget, over 2 interval gates x 2 points x 2 looks
+        assert iv["fail_alpha"] == pytest.approx(0.5 * 0.05 / (2 * 2 * 2))
+        assert iv["pass_alpha"] == pytest.approx(0.05 / 2)  # the pass side split over the 2 looks too
     ratio = [g for g in perf["gates"] if g["gate"] == "max_p99_ttft_ratio"]
     assert len(ratio) == 2 and all("bootstrap draws" in g["detail"] for g in ratio)
     extra = len(perf["order"]) - 4

@@ -70,7 +70,7 @@ def test_a_larger_family_needs_a_larger_drop_to_block():
 def test_sample_counts_come_from_the_suite_data():
     suite = load_suite(SHIPPED / "default")
     counts = {t.task: sample_count(suite, t.task) for t in suite.tasks}
-    assert counts["ql_passkey_150w"] == 300 and counts["ql_passkey_1300w"] == 20 and counts["ql_arithmetic"] == 406
+    assert counts["ql_passkey_150w"] == 400 and counts["ql_passkey_1300w"] == 20 and counts["ql_arithmetic"] == 406
     assert all(n and n > 0 for n in counts.values())
 
 

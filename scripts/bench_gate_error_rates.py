@@ -105,8 +105,6 @@ def judge(spec, tasks, policy, rng, *, discordance: float, ppl_noise: float, bre
 
 def exact_table(spec, tasks, policy, discordances) -> None:
     """Per comparison, exact: the planner's figures at the records' sizes and scores."""
-    from quantlab.core.verdicts import GateVerdict
-
     binary = [(t, rows) for t, rows, hib in tasks if t.metric not in TRANSFORMS and hib]
     scores = {t.task: sum(float(r["metrics"][t.metric]) for r in rows) / len(rows) for t, rows in binary}
     sizes = {t.task: len(rows) for t, rows in binary}
@@ -125,8 +123,7 @@ def exact_table(spec, tasks, policy, discordances) -> None:
     family = len(comparisons)
 
     def required(scope):
-        return policy.required(GateVerdict(stage="quality", gate="non_inferiority", scope=scope,
-                                           verdict="inconclusive", value=None, limit=0, detail=""))
+        return policy.requires("quality", "non_inferiority", scope)
 
     print("\nper comparison, exact: P(release | unchanged) / P(not released | 2x margin) / P(blocked | 3x margin)")
     print("| comparison | items | baseline | margin | " + " | ".join(f"d={d:g}" for d in discordances) + " |")

@@ -62,6 +62,14 @@ class GateVerdict(BaseModel):
         return self.value > self.limit if self.comparator == "at_most" else self.value < self.limit
 
 
+def not_shown_rule(check: str, gate: str, scope: str, *, default: str, checks: dict[str, str],
+                   gates: dict[str, str]) -> str:
+    """What release.policy says a gate that cannot decide does ('block' or 'warn'): the
+    rule for 'check.gate@scope', else 'check.gate', else the check's, else the default.
+    One lookup for the decision and for the planner, which asks before any verdict."""
+    return gates.get(f"{check}.{gate}@{scope}") or gates.get(f"{check}.{gate}") or checks.get(check) or default
+
+
 def gate_id(v: GateVerdict) -> str:
     """'quality.non_inferiority@arc_easy_mini': how decisions and manifests name a verdict."""
     return f"{v.stage}.{v.gate}@{v.scope}"

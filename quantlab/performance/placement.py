@@ -20,7 +20,7 @@ import os
 from dataclasses import dataclass, field
 from typing import Any
 
-ROLES = ("baseline", "candidate")
+from quantlab.serving.plan import ROLES
 
 
 def swapped(rep: int) -> bool:

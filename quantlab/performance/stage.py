@@ -219,15 +219,15 @@ class _Measured:
     wall_s: float = 0.0
     placement: Placement | None = None  # crossover: the engines swap cores every second repeat
     placed: dict[int, str] = field(default_factory=dict)  # repeat -> where each role computed
+    swapped_repeats: set[int] = field(default_factory=set)  # the repeats that ran with the cores swapped
 
 
 def _placement_notes(measured: _Measured) -> list[str]:
     if measured.placement is None:
         return ["placement: not swapped between repeats (no two quantlab-launched CPU engines on cores of their "
                 "own); a ratio here holds the placement as well as the model"]
-    swaps = [rep for rep, where in measured.placed.items() if "swapped" in where]
     lines = [f"placement: repeat {rep + 1}: {where}" for rep, where in sorted(measured.placed.items())]
-    if not swaps and len(measured.placed) > 1:
+    if not measured.swapped_repeats and len(measured.placed) > 1:
         lines.append("placement: the engines' threads could not be moved, so every repeat ran as launched")
     return lines
 
@@ -242,6 +242,8 @@ def _place(measured: _Measured, rep: int) -> None:
     if not ok:
         where += " (the swap could not move the engines' threads)"
     measured.placed.setdefault(rep, where)
+    if p.is_swapped:
+        measured.swapped_repeats.add(rep)
 
 
 def _measure_all(ctx: RunContext, spec: PerformanceSpec, order: list[tuple[int, str]], requests: dict[str, list],

@@ -20,7 +20,7 @@ from typing import Any
 from quantlab.core.results import TaskComparison
 from quantlab.core.verdicts import GateVerdict
 from quantlab.quality.compare import POOLED_SCOPE, PREFIX_STEP, TRANSFORMS
-from quantlab.quality.spec import QualityGates, QualitySpec
+from quantlab.quality.spec import QualityGates, QualitySpec, ni_margin
 from quantlab.quality.stats import Value, paired_interval
 
 CHECK = "quality"
@@ -124,7 +124,9 @@ def gate_margins(gates: QualityGates, cmp: TaskComparison) -> list[tuple[str, fl
         d = cmp.diff if cmp.higher_is_better else -cmp.diff
         out.append(("max_drop", -d, gates.max_drop, m, how))
     if gates.non_inferiority_margin is not None:
-        m, how = floored(gates.non_inferiority_margin * base, f"margin {gates.non_inferiority_margin:g} x baseline")
+        m = ni_margin(gates, cmp.baseline)
+        how = (f"the floor non_inferiority_min_margin {floor:g}" if floor and m == floor
+               else f"margin {gates.non_inferiority_margin:g} x baseline")
         out.append(("non_inferiority", None, -m, m, how))  # its value: the interval's worse end
     return out
 

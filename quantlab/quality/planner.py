@@ -33,7 +33,6 @@ class GatePlan:
     margin: float | None  # non-inferiority, absolute (margin x the baseline score, or its floor)
     p_release_unchanged: float | None  # this comparison passes, the candidate unchanged
     p_held_2x: float | None  # not passed, the candidate worse by 2 x margin
-    p_blocked_2x: float | None  # failed (the fail side), worse by 2 x margin
     samples_to_show: int | None  # items for P(release | unchanged) >= POWER, when n has fewer
     blocks_drop: float | None  # the smallest drop (share of items) the fail side blocks >= POWER
     required: bool = True  # not warned by release.policy
@@ -84,11 +83,10 @@ def plan_gate(scope: str, n: int, gates: QualityGates, family: int, *, score: fl
     margin = ni_margin(gates, score)
     fail_confidence = 1 - (1 - gates.confidence) / max(1, family)
     enough = n >= gates.min_samples
-    p_release = p_held = p_blocked = needed = None
+    p_release = p_held = needed = None
     if margin is not None:
         p_release = ni_pass_probability(n, margin, half_d, half_d, gates.confidence) if enough else 0.0
         p_held = 1 - ni_pass_probability(n, margin, half_d, half_d + 2 * margin, gates.confidence) if enough else 1.0
-        p_blocked = ni_fail_probability(n, margin, half_d, half_d + 2 * margin, fail_confidence) if enough else 0.0
         if p_release < POWER:
             needed = items_to_show(margin, discordance, gates.confidence, at_least=max(n + 1, gates.min_samples))
     limit = margin or 0.0
@@ -96,7 +94,7 @@ def plan_gate(scope: str, n: int, gates: QualityGates, family: int, *, score: fl
     if enough:
         blocks = _smallest(lambda drop: ni_fail_probability(n, limit, half_d, half_d + drop, fail_confidence) >= POWER,
                            top=min(score, 1 - discordance))
-    return GatePlan(scope, n, half, margin, p_release, p_held, p_blocked, needed, blocks, required)
+    return GatePlan(scope, n, half, margin, p_release, p_held, needed, blocks, required)
 
 
 def _smallest(holds, *, top: float) -> float | None:

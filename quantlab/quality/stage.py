@@ -537,8 +537,8 @@ def _evaluate_until_decided(ctx: RunContext, work: list[tuple[Suite, Any]], base
             pending.discard(task)
     parts = [f"{task} {answered[task]}/{available[task]} at look {k} of {looks[task]} ({why})"
              for task, (k, why) in sorted(stopped.items())]
-    notes.append("evaluated until decided (quality.samples: auto; each look judged at 1 - (1 - confidence) / "
-                 "planned looks): " + "; ".join(parts))
+    notes.append("evaluated until decided (quality.samples: auto; each look of a task judged at the share of "
+                 "1 - confidence it spends, O'Brien-Fleming-like): " + "; ".join(parts))
     return spent, plans
 
 
@@ -602,46 +602,49 @@ def plan(ctx: RunContext) -> list[str]:
     plans, cached = _gate_plans(ctx)
     source = (f"the baseline's own scores from its cached results where known (else {ASSUMED_SCORE:.0%})"
               if cached else f"an assumed baseline score of {ASSUMED_SCORE:.0%} (no cached baseline results yet)")
-    required = [p for p in plans if p.required and p.margin is not None]
-    run_release = math.prod(p.p_release_unchanged for p in required) if required else None
     lines = [f"quality gates, planned: {len(plans)} gated pass/fail comparisons; {source}, and "
              f"{ASSUMED_DISCORDANCE:.0%} of answers changing between two servers of the same model (drops are "
              "shares of all items)"]
     lines += [p.line() for p in plans]
-    if run_release is not None:
-        lines.append(f"all {len(required)} required comparisons pass for an unchanged model with probability about "
-                     f"{run_release:.0%} (if independent)")
-    weak = [p.scope for p in required if p.underpowered]
+    required, chance, weak = _run_chance(plans)
+    if required:
+        lines.append(f"all {required} required comparisons pass for an unchanged model with probability about "
+                     f"{chance:.0%} (if independent)")
     if weak:
         lines.append(f"cannot decide at this size ({len(weak)}: P(release | unchanged) < {POWER:.0%}): "
                      f"{', '.join(weak)}; release.policy.underpowered: error refuses such a run")
     return lines
 
 
+def _run_chance(plans: list[Any]) -> tuple[int, float, list[str]]:
+    """(required comparisons, the chance an unchanged model passes all of them if they were
+    independent, those that cannot decide)."""
+    required = [p for p in plans if p.required and p.margin is not None]
+    return (len(required), math.prod(p.p_release_unchanged for p in required),
+            [p.scope for p in required if p.underpowered])
+
+
 def _plan_summary(plans: list[Any]) -> str:
     """One line: how likely an unchanged model passes every required comparison, and which cannot decide."""
     from quantlab.quality.planner import ASSUMED_DISCORDANCE
 
-    required = [p for p in plans if p.required and p.margin is not None]
+    required, chance, weak = _run_chance(plans)
     if not required:
         return "no required pass/fail comparison"
-    weak = [p.scope for p in required if p.underpowered]
-    line = (f"{len(required)} required pass/fail comparisons; an unchanged model passes all of them about "
-            f"{math.prod(p.p_release_unchanged for p in required):.0%} of the time at "
-            f"{ASSUMED_DISCORDANCE:.0%} discordance")
+    line = (f"{required} required pass/fail comparisons; an unchanged model passes all of them about "
+            f"{chance:.0%} of the time at {ASSUMED_DISCORDANCE:.0%} discordance")
     return line + (f"; cannot decide with their items: {', '.join(weak)}" if weak else "")
 
 
 def _gate_plans(ctx: RunContext) -> tuple[list[Any], bool]:
     """The planner's view of every gated pass/fail comparison (tasks, then pooled slices),
     and whether the baseline's scores came from its cache."""
-    from quantlab.core.verdicts import GateVerdict
     from quantlab.quality.planner import ASSUMED_SCORE, plan_gate
     from quantlab.quality.suites import sample_count
-    from quantlab.release.decision import policy_for
+    from quantlab.core.verdicts import not_shown_rule
 
     spec: QualitySpec = ctx.recipe.quality
-    policy = policy_for(ctx.recipe)
+    rules = ctx.recipe.release.policy  # the recipe's words; the decision reads them the same way
     work, _ = _runnable(_suites(ctx), ctx.recipe_max_model_len())
     scores = _cached_baseline_scores(ctx, work)
     sized, ungated = [], set()  # a task whose own gates are disabled still counts in its slice and the pool
@@ -663,8 +666,8 @@ def _gate_plans(ctx: RunContext) -> tuple[list[Any], bool]:
     family = len(sized) - len(ungated) + len(pooled_slices) + (1 if everything else 0)
 
     def required(scope: str) -> bool:
-        return policy.required(GateVerdict(stage=quality_gates.CHECK, gate="non_inferiority", scope=scope,
-                                           verdict="inconclusive", value=None, limit=0, detail=""))
+        return not_shown_rule(quality_gates.CHECK, "non_inferiority", scope, default=rules.not_shown,
+                              checks=rules.checks, gates=rules.gates) == "block"
 
     plans = [plan_gate(task.task, n, quality_gates.task_gates(spec, task.task, task.slice), family,
                        score=scores.get(task.task, ASSUMED_SCORE), required=required(task.task))

@@ -28,7 +28,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from quantlab.core.verdicts import GateVerdict, gate_id
+from quantlab.core.verdicts import GateVerdict, gate_id, not_shown_rule
 from quantlab.serving.spec import PRIMARY_TARGET
 
 Decision = Literal["release", "blocked", "not_shown"]
@@ -59,9 +59,12 @@ class DecisionPolicy(_M):
 
     def required(self, v: GateVerdict) -> bool:
         """Whether this gate, when it cannot decide, holds the release back."""
-        rule = (self.gates.get(f"{v.stage}.{v.gate}@{v.scope}") or self.gates.get(f"{v.stage}.{v.gate}")
-                or self.checks.get(v.stage) or self.not_shown)
-        return rule == "block"
+        return self.requires(v.stage, v.gate, v.scope)
+
+    def requires(self, check: str, gate: str, scope: str) -> bool:
+        """The same, for a gate named before it has a verdict."""
+        return not_shown_rule(check, gate, scope, default=self.not_shown, checks=self.checks,
+                              gates=self.gates) == "block"
 
     def rules(self) -> dict:
         """The not-shown rules, as the manifest records them (so verify can decide again)."""

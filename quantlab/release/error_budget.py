@@ -68,7 +68,8 @@ def _quality(vs: list[GateVerdict], spec: Any) -> dict[str, Any]:
         out["samples"] = spec.samples
         if spec.samples == "auto":
             out["looks"] = {"first": spec.sequential.first, "growth": spec.sequential.growth,
-                            "rule": "each look at 1 - (1 - confidence) / looks (Bonferroni over the looks)"}
+                            "rule": "a task's looks spend 1 - confidence O'Brien-Fleming-like (Lan-DeMets); "
+                                    "slices and the pooled gate split it over the looks (Bonferroni)"}
     return out
 
 

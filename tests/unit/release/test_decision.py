@@ -130,3 +130,13 @@ def test_an_unknown_rule_version_is_refused():
 
     with pytest.raises(ValueError, match="unknown decision rule version 9"):
         decide([], DecisionPolicy(), rule=9)
+
+
+def test_a_gate_named_before_its_verdict_gets_the_same_rule():
+    """The planner asks before there is a verdict: the same lookup, most specific first."""
+    policy = DecisionPolicy(not_shown="warn", gates={"quality.non_inferiority@ql_code": "block"})
+    assert policy.requires("quality", "non_inferiority", "ql_code")
+    assert not policy.requires("quality", "non_inferiority", "ql_chat")
+    v = GateVerdict(stage="quality", gate="non_inferiority", scope="ql_code", verdict="inconclusive", value=None,
+                    limit=0, detail="d")
+    assert policy.required(v) is policy.requires("quality", "non_inferiority", "ql_code")

@@ -2,11 +2,15 @@
 nothing changed.
 
     .venv/bin/python scripts/run_aa.py [--recipe recipes/gptq-w4a16.yaml] [--runs 3]
-        [--concurrency 8 4 16] [--checks quality performance] [--runs-dir runs-aa] [--out aa.md]
+        [--concurrency 8 4 16] [--checks quality performance stability] [--tasks ql_lastword ...]
+        [--runs-dir runs-aa] [--out aa.md]
 
 Each run is `quantlab validate RECIPE --checkpoint <the baseline model's folder>` with
-the recipe's quality and performance sections (stability and targets off, the baseline
-quality cache off so both servers are evaluated in the run). Run i sets
+the recipe's checks named in --checks (default quality and performance; extra serve
+targets off, the baseline quality cache off so both servers are evaluated in the run,
+unless --baseline-cache).
+--tasks keeps only those quality tasks (the next-token KL runs with any of them, so a
+short task measures what KL and its gates do on an unchanged model). Run i sets
 quality.num_concurrent to the i-th --concurrency value: lm-eval's requests in flight,
 and so the batches both servers form, differ from run to run. The two servers are
 separate vLLM processes of the same weights and engine arguments; what differs between
@@ -33,6 +37,7 @@ import yaml
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
+CHECKS = ("quality", "performance", "stability")
 
 
 def baseline_dir(recipe: Path) -> Path:
@@ -42,18 +47,20 @@ def baseline_dir(recipe: Path) -> Path:
     return resolve_recipe_model(load_recipe(recipe), progress=lambda _m: None).path
 
 
-def aa_recipe(recipe: Path, out: Path, concurrency: int, checks: list[str]) -> Path:
-    """The recipe's checks named in `checks` (quality, performance), the baseline quality
-    cache off; stability and extra serve targets off."""
+def aa_recipe(recipe: Path, out: Path, concurrency: int, checks: list[str], tasks: list[str] | None = None, *,
+              baseline_cache: bool = False) -> Path:
+    """The recipe's checks named in `checks` (quality, performance, stability), the
+    baseline quality cache off unless asked; extra serve targets off."""
     data = yaml.safe_load(recipe.read_text())
     data["name"] = f"aa-{'-'.join(checks)}-c{concurrency}"
-    data.pop("stability", None)
-    for check in ("quality", "performance"):
+    for check in CHECKS:
         if check not in checks:
             data.pop(check, None)
     data.get("serve", {}).pop("targets", None)
     if "quality" in checks:
-        data["quality"] = {**data.get("quality", {}), "num_concurrent": concurrency, "baseline_cache": False}
+        data["quality"] = {**data.get("quality", {}), "num_concurrent": concurrency, "baseline_cache": baseline_cache}
+        if tasks:
+            data["quality"]["tasks"] = tasks
     # paths in the recipe (calibration data) are relative to its folder
     for ds in (data.get("calibration") or {}).get("datasets", []):
         ds["path"] = str((recipe.parent / ds["path"]).resolve())
@@ -77,13 +84,20 @@ def summarize(run_dir: Path) -> dict:
             iv = pt.get("intervals", {}).get(f"ratio:{key}")
             ratios[f"{pt['workload']}/{pt['point']} {key}"] = (c.get("ratio"), iv and (iv["pass_low"], iv["pass_high"]),
                                                                 iv and iv["pass_low"] <= 1.0 <= iv["pass_high"])
+    stab = (stages.get("stability") or {}).get("result") or {}
+    gates += stab.get("gates", [])
+    values = {f"{g['gate']}@{g['scope']}": g.get("value") for g in stab.get("gates", [])}
+    kl = q.get("kl") or {}
+    if kl.get("tokens"):
+        values |= {"kl mean (nats)": kl.get("mean"), "kl p99 (nats)": kl.get("p99"),
+                   "same top token": kl.get("same_top_rate")}
     count = {(g["stage"], g["verdict"]) for g in gates}
     return {
         "run": str(run_dir), "status": record["status"], "decision": release.get("decision", record["status"]),
         "counts": {f"{s} {v}": sum(1 for g in gates if (g["stage"], g["verdict"]) == (s, v)) for s, v in count},
         "failed": [f"{g['stage']}.{g['gate']}@{g['scope']}: {g['detail'][:160]}" for g in gates
                    if g["verdict"] == "fail"],
-        "discordance": disc, "ratios": ratios,
+        "discordance": disc, "ratios": ratios, "values": values,
         "seconds": {n: round(st.get("duration_s") or 0) for n, st in stages.items()},
     }
 
@@ -93,8 +107,12 @@ def main() -> int:
     ap.add_argument("--recipe", type=Path, default=REPO / "recipes" / "gptq-w4a16.yaml")
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--concurrency", type=int, nargs="+", default=[8, 4, 16])
-    ap.add_argument("--checks", nargs="+", choices=["quality", "performance"], default=["quality", "performance"],
+    ap.add_argument("--checks", nargs="+", choices=CHECKS, default=["quality", "performance"],
                     help="which of the recipe's checks the A/A runs keep (performance alone: the placement check)")
+    ap.add_argument("--tasks", nargs="+", help="keep only these quality tasks (default: the recipe's)")
+    ap.add_argument("--baseline-cache", action="store_true",
+                    help="keep the baseline quality cache on: the first run fills it, later runs evaluate only the "
+                    "second server (the quality stage's cached time)")
     ap.add_argument("--runs-dir", type=Path, default=REPO / "runs-aa")
     ap.add_argument("--out", type=Path)
     args = ap.parse_args()
@@ -104,7 +122,8 @@ def main() -> int:
     results = []
     for i in range(args.runs):
         conc = args.concurrency[i % len(args.concurrency)]
-        recipe = aa_recipe(args.recipe, args.runs_dir, conc, args.checks)
+        recipe = aa_recipe(args.recipe, args.runs_dir, conc, args.checks, args.tasks,
+                           baseline_cache=args.baseline_cache)
         before = set(args.runs_dir.glob(f"{recipe.stem}/*"))
         t0 = time.monotonic()
         proc = subprocess.run([str(quantlab), "validate", str(recipe), "--checkpoint", str(model), "--runs-dir",
@@ -137,6 +156,11 @@ def main() -> int:
             shown = ", ".join("-" if g is None or g[0] is None else f"{g[0]:.3f}" for g in got)
             covers = sum(1 for g in got if g is not None and g[2])
             lines.append(f"| {f} | {shown} | {covers} of {sum(1 for g in got if g is not None and g[1])} |")
+    measured = sorted({v for s in results for v in s["values"]})
+    if measured:
+        lines += ["", "| stability gate / KL | value per run |", "|---|---|"]
+        for v in measured:
+            lines.append(f"| {v} | " + ", ".join(_fmt(s["values"].get(v)) for s in results) + " |")
     blocked = sum(1 for s in results if s["decision"] == "blocked")
     lines += ["", f"false blocks: {blocked} of {len(results)} A/A runs"]
     for s in results:
@@ -146,6 +170,10 @@ def main() -> int:
     if args.out:
         args.out.write_text(text)
     return 0
+
+
+def _fmt(v) -> str:
+    return "-" if v is None else f"{v:.4g}" if isinstance(v, float) else str(v)
 
 
 if __name__ == "__main__":

@@ -2,7 +2,8 @@
 
 A verdict is pass, fail or not shown (inconclusive), always with the value, the limit
 and a line saying what was compared. Ratios are medians over alternately measured
-repeats. Each gated figure carries a bootstrap interval (performance/noise.py): a gate
+repeats. Each gated figure carries an interval (performance/noise.py: the bootstrap,
+widened by the spread between repeats): a gate
 passes when the interval's one-sided bound at the recipe's confidence is within the
 limit, fails only when the family-adjusted bound is beyond it (so an unchanged model
 is blocked on noise at most 1 - confidence of the time, across all performance gates),
@@ -106,11 +107,18 @@ def _judge(value: float, limit: float, direction: str, iv: dict | None) -> tuple
     pass_bound, fail_bound = ((iv["pass_low"], iv["fail_high"]) if direction == "min"
                               else (iv["pass_high"], iv["fail_low"]))
     conf = 1 - (iv["fail_alpha"])
+    df = iv.get("between_df")  # None: an interval from before the between-repeat term (the bootstrap's)
+    spread = ("the bootstrap" if df is None else f"the wider of the bootstrap and Student's t over the repeats "
+              f"({df} df)" if df else "the bootstrap alone (one repeat: no spread between repeats to measure)")
     span = (f"interval {iv['pass_low']:.3g} .. {iv['pass_high']:.3g} (one-sided bounds), fail side "
             f"{iv['fail_low']:.3g} .. {iv['fail_high']:.3g} at {conf:.2%} (family-adjusted); "
-            f"{iv['repeats']} repeat(s), >= {iv['requests']} requests each, {iv['draws']} bootstrap draws")
+            f"{iv['repeats']} repeat(s), >= {iv['requests']} requests each, {iv['draws']} bootstrap draws; "
+            f"bounds from {spread}")
     if worse(fail_bound):
         return "fail", f"beyond the limit even at the fail side's bound; {span}"
+    if not worse(pass_bound) and df == 0:
+        # requests of one repeat move together (waves in closed loop): their bootstrap alone is too narrow to pass on
+        return "inconclusive", f"not shown: a pass needs >= 2 paired repeats (performance.repeats); {span}"
     if not worse(pass_bound):
         return "pass", f"within the limit at the interval's bound; {span}"
     side = "beyond" if worse(value) else "within"

@@ -15,10 +15,23 @@ end-to-end time over the observed one (closed loop: the time to serve n requests
 concurrency C is about n x mean(E2E) / C), and the output tokens summed over the drawn
 requests. With no resampling it equals the measured figure.
 
+The spread between repeats enters the interval a second way, because the requests of
+one repeat are not independent draws: in closed loop they come in waves (a P99 TTFT at
+8 in flight is the prefill wait of one wave, the same to a few ms for every request in
+it), and what moves the figure is the repeat. Measured on 10 A/A runs (the same weights
+on both servers, 2 repeats x 100 requests): the per-repeat log ratio of P99 TTFT had a
+spread of 0.063 against 0.010 from resampling requests, and the bootstrap interval held
+1.0 in 7 of 10. So each bound is also taken from Student's t over the paired repeats'
+log ratios (k - 1 degrees of freedom, at the same one-sided level), and the interval is
+the wider of the two. With one repeat there is no spread between repeats to measure:
+the interval is the bootstrap's alone and `between_df` is 0 (a gate then cannot pass on
+it; performance/gates.py).
+
 Limits, stated where the verdict is: with n requests a P99 is set by its slowest one or
 two, and a percentile bootstrap cannot draw a tail worse than the slowest request seen,
-so a P99 interval from few requests is too narrow on its upper side; one repeat has no
-between-run spread to draw.
+so a P99 interval from few requests is too narrow on its upper side; with two repeats
+the t bound has one degree of freedom and is wide, which is the price of knowing the
+spread from two measurements (adaptive repeats narrow it).
 """
 
 from __future__ import annotations
@@ -127,6 +140,36 @@ def _median_of_drawn_repeats(per_rep: np.ndarray, rng: np.random.Generator) -> n
     return out if len(out) >= 0.9 * draws else None
 
 
+def per_repeat_figures(baseline: list[RepeatSample], candidate: list[RepeatSample] | None, key: str) -> np.ndarray:
+    """The measured figure of each repeat: candidate / baseline per pair (a ratio gate) or
+    the one server's (candidate None), finite values only."""
+    def measured(s: RepeatSample) -> float:
+        return float(s.figure(key, np.arange(len(s.e2e))[None, :])[0]) if len(s.e2e) else np.nan
+
+    if candidate is None:
+        values = np.array([measured(s) for s in baseline], dtype=float)
+    else:
+        with np.errstate(all="ignore"):
+            values = np.array([measured(c) / measured(b) for b, c in zip(baseline, candidate, strict=False)],
+                              dtype=float)
+    return values[np.isfinite(values) & (values > 0)]
+
+
+def between_repeat_bounds(figures: np.ndarray, alphas: tuple[float, ...]) -> list[tuple[float, float]] | None:
+    """Per one-sided alpha, (low, high) for the figure from the spread of its per-repeat
+    values: the geometric mean's Student t bounds, k - 1 degrees of freedom (None for fewer
+    than two repeats)."""
+    from scipy.stats import t
+
+    k = len(figures)
+    if k < 2:
+        return None
+    logs = np.log(figures)
+    centre, se = float(logs.mean()), float(logs.std(ddof=1)) / np.sqrt(k)
+    return [(float(np.exp(centre - t.ppf(1 - a, k - 1) * se)), float(np.exp(centre + t.ppf(1 - a, k - 1) * se)))
+            for a in alphas]
+
+
 @dataclass(frozen=True)
 class Interval:
     """A figure's bootstrap interval at the two levels a gate uses: `pass_*` one-sided at
@@ -141,13 +184,25 @@ class Interval:
     repeats: int
     requests: int  # the fewest successful requests behind one block's figure
     pass_alpha: float = 0.05  # one-sided, of the pass bounds (1 - confidence, split over the looks)
+    between_df: int | None = None  # df of the between-repeat t bounds: 0 for one repeat (bootstrap only), None unasked
+    between_widened: bool = False  # whether the t bounds were wider than the bootstrap's on some side
 
     def as_dict(self) -> dict:
         return asdict(self)
 
 
-def interval(draws: np.ndarray, *, confidence: float, fail_alpha: float, repeats: int, requests: int) -> Interval:
+def interval(draws: np.ndarray, *, confidence: float, fail_alpha: float, repeats: int, requests: int,
+             per_repeat: np.ndarray | None = None) -> Interval:
+    """The bootstrap's one-sided bounds, each widened to the between-repeat t bound where
+    that is wider (per_repeat: the measured figure of each repeat, see per_repeat_figures)."""
     a = 1.0 - confidence
-    q = np.quantile(draws, [a, 1.0 - a, fail_alpha, 1.0 - fail_alpha])
-    return Interval(pass_low=float(q[0]), pass_high=float(q[1]), fail_low=float(q[2]), fail_high=float(q[3]),
-                    fail_alpha=fail_alpha, draws=len(draws), repeats=repeats, requests=requests, pass_alpha=a)
+    q = [float(x) for x in np.quantile(draws, [a, 1.0 - a, fail_alpha, 1.0 - fail_alpha])]
+    t_bounds = between_repeat_bounds(per_repeat, (a, fail_alpha)) if per_repeat is not None else None
+    widened = False
+    if t_bounds:
+        (p_lo, p_hi), (f_lo, f_hi) = t_bounds
+        wider = [min(q[0], p_lo), max(q[1], p_hi), min(q[2], f_lo), max(q[3], f_hi)]
+        widened, q = wider != q, wider
+    return Interval(pass_low=q[0], pass_high=q[1], fail_low=q[2], fail_high=q[3], fail_alpha=fail_alpha,
+                    draws=len(draws), repeats=repeats, requests=requests, pass_alpha=a,
+                    between_df=None if per_repeat is None else max(len(per_repeat) - 1, 0), between_widened=widened)

@@ -16,7 +16,7 @@ from quantlab.core.errors import EngineError, RecipeError
 from quantlab.core.fsutil import safetensors_bytes, sha256_file, write_text_atomic
 from quantlab.performance import gates as perf_gates
 from quantlab.performance.metrics import compare, median_metrics, summarize
-from quantlab.performance.noise import RepeatSample, interval, ratio_draws, value_draws
+from quantlab.performance.noise import RepeatSample, interval, per_repeat_figures, ratio_draws, value_draws
 from quantlab.performance.placement import Placement, swapped as placement_swapped
 from quantlab.performance.spec import PerformanceSpec, Workload, max_length
 from quantlab.core.progress import step
@@ -383,8 +383,9 @@ def _intervals(spec: PerformanceSpec, samples: dict[str, list[RepeatSample]], *,
                  else value_draws(c, key, draws=spec.bootstrap_draws, seed=seed))
         if draws is not None:
             out[name] = interval(draws, confidence=pass_confidence or spec.confidence, fail_alpha=fail_alpha,
-                                 repeats=min(len(b), len(c)) if kind == "ratio" else len(c),
-                                 requests=fewest).as_dict()
+                                 repeats=min(len(b), len(c)) if kind == "ratio" else len(c), requests=fewest,
+                                 per_repeat=per_repeat_figures(b, c, key) if kind == "ratio"
+                                 else per_repeat_figures(c, None, key)).as_dict()
     return out
 
 

@@ -172,8 +172,9 @@ def between_repeat_bounds(figures: np.ndarray, alphas: tuple[float, ...]) -> lis
 
 @dataclass(frozen=True)
 class Interval:
-    """A figure's bootstrap interval at the two levels a gate uses: `pass_*` one-sided at
-    the gate's confidence, `fail_*` one-sided at the family-adjusted confidence."""
+    """A figure's interval (the bootstrap's, widened by the between-repeat t) at the two
+    levels a gate uses: `pass_*` one-sided at the gate's confidence, `fail_*` one-sided at
+    the family-adjusted confidence."""
 
     pass_low: float
     pass_high: float

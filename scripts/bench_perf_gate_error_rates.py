@@ -36,7 +36,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from quantlab.core.results import PerfPoint  # noqa: E402
-from quantlab.performance.gates import PERF_GATES, verdicts  # noqa: E402
+from quantlab.performance.gates import FAIL_SHARE, PERF_GATES, verdicts  # noqa: E402
 from quantlab.performance.metrics import RequestRecord  # noqa: E402
 from quantlab.performance.noise import RepeatSample, interval, per_repeat_figures, ratio_draws  # noqa: E402
 from quantlab.performance.spec import PerfGates  # noqa: E402
@@ -52,6 +52,7 @@ def read_rows(path: Path, slow: float = 1.0) -> RepeatSample:
                           ttft=None if r["ttft"] is None else r["ttft"] * slow,
                           e2e=None if r["e2e"] is None else r["e2e"] * slow, output_tokens=r["output_tokens"])
             for r in rows]
+    # the point's wall time, from the rows (the stage's own wall_s agreed to 1 ms on the committed runs)
     ends = [r["sent_at"] + r["e2e"] for r in rows if r["e2e"] is not None]
     return RepeatSample.of(recs, max(ends) * slow if ends else 0.0)
 
@@ -69,7 +70,7 @@ def judge(chosen: list[tuple[Path, Path]], *, slow: float, looks: int, seed: int
     b = [read_rows(p) for p, _ in chosen]
     c = [read_rows(q, slow) for _, q in chosen]
     k = len(chosen)
-    fail_alpha = 0.5 * 0.05 / (3 * looks)
+    fail_alpha = FAIL_SHARE * 0.05 / (len(KEYS) * looks)  # as the stage splits it: gates x looks
     intervals, comparison = {}, {}
     for key in KEYS:
         draws = ratio_draws(b, c, key, draws=2000, seed=seed)

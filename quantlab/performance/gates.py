@@ -81,8 +81,9 @@ def verdicts(points: list[PerfPoint], gates: PerfGates) -> list[GateVerdict]:
                 if iv:  # the one-sided bounds at performance.confidence, and the fail side's (one-sided)
                     fields.update(low=iv["pass_low"], high=iv["pass_high"], fail_confidence=1 - iv["fail_alpha"])
             out.append(GateVerdict(stage=CHECK, gate=gate, scope=scope, verdict=verdict, value=value, limit=limit,
+                                   # ': ' keeps the reason in the finding's first part (what a run's summary shows)
                                    detail=f"{what} = {value:.4g}, needs {'>=' if direction == 'min' else '<='} "
-                                   f"{limit:g}; {why}", estimate=value, **fields))
+                                   f"{limit:g}: {why}", estimate=value, **fields))
     return out
 
 
@@ -107,13 +108,11 @@ def _judge(value: float, limit: float, direction: str, iv: dict | None) -> tuple
     pass_bound, fail_bound = ((iv["pass_low"], iv["fail_high"]) if direction == "min"
                               else (iv["pass_high"], iv["fail_low"]))
     conf = 1 - (iv["fail_alpha"])
-    df = iv.get("between_df")  # None: an interval from before the between-repeat term (the bootstrap's)
-    spread = ("the bootstrap" if df is None else f"the wider of the bootstrap and Student's t over the repeats "
-              f"({df} df)" if df else "the bootstrap alone (one repeat: no spread between repeats to measure)")
+    df = iv.get("between_df")
     span = (f"interval {iv['pass_low']:.3g} .. {iv['pass_high']:.3g} (one-sided bounds), fail side "
             f"{iv['fail_low']:.3g} .. {iv['fail_high']:.3g} at {conf:.2%} (family-adjusted); "
             f"{iv['repeats']} repeat(s), >= {iv['requests']} requests each, {iv['draws']} bootstrap draws; "
-            f"bounds from {spread}")
+            f"bounds from {_bounds_from(df)}")
     if worse(fail_bound):
         return "fail", f"beyond the limit even at the fail side's bound; {span}"
     if not worse(pass_bound) and df == 0:
@@ -124,3 +123,11 @@ def _judge(value: float, limit: float, direction: str, iv: dict | None) -> tuple
     side = "beyond" if worse(value) else "within"
     return "inconclusive", (f"not shown: the value is {side} the limit but the interval includes it (more "
                             f"repeats, performance.max_repeats, or more requests per point would narrow it); {span}")
+
+
+def _bounds_from(df: int | None) -> str:
+    if df is None:  # an interval recorded before the between-repeat term
+        return "the bootstrap"
+    if df == 0:
+        return "the bootstrap alone (one repeat: no spread between repeats to measure)"
+    return f"the wider of the bootstrap and Student's t over the repeats ({df} df)"

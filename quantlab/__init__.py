@@ -1,3 +1,5 @@
 """quantlab: recipe-driven quantization and pre-release validation for LLMs."""
 
-__version__ = "0.1.0"
+from quantlab.core.version import __version__
+
+__all__ = ["__version__"]

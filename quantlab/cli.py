@@ -2,7 +2,7 @@
 
 Exit codes: 0 released/ok, 1 blocked by a gate, 2 bad input, 3 engine or run failure
 (an unexpected error too: one line here, the traceback in a file), 130 interrupted
-(Ctrl-C or SIGTERM). The CLI calls quantlab.core.pipeline only; engines are imported lazily
+(Ctrl-C or SIGTERM). The CLI calls quantlab.pipeline.loop only; engines are imported lazily
 so --help and `recipes check` are instant.
 """
 
@@ -22,7 +22,7 @@ import typer
 from rich.console import Console
 from rich.markup import escape
 
-from quantlab import __version__
+from quantlab.core.version import __version__
 
 from quantlab.core import cpu_emulation
 from quantlab.core.errors import QuantlabError, RecipeError
@@ -107,8 +107,8 @@ def quantize(
                                           "instead of in <output>.llmcompressor.log.")] = False,
 ) -> None:
     """Calibrate and quantize a model with llm-compressor; write a compressed-tensors checkpoint."""
-    from quantlab.core.pipeline import default_output_dir, quantize_only
-    from quantlab.core.recipe import load_recipe
+    from quantlab.pipeline.loop import default_output_dir, quantize_only
+    from quantlab.recipe.file import load_recipe
 
     with exit_codes():
         loaded = load_recipe(recipe)
@@ -145,10 +145,10 @@ def sensitivity(
     sensitivity.json, sensitivity.md and sensitivity.png; prints the table's top rows."""
     from pydantic import ValidationError
 
-    from quantlab.core.pipeline import sensitivity_only
-    from quantlab.core.recipe import load_recipe
-    from quantlab.sensitivity.ranking import markdown
-    from quantlab.sensitivity.spec import SensitivitySpec
+    from quantlab.pipeline.loop import sensitivity_only
+    from quantlab.recipe.file import load_recipe
+    from quantlab.search.ranking import markdown
+    from quantlab.recipe.sensitivity import SensitivitySpec
 
     with exit_codes():
         try:
@@ -190,8 +190,8 @@ def search(
     of trials against one baseline. Writes the recipe to commit (the original plus the
     ignore list), search.json, search.md and search.png; the passing trial is released.
     Exit 0 one passed, 1 none passed within the budget, 2 bad input, 3 run failure."""
-    from quantlab.core.recipe import load_recipe
-    from quantlab.core.search import markdown as search_markdown, run_search
+    from quantlab.recipe.file import load_recipe
+    from quantlab.pipeline.search import markdown as search_markdown, run_search
 
     with exit_codes():
         if width < 1 or max_trials < 1:
@@ -229,7 +229,7 @@ def run(
     recipes' `selection` rule chooses among the released ones (runs/compare/<id>/).
     Exit 0 released (or one chosen), 1 blocked by a gate (or none released), 2 bad input,
     3 run failure, 130 interrupted."""
-    from quantlab.core.recipe import load_recipe
+    from quantlab.recipe.file import load_recipe
     from quantlab.core.run import RunDir
 
     with exit_codes():
@@ -274,7 +274,7 @@ def named_checkpoints(values: list[str] | None) -> dict[str, Path]:
 def _compare_with_summary(files: list[Path], runs_dir: Path, *, verbose: bool,
                           checkpoints: dict[str, Path] | None = None, judge_by: Path | None = None) -> None:
     """Several candidates, one baseline: the comparison, its table, then one line on the choice."""
-    from quantlab.core.compare import run_comparison
+    from quantlab.pipeline.candidates.run import run_comparison
 
     result = run_comparison(files, runs_dir, checkpoints=checkpoints, judge_by=judge_by, progress=progress,
                             verbose=verbose)
@@ -301,7 +301,7 @@ def validate(
     The checkpoint is copied into the run folder first (the original is not modified).
     With several --checkpoint: each is a candidate against one baseline, as `quantlab run a.yaml b.yaml` compares.
     Exit 0 released, 1 blocked by a gate, 2 bad input, 3 run failure, 130 interrupted."""
-    from quantlab.core.recipe import load_recipe
+    from quantlab.recipe.file import load_recipe
 
     with exit_codes():
         named = named_checkpoints(checkpoint)
@@ -313,7 +313,7 @@ def validate(
 
 def _run_with_summary(loaded, runs_dir: Path, **kwargs) -> None:
     """The pipeline, then the run's summary whatever its outcome, then the record's path."""
-    from quantlab.core.pipeline import run_pipeline
+    from quantlab.pipeline.loop import run_pipeline
 
     try:
         result = run_pipeline(loaded, runs_dir, progress=progress, **kwargs)
@@ -325,7 +325,7 @@ def _run_with_summary(loaded, runs_dir: Path, **kwargs) -> None:
 
 
 def _print_plan(loaded, runs_dir: Path, checkpoint: Path | None = None) -> None:
-    from quantlab.core.pipeline import dry_run
+    from quantlab.pipeline.loop import dry_run
 
     plan = dry_run(loaded, runs_dir, progress=progress, checkpoint=checkpoint)
     typer.echo(f"plan for {loaded.recipe.name} (preflights passed; nothing was started):")
@@ -349,7 +349,7 @@ def _print_plan(loaded, runs_dir: Path, checkpoint: Path | None = None) -> None:
 
 def _summary(run_dir: Path | None) -> None:
     """The run's last lines on the terminal: stages, decision, where the report is."""
-    from quantlab.release.report import summary_lines
+    from quantlab.reports.report import summary_lines
     from quantlab.core.run import RunDir
 
     if run_dir is None:
@@ -368,7 +368,7 @@ def report(
     run_dir: Annotated[Path, typer.Argument(help="A run folder (it holds run.json).")],
 ) -> None:
     """Re-render a run's reports (report.md, report.html, junit.xml) from its record; runs nothing."""
-    from quantlab.release.report import write_reports
+    from quantlab.reports.report import write_reports
     from quantlab.core.run import RunDir
 
     with exit_codes():
@@ -390,9 +390,9 @@ def serve(
     import tempfile
     import time
 
-    from quantlab.core.pipeline import latest_checkpoint, serve_one
-    from quantlab.core.recipe import load_recipe
-    from quantlab.serving.spec import ServeSpec
+    from quantlab.pipeline.loop import latest_checkpoint, serve_one
+    from quantlab.recipe.file import load_recipe
+    from quantlab.recipe.serve import ServeSpec
 
     with exit_codes():
         dtype, spec, role = "bfloat16", ServeSpec(), "candidate"
@@ -521,7 +521,7 @@ def recipes_check(
 ) -> None:
     """Validate recipes: schema, method/scheme combination, calibration files."""
     from quantlab.quantize.calibration import read_rows
-    from quantlab.core.recipe import load_recipe
+    from quantlab.recipe.file import load_recipe
 
     failed = 0
     with exit_codes():
@@ -537,7 +537,7 @@ def recipes_check(
                         load_rows(loaded.resolve(t.path))
                 notes = []
                 if preflight:
-                    from quantlab.core.pipeline import preflight_recipe
+                    from quantlab.pipeline.loop import preflight_recipe
 
                     notes = preflight_recipe(loaded, progress=progress)
                 out.print(f"[green]ok[/]   {f}", highlight=False)
@@ -557,7 +557,7 @@ def recipes_servable(
     """Print the first recipe whose scheme this host's serving engine can serve (for
     scripts: `quantlab run $(quantlab recipes servable a.yaml b.yaml)`); say on stderr why
     each one before it was passed over. Exit 2 when none can be served here."""
-    from quantlab.core.pipeline import first_servable
+    from quantlab.pipeline.loop import first_servable
 
     with exit_codes():
         chosen, refused = first_servable(files)
@@ -575,7 +575,7 @@ def recipes_servable(
 @recipes_app.command("schema")
 def recipes_schema() -> None:
     """Print the recipe JSON Schema (for editor completion and validation)."""
-    from quantlab.core.recipe import json_schema
+    from quantlab.recipe.file import json_schema
 
     sys.stdout.write(json.dumps(json_schema(), indent=2) + "\n")
 
@@ -585,7 +585,7 @@ def recipes_list(
     directory: Annotated[Path, typer.Option("--dir", help="Folder of recipes.")] = SHIPPED_RECIPES,
 ) -> None:
     """List recipes with their method, scheme and one-line description."""
-    from quantlab.core.recipe import load_recipe
+    from quantlab.recipe.file import load_recipe
 
     if not directory.is_dir():
         err.print(f"no recipe folder at {directory}")

@@ -51,7 +51,7 @@ def main() -> int:
     from quantlab.models.source import build_default_model
     from quantlab.quality.suites import SHIPPED, load_suite
     from quantlab.serving.plan import EngineTarget, plan_serving
-    from quantlab.serving.spec import ServeSpec
+    from quantlab.recipe.serve import ServeSpec
     from quantlab.serving.vllm_probe import probe_for
     from quantlab.serving.vllm_server import prepare_engine, start_together
 

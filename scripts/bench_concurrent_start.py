@@ -54,7 +54,7 @@ def main() -> int:
     candidate = args.candidate or max((REPO / "runs" / "gptq-w4a16").glob("*/checkpoint"),
                                       key=lambda p: p.stat().st_mtime)
     from quantlab.serving.vllm_probe import probe_for
-    from quantlab.serving.spec import ServeSpec
+    from quantlab.recipe.serve import ServeSpec
     from quantlab.serving.plan import EngineTarget, plan_serving
 
     spec = ServeSpec(engine_args={"max_model_len": 2048}, startup_timeout_s=900, side_by_side=True)

@@ -41,7 +41,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from quantlab.core.recipe import load_recipe  # noqa: E402
+from quantlab.recipe.file import load_recipe  # noqa: E402
 from quantlab.quality import gates as quality_gates  # noqa: E402
 from quantlab.quality.compare import TRANSFORMS, compare_task, paired_values, pooled, pooled_all  # noqa: E402
 from quantlab.quality.lmeval import read_samples  # noqa: E402

@@ -39,7 +39,7 @@ from quantlab.core.results import PerfPoint  # noqa: E402
 from quantlab.performance.gates import FAIL_SHARE, PERF_GATES, verdicts  # noqa: E402
 from quantlab.performance.metrics import RequestRecord  # noqa: E402
 from quantlab.performance.noise import RepeatSample, interval, per_repeat_figures, ratio_draws  # noqa: E402
-from quantlab.performance.spec import PerfGates  # noqa: E402
+from quantlab.recipe.performance import PerfGates  # noqa: E402
 
 GATES = PerfGates(min_throughput_ratio=0.8, max_p99_ttft_ratio=1.5, max_p99_tpot_ratio=1.5, max_error_rate=None)
 KEYS = ("output_tokens_per_s", "ttft_ms.p99", "tpot_ms.p99")

@@ -73,7 +73,7 @@ def bare_spec(recipe_path: Path, out: Path) -> dict:
     from quantlab.quantize.calibration import build_calibration_set
     from quantlab.models.source import resolve_model
     from quantlab.quantize.modifier_plan import plan_modifiers, raw_recipe_text
-    from quantlab.core.recipe import load_recipe
+    from quantlab.recipe.file import load_recipe
 
     loaded = load_recipe(recipe_path)
     r = loaded.recipe

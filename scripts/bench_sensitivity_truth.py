@@ -24,9 +24,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from quantlab.core.compare import run_comparison  # noqa: E402
-from quantlab.core.recipe import LoadedRecipe, load_recipe  # noqa: E402
-from quantlab.sensitivity.ranking import rank_agreement  # noqa: E402
+from quantlab.pipeline.candidates.run import run_comparison  # noqa: E402
+from quantlab.recipe.file import LoadedRecipe, load_recipe  # noqa: E402
+from quantlab.search.ranking import rank_agreement  # noqa: E402
 
 
 def keep_only(loaded: LoadedRecipe, row: dict | None, name: str) -> LoadedRecipe:

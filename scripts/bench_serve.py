@@ -24,9 +24,9 @@ def main() -> int:
     sys.path.insert(0, str(REPO))
     from quantlab.core.errors import QuantlabError
     from quantlab.models.source import build_default_model
-    from quantlab.core.pipeline import quantize_only, serve_one
-    from quantlab.core.recipe import load_recipe
-    from quantlab.serving.spec import ServeSpec
+    from quantlab.pipeline.loop import quantize_only, serve_one
+    from quantlab.recipe.file import load_recipe
+    from quantlab.recipe.serve import ServeSpec
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--repeats", type=int, default=1)

@@ -38,7 +38,7 @@ def ours(base_url: str, served: str, tokenizer, args) -> dict:
     from quantlab.performance.loadgen import run_point
     from quantlab.performance.prompts import build_requests
     from quantlab.performance.metrics import summarize
-    from quantlab.performance.spec import Workload
+    from quantlab.recipe.performance import Workload
 
     w = Workload(name="xcheck", prompt_tokens=args.input_len, output_tokens=args.output_len,
                  concurrency=[args.concurrency], num_requests=args.num_prompts, seed=args.seed)
@@ -75,8 +75,8 @@ def main() -> int:
     from transformers import AutoTokenizer
 
     from quantlab.models.source import build_default_model
-    from quantlab.core.pipeline import serve_one
-    from quantlab.serving.spec import ServeSpec
+    from quantlab.pipeline.loop import serve_one
+    from quantlab.recipe.serve import ServeSpec
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", type=Path, help="model folder (default: the embedded default model, bf16)")

@@ -41,7 +41,7 @@ CHECKS = ("quality", "performance", "stability")
 
 
 def baseline_dir(recipe: Path) -> Path:
-    from quantlab.core.recipe import load_recipe
+    from quantlab.recipe.file import load_recipe
     from quantlab.models.source import resolve_recipe_model
 
     return resolve_recipe_model(load_recipe(recipe), progress=lambda _m: None).path

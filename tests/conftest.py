@@ -96,8 +96,8 @@ def quiet(msg: str) -> None:
 def tiny_checkpoints(tmp_path_factory, tiny_model_dir) -> tuple[Path, dict]:
     """The tiny model quantized once per shipped recipe: (root folder, quantize.json by recipe).
     Checkpoints live at root/<recipe name>; tests must not modify them (copy first)."""
-    from quantlab.core.pipeline import quantize_only
-    from quantlab.core.recipe import load_recipe
+    from quantlab.pipeline.loop import quantize_only
+    from quantlab.recipe.file import load_recipe
 
     root = tmp_path_factory.mktemp("tiny-checkpoints")
     results = {}
@@ -136,14 +136,14 @@ SERVED_FORMATS = (
 def serving_probe() -> dict:
     """The serving environment as quantlab's probe sees it (its kernel library and ops)."""
     from quantlab.serving.vllm_probe import probe_serving_env, serving_python
-    from quantlab.serving.spec import ServeSpec
+    from quantlab.recipe.serve import ServeSpec
 
     return probe_serving_env(serving_python(ServeSpec()))
 
 
 def refusal(probe: dict, recipe: str) -> str | None:
     """Why this host's serving engine cannot serve what a shipped recipe exports (None: it can)."""
-    from quantlab.core.recipe import load_recipe
+    from quantlab.recipe.file import load_recipe
     from quantlab.serving.compat import check_compat, predict_quant_config
 
     config = predict_quant_config(load_recipe(RECIPES / f"{recipe}.yaml").recipe.quantization)
@@ -183,7 +183,7 @@ def tiny_server(tiny_served_checkpoint, serving_probe, tmp_path_factory):
     server uses this one. Yields (server, facts, plan)."""
     from quantlab.serving.vllm_facts import collect_facts
     from quantlab.serving.vllm_server import open_engine
-    from quantlab.serving.spec import ServeSpec
+    from quantlab.recipe.serve import ServeSpec
     from quantlab.serving.plan import EngineTarget, plan_serving
 
     spec = ServeSpec(engine_args={"max_model_len": 512}, startup_timeout_s=600)

@@ -8,7 +8,7 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
-from quantlab import __version__
+from quantlab.core.version import __version__
 
 
 @functools.lru_cache(maxsize=1)

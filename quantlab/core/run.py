@@ -11,14 +11,13 @@ import datetime as dt
 import json
 import platform
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, Protocol
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from quantlab import __version__
+from quantlab.core.version import __version__
 from quantlab.core.errors import RecipeError
 from quantlab.core.fsutil import sha256_file, write_json_atomic
-from quantlab.core.recipe import LoadedRecipe
 from quantlab.core.results import StageOutput
 
 RECORD_FILE = "run.json"
@@ -106,13 +105,21 @@ def new_run_folder(parent: Path, digest: str) -> Path:
     return path
 
 
+class RecipeDocument(Protocol):
+    """What a run record keeps of a loaded recipe (quantlab.recipe.file.LoadedRecipe is one)."""
+
+    path: Path
+    content_hash: str
+    recipe: Any
+
+
 class RunDir:
     def __init__(self, path: Path, record: RunRecord):
         self.path = Path(path)
         self.record = record
 
     @classmethod
-    def create(cls, loaded: LoadedRecipe, runs_root: Path) -> "RunDir":
+    def create(cls, loaded: RecipeDocument, runs_root: Path) -> "RunDir":
         path = new_run_folder(Path(runs_root) / loaded.recipe.name, loaded.content_hash)
         record = RunRecord(
             run_id=path.name,
@@ -153,7 +160,7 @@ class RunDir:
         self.record.stages[stage.name] = stage
         self.save()
 
-    def adopt_recipe(self, loaded: LoadedRecipe) -> None:
+    def adopt_recipe(self, loaded: RecipeDocument) -> None:
         """A resumed run takes the recipe it is resumed with; the old hash is kept."""
         if self.record.recipe_sha256 != loaded.content_hash:
             self.record.recipe_history.append(self.record.recipe_sha256)

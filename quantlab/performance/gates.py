@@ -16,7 +16,7 @@ from __future__ import annotations
 from quantlab.core.results import PerfPoint
 from quantlab.core.verdicts import GateVerdict
 from quantlab.performance.metrics import metric
-from quantlab.performance.spec import PerfGates
+from quantlab.recipe.performance import PerfGates
 
 CHECK = "performance"
 # a P99 from fewer requests than this per repeat is one of the slowest few: it may fail, never pass

@@ -20,7 +20,7 @@ import os
 from dataclasses import dataclass, field
 from typing import Any
 
-from quantlab.serving.plan import ROLES
+from quantlab.core.roles import ROLES
 
 
 def swapped(rep: int) -> bool:

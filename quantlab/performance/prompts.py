@@ -15,7 +15,7 @@ from pathlib import Path
 
 from quantlab.performance.loadgen import PreparedRequest
 from quantlab.core.errors import RecipeError
-from quantlab.performance.spec import Length, Workload
+from quantlab.recipe.performance import Length, Workload
 
 PROSE = Path(__file__).resolve().parents[2] / "calib_data" / "prose.jsonl"
 

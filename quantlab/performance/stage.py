@@ -7,18 +7,18 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
-from quantlab.core.context import RunContext
+from quantlab.core.stage_context import StageContext
 from quantlab.core.engine_time import engine_busy
+from quantlab.core.roles import ROLES
 from quantlab.core.errors import EngineError, RecipeError
 from quantlab.core.fsutil import safetensors_bytes, sha256_file, write_text_atomic
 from quantlab.performance import gates as perf_gates
 from quantlab.performance.metrics import compare, median_metrics, summarize
 from quantlab.performance.noise import RepeatSample, interval, per_repeat_figures, ratio_draws, value_draws
 from quantlab.performance.placement import Placement, swapped as placement_swapped
-from quantlab.performance.spec import PerformanceSpec, Workload, max_length
+from quantlab.recipe.performance import PerformanceSpec, Workload, max_length
 from quantlab.core.progress import step
 from quantlab.core.results import PerfPoint, PerfResult, ServeResult
 from quantlab.serving.plan import unrepresentative_settings
@@ -26,20 +26,19 @@ from quantlab.serving import stage as serve_stage
 
 NAME = "performance"
 OUT_DIR = "perf"
-ROLES = ("baseline", "candidate")
 NEAR_CEILING = 0.5  # a point asking more than half the client's ceiling measures the client too
 WARMUP_OUTPUT_TOKENS = 16
 
 
-def enabled(ctx: RunContext) -> bool:
+def enabled(ctx: StageContext) -> bool:
     return ctx.recipe.performance is not None
 
 
-def needs_baseline(ctx: RunContext) -> bool:
+def needs_baseline(ctx: StageContext) -> bool:
     return True
 
 
-def inputs(ctx: RunContext) -> dict[str, Any]:
+def inputs(ctx: StageContext) -> dict[str, Any]:
     spec = ctx.recipe.performance
     return {
         "performance": spec.model_dump(mode="json") if spec else None,
@@ -49,7 +48,7 @@ def inputs(ctx: RunContext) -> dict[str, Any]:
     }
 
 
-def _max_model_len(ctx: RunContext) -> int | None:
+def _max_model_len(ctx: StageContext) -> int | None:
     explicit = ctx.recipe.serve.engine_args.get("max_model_len")
     if isinstance(explicit, int):
         return explicit
@@ -60,7 +59,7 @@ def _max_model_len(ctx: RunContext) -> int | None:
         return None
 
 
-def preflight(ctx: RunContext) -> None:
+def preflight(ctx: StageContext) -> None:
     spec: PerformanceSpec = ctx.recipe.performance
     limit = _max_model_len(ctx)
     for i, w in enumerate(spec.workloads):
@@ -77,7 +76,7 @@ def _points(w: Workload) -> list[tuple[str, int | None, float | None]]:
     return [(f"c{c}", c, None) for c in w.concurrency] + [(f"r{r:g}", None, r) for r in w.request_rates]
 
 
-def _schedule(ctx: RunContext, repeats: int) -> tuple[list[tuple[int, str]], bool]:
+def _schedule(ctx: StageContext, repeats: int) -> tuple[list[tuple[int, str]], bool]:
     """(repeat, role) blocks in measuring order. Both servers up: alternate, swapping who
     goes first each repeat (A B B A ...). One at a time: all of the running one first."""
     if ctx.recipe.serve.side_by_side:
@@ -90,7 +89,7 @@ def _schedule(ctx: RunContext, repeats: int) -> tuple[list[tuple[int, str]], boo
     return [(rep, first) for rep in range(repeats)] + [(rep, second) for rep in range(repeats)], False
 
 
-def _tokenizer(ctx: RunContext):
+def _tokenizer(ctx: StageContext):
     from quantlab.models.tokenizer import load_tokenizer
 
     folder = ctx.checkpoint_dir if (ctx.checkpoint_dir / "tokenizer_config.json").is_file() \
@@ -98,7 +97,7 @@ def _tokenizer(ctx: RunContext):
     return load_tokenizer(folder, trust_remote_code=ctx.recipe.model.trust_remote_code)
 
 
-def _memory(ctx: RunContext, role: str, monitors: list[dict[str, Any]]) -> dict[str, Any]:
+def _memory(ctx: StageContext, role: str, monitors: list[dict[str, Any]]) -> dict[str, Any]:
     plan = ctx.serving_plan()
     target = plan.target(role)
     serve = ctx.run.record.result("serve")
@@ -135,7 +134,7 @@ def _headline_cost(points: list[PerfPoint], role: str, price: float | None) -> d
     return {"price_per_hour": price, "cost_per_successful_request": cost, "at": where}
 
 
-def run(ctx: RunContext) -> PerfResult:
+def run(ctx: StageContext) -> PerfResult:
     from quantlab.performance.loadgen import measure_client_ceiling
 
     spec: PerformanceSpec = ctx.recipe.performance
@@ -170,14 +169,13 @@ def run(ctx: RunContext) -> PerfResult:
                      order=[f"{role}#{rep + 1}" for rep, role in order])
 
 
-def result_of(ctx: RunContext, spec: PerformanceSpec, measured: "_Measured", client: dict | None, notes: list[str],
+def result_of(ctx: StageContext, spec: PerformanceSpec, measured: "_Measured", client: dict | None, notes: list[str],
               *, looks: int, interleaved: bool, order: list[str], **extra: Any) -> PerfResult:
     """The stage's result from what was measured: points, gates, memory, cost, plots
     (`extra`: a comparison's fields)."""
     plan = ctx.serving_plan()
     points = _points_of(spec, measured, client, notes, looks=looks)
     context = _context(ctx, plan)
-    plots = _plots(ctx, points, context["label"], notes)
     return PerfResult(
         interleaved=interleaved,
         order=order,
@@ -187,7 +185,7 @@ def result_of(ctx: RunContext, spec: PerformanceSpec, measured: "_Measured", cli
         memory={role: _memory(ctx, role, [m for p in points for m in p.monitor.get(role, [])]) for role in ROLES},
         cost={role: _headline_cost(points, role, spec.price_per_hour) for role in ROLES},
         gates=perf_gates.verdicts(points, spec.gates),
-        plots=plots,
+        plots=[],  # drawn by reports.stage_plots once the stage returns
         notes=notes,
         unrepresentative=unrepresentative_settings(plan.engine_args),
         workload_context=context,
@@ -195,7 +193,7 @@ def result_of(ctx: RunContext, spec: PerformanceSpec, measured: "_Measured", cli
     )
 
 
-def _requests(ctx: RunContext, spec: PerformanceSpec) -> dict[str, list]:
+def _requests(ctx: StageContext, spec: PerformanceSpec) -> dict[str, list]:
     """Each workload's requests, built once with the checkpoint's tokenizer."""
     from quantlab.performance.prompts import build_requests
 
@@ -246,7 +244,7 @@ def _place(measured: _Measured, rep: int) -> None:
         measured.swapped_repeats.add(rep)
 
 
-def _measure_all(ctx: RunContext, spec: PerformanceSpec, order: list[tuple[int, str]], requests: dict[str, list],
+def _measure_all(ctx: StageContext, spec: PerformanceSpec, order: list[tuple[int, str]], requests: dict[str, list],
                  out: _Measured, *, device: str, only: set[tuple[str, str]] | None = None) -> None:
     """Every point of every workload (or only the (workload, point) pairs named), on each
     server in the scheduled order, added to `out`."""
@@ -313,7 +311,7 @@ def _looks(spec: PerformanceSpec, interleaved: bool, notes: list[str]) -> int:
     return spec.max_repeats - spec.repeats + 1
 
 
-def _more_repeats(ctx: RunContext, spec: PerformanceSpec, order: list[tuple[int, str]], requests: dict[str, list],
+def _more_repeats(ctx: StageContext, spec: PerformanceSpec, order: list[tuple[int, str]], requests: dict[str, list],
                   measured: _Measured, points: list[PerfPoint], *, device: str, looks: int,
                   notes: list[str]) -> list[tuple[int, str]]:
     """One more paired repeat at a time of the points whose gates are not shown, until
@@ -406,7 +404,7 @@ def _for_server(req, served_name: str):
     return PreparedRequest(req.path, {**req.body, "model": served_name}, req.requested_output_tokens)
 
 
-def _context(ctx: RunContext, plan) -> dict[str, Any]:
+def _context(ctx: StageContext, plan) -> dict[str, Any]:
     probe = plan.probe
     hw = (", ".join(g["name"] for g in probe.get("gpus") or []) if plan.device == "cuda"
           else f"{(probe.get('cpu') or {}).get('model', 'CPU')} x{(probe.get('cpu') or {}).get('count', '?')}")
@@ -418,24 +416,7 @@ def _context(ctx: RunContext, plan) -> dict[str, Any]:
             "workloads": [w.model_dump(mode="json") for w in ctx.recipe.performance.workloads]}
 
 
-def _plots(ctx: RunContext, points: list[PerfPoint], label: str, notes: list[str]) -> list[str]:
-    from quantlab.release.plots import latency_cdfs, versus_concurrency
-
-    made = []
-    try:
-        made.append(latency_cdfs(ctx.run.path, points, ctx.run.path / OUT_DIR / "latency-cdf.png", label))
-        vc = versus_concurrency(points, ctx.run.path / OUT_DIR / "throughput-ttft-vs-concurrency.png", label)
-        if vc is not None:
-            made.append(vc)
-    except (ImportError, OSError, ValueError) as err:  # a plot is a convenience, never a failed stage
-        notes.append(f"plots not drawn: {type(err).__name__}: {err}")
-    rels = [str(Path(p).relative_to(ctx.run.path)) for p in made]
-    for rel in rels:
-        ctx.add_artifact(rel, "perf-plot")
-    return rels
-
-
-def _measure(ctx: RunContext, server, role: str, rep: int, w, reqs, point: str, conc, rate, *, device: str,
+def _measure(ctx: StageContext, server, role: str, rep: int, w, reqs, point: str, conc, rate, *, device: str,
              slo: dict) -> tuple[dict[str, Any], dict[str, Any], str, Any]:
     """One load point on one server: the requests, the monitor's samples, the per-request
     rows on file, the metrics."""

@@ -20,7 +20,7 @@ from typing import Any
 from quantlab.core.results import TaskComparison
 from quantlab.core.verdicts import GateVerdict
 from quantlab.quality.compare import POOLED_SCOPE, PREFIX_STEP, TRANSFORMS
-from quantlab.quality.spec import QualityGates, QualitySpec, ni_margin
+from quantlab.recipe.quality import QualityGates, QualitySpec, ni_margin
 from quantlab.quality.stats import Value, paired_interval
 
 CHECK = "quality"

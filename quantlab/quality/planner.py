@@ -16,7 +16,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from quantlab.quality.spec import QualityGates, ni_margin
+from quantlab.recipe.quality import QualityGates, ni_margin
 from quantlab.quality.stats import ni_fail_probability, ni_pass_probability, paired_proportion_interval
 
 ASSUMED_SCORE = 0.5  # the baseline's share of right answers, where nothing better is known

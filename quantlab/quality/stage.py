@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from quantlab.core import result_cache
-from quantlab.core.context import RunContext
+from quantlab.core.stage_context import StageContext
 from quantlab.core.errors import CheckError, EngineError, RecipeError
 from quantlab.core.together import run_together
 from quantlab.quality.suites import Suite, load_suites
@@ -23,9 +23,9 @@ from quantlab.core.fsutil import write_json_atomic, write_text_atomic
 from quantlab.core.progress import step
 from quantlab.quality import gates as quality_gates
 from quantlab.quality.compare import POOLED_SCOPE, TRANSFORMS, compare_task, paired_values, pooled
-from quantlab.quality.spec import QualitySpec
+from quantlab.recipe.quality import QualitySpec
 from quantlab.quality.stats import kl_summary, top_token, topk_kl
-from quantlab.core.results import QualityResult, TaskComparison
+from quantlab.core.results import QualityResult
 from quantlab.serving import stage as serve_stage
 
 NAME = "quality"
@@ -33,18 +33,18 @@ OUT_DIR = "quality"
 KL_FILE = "kl-topk.json"
 
 
-def enabled(ctx: RunContext) -> bool:
+def enabled(ctx: StageContext) -> bool:
     return ctx.recipe.quality is not None
 
 
-def _suites(ctx: RunContext) -> list[Suite]:
+def _suites(ctx: StageContext) -> list[Suite]:
     suites = load_suites(ctx.recipe.quality, ctx.loaded.base_dir)
     if ctx.recipe.quality.traffic:
         suites += _traffic_suites(ctx)
     return suites
 
 
-def _traffic_suites(ctx: RunContext) -> list[Suite]:
+def _traffic_suites(ctx: StageContext) -> list[Suite]:
     """Each traffic file as a generated suite (made once per content, in the cache);
     chat rows are rendered with the baseline's chat template."""
     from quantlab.core.layout import cache_dir
@@ -99,13 +99,13 @@ def _traffic_findings(work: list[tuple[Suite, Any]], base_dir: Path, cand_dir: P
     return findings, gates
 
 
-def inputs(ctx: RunContext) -> dict[str, Any]:
+def inputs(ctx: StageContext) -> dict[str, Any]:
     spec = ctx.recipe.quality
     return {"quality": spec.model_dump(mode="json"), "suites": [s.sha256 for s in _suites(ctx)],
             "serving": serve_stage.inputs(ctx)}
 
 
-def preflight(ctx: RunContext) -> None:
+def preflight(ctx: StageContext) -> None:
     spec: QualitySpec = ctx.recipe.quality
     try:
         _suites(ctx)
@@ -128,7 +128,7 @@ def preflight(ctx: RunContext) -> None:
                               "(release.policy.gates)", file=str(ctx.loaded.path), field="release.policy.underpowered")
 
 
-def _tokenizer_dir(ctx: RunContext, role: str) -> Path:
+def _tokenizer_dir(ctx: StageContext, role: str) -> Path:
     target = ctx.serving_plan().target(role)
     if target.model_dir is not None and (Path(target.model_dir) / "tokenizer_config.json").is_file():
         return Path(target.model_dir).resolve()  # absolute: lm-eval runs in the suite folder
@@ -157,7 +157,7 @@ def check_same_tokenizer(base_dir: Path, cand_dir: Path, *, trust_remote_code: b
                           f"{'; '.join(problems)}. Export the checkpoint with the baseline's tokenizer")
 
 
-def _cache_parts(ctx: RunContext, suites: list[Suite], tasks: list[str], plan) -> dict[str, Any]:
+def _cache_parts(ctx: StageContext, suites: list[Suite], tasks: list[str], plan) -> dict[str, Any]:
     from quantlab.quality.lmeval import lm_eval_version
 
     spec: QualitySpec = ctx.recipe.quality
@@ -193,7 +193,7 @@ def _runnable(suites: list[Suite], max_len: int | None) -> tuple[list[tuple[Suit
     return run, skipped
 
 
-def _evaluate(ctx: RunContext, role: str, work: list[tuple[Suite, Any]], out: Path, *,
+def _evaluate(ctx: StageContext, role: str, work: list[tuple[Suite, Any]], out: Path, *,
               samples: dict[str, list[int]] | None = None, deadline_s: float | None = None,
               stop: threading.Event | None = None) -> float:
     """`work` through lm-eval against one role's server; `samples` picks doc indices per
@@ -241,13 +241,13 @@ def _evaluate(ctx: RunContext, role: str, work: list[tuple[Suite, Any]], out: Pa
     return time.monotonic() - started
 
 
-def _both_servers_up(ctx: RunContext) -> bool:
+def _both_servers_up(ctx: StageContext) -> bool:
     """Baseline and candidate may be asked at the same time: served side by side, and
     quality.concurrent_roles not turned off."""
     return ctx.recipe.serve.side_by_side and ctx.recipe.quality.concurrent_roles
 
 
-def _kl_texts(ctx: RunContext, suites: list[Suite]) -> Path | None:
+def _kl_texts(ctx: StageContext, suites: list[Suite]) -> Path | None:
     spec: QualitySpec = ctx.recipe.quality
     if not spec.kl.enabled:
         return None
@@ -256,7 +256,7 @@ def _kl_texts(ctx: RunContext, suites: list[Suite]) -> Path | None:
     return next((s.kl_texts for s in suites if s.kl_texts), None)
 
 
-def _kl_dists(ctx: RunContext, role: str, texts: list[list[int]], out: Path) -> list:
+def _kl_dists(ctx: StageContext, role: str, texts: list[list[int]], out: Path) -> list:
     from quantlab.quality import kl
 
     spec: QualitySpec = ctx.recipe.quality
@@ -280,7 +280,7 @@ def _kl(base: list, cand: list) -> dict[str, Any]:
     return kl_summary(per_token, same)
 
 
-def run(ctx: RunContext) -> QualityResult:
+def run(ctx: StageContext) -> QualityResult:
     spec: QualitySpec = ctx.recipe.quality
     suites = _suites(ctx)
     out = ctx.run.path / OUT_DIR
@@ -329,7 +329,6 @@ def run(ctx: RunContext) -> QualityResult:
             raw.append(rel)
     comparisons = [cmp for cmp, _, _ in tasks]
     slice_comparisons = [cmp for cmp, _, _ in slices + ([everything] if everything else [])]
-    plots = _plots(ctx, comparisons + slice_comparisons, notes)
     if cached:
         notes.append(f"baseline results from the cache ({cached}); no baseline evaluation ran")
     return QualityResult(
@@ -337,11 +336,11 @@ def run(ctx: RunContext) -> QualityResult:
         baseline_cache_key=key, skipped=[f"{t.task}: {why}" for t, why in skipped], seconds=seconds,
         lm_eval_version=lm_eval_version,
         suites=[{"name": s.name, "folder": str(s.folder) if s.folder else None, "sha256": s.sha256} for s in suites],
-        raw_files=raw, flips_file=f"{OUT_DIR}/flips.jsonl", plots=plots, gates=gates, notes=notes, traffic=traffic,
+        raw_files=raw, flips_file=f"{OUT_DIR}/flips.jsonl", plots=[], gates=gates, notes=notes, traffic=traffic,
         plan=_plan_lines(ctx))
 
 
-def _plan_lines(ctx: RunContext) -> list[str]:
+def _plan_lines(ctx: StageContext) -> list[str]:
     """The planner's lines for the record and the report (a failure to plan never fails the run)."""
     try:
         return plan(ctx)
@@ -349,7 +348,7 @@ def _plan_lines(ctx: RunContext) -> list[str]:
         return [f"not planned: {err}"]
 
 
-def _kl_token_ids(ctx: RunContext, suites: list[Suite], cand_tok: Path) -> list[list[int]] | None:
+def _kl_token_ids(ctx: StageContext, suites: list[Suite], cand_tok: Path) -> list[list[int]] | None:
     """The KL texts as token ids (the candidate's tokenizer), or None when KL is off."""
     kl_path = _kl_texts(ctx, suites)
     if kl_path is None:
@@ -362,7 +361,7 @@ def _kl_token_ids(ctx: RunContext, suites: list[Suite], cand_tok: Path) -> list[
     return texts_as_token_ids(kl_path, tok, max_texts=spec.kl.max_texts, max_tokens=spec.kl.max_tokens)
 
 
-def _baseline(ctx: RunContext, suites: list[Suite], work: list[tuple[Suite, Any]], kl_token_ids, base_dir: Path,
+def _baseline(ctx: StageContext, suites: list[Suite], work: list[tuple[Suite, Any]], kl_token_ids, base_dir: Path,
               seconds: dict[str, float], alongside: Callable[[threading.Event], float] | None = None
               ) -> tuple[Path | None, str]:
     """The baseline's samples in base_dir: copied from the cache, or evaluated (and cached).
@@ -396,7 +395,7 @@ def _baseline(ctx: RunContext, suites: list[Suite], work: list[tuple[Suite, Any]
     return None, key
 
 
-def _kl_result(ctx: RunContext, kl_token_ids, base_dir: Path, cand_dir: Path) -> dict[str, Any] | None:
+def _kl_result(ctx: StageContext, kl_token_ids, base_dir: Path, cand_dir: Path) -> dict[str, Any] | None:
     if kl_token_ids is None:
         return None
     from quantlab.quality.kl import from_json
@@ -486,7 +485,7 @@ def _pool_slices(spec: QualitySpec, tasks: list[quality_gates.Paired], *, looks:
     return out
 
 
-def _evaluate_until_decided(ctx: RunContext, work: list[tuple[Suite, Any]], base_dir: Path, cand_dir: Path,
+def _evaluate_until_decided(ctx: StageContext, work: list[tuple[Suite, Any]], base_dir: Path, cand_dir: Path,
                             notes: list[str]) -> tuple[float, dict[str, list[int]]]:
     """`quality.samples: auto`: the candidate answers each task's samples look by look
     (quality/sequential.py) until the task's gates and its slice's are decided, its data
@@ -555,31 +554,16 @@ def _append_samples(folder: Path, into: Path, task: str) -> None:
     write_json_atomic(into / f"{task}.summary.json", summary)
 
 
-def _plots(ctx: RunContext, comparisons: list[TaskComparison], notes: list[str]) -> list[str]:
-    from quantlab.release.plots import quality_deltas
-
-    try:
-        made = quality_deltas(comparisons, ctx.run.path / OUT_DIR / "quality-deltas.png", ctx.recipe.name)
-    except (ImportError, OSError, ValueError) as err:  # a plot is a convenience, never a failed stage
-        notes.append(f"quality plot not drawn: {type(err).__name__}: {err}")
-        return []
-    if made is None:
-        return []
-    rel = str(made.relative_to(ctx.run.path))
-    ctx.add_artifact(rel, "quality-plot")
-    return [rel]
-
-
-def needs_baseline(ctx: RunContext) -> bool:
+def needs_baseline(ctx: StageContext) -> bool:
     """A baseline server is needed unless this run's baseline results are cached."""
     return not baseline_cached(ctx)
 
 
-def reuses(ctx: RunContext) -> str | None:
+def reuses(ctx: StageContext) -> str | None:
     return "the baseline's results are cached: only the candidate is evaluated" if baseline_cached(ctx) else None
 
 
-def baseline_cached(ctx: RunContext) -> bool:
+def baseline_cached(ctx: StageContext) -> bool:
     spec: QualitySpec | None = ctx.recipe.quality
     if spec is None or not spec.baseline_cache:
         return False
@@ -592,7 +576,7 @@ def baseline_cached(ctx: RunContext) -> bool:
     return result_cache.lookup_parts(result_cache.QUALITY, parts) is not None
 
 
-def plan(ctx: RunContext) -> list[str]:
+def plan(ctx: StageContext) -> list[str]:
     """`--dry-run`: what each gated pass/fail task and slice can tell with its items
     (quality/planner.py; perplexity-type tasks depend on their per-sample spread). The
     baseline's scores come from its cached results where there are some, else from a
@@ -636,7 +620,7 @@ def _plan_summary(plans: list[Any]) -> str:
     return line + (f"; cannot decide with their items: {', '.join(weak)}" if weak else "")
 
 
-def _gate_plans(ctx: RunContext) -> tuple[list[Any], bool]:
+def _gate_plans(ctx: StageContext) -> tuple[list[Any], bool]:
     """The planner's view of every gated pass/fail comparison (tasks, then pooled slices),
     and whether the baseline's scores came from its cache."""
     from quantlab.quality.planner import ASSUMED_SCORE, plan_gate
@@ -684,7 +668,7 @@ def _gate_plans(ctx: RunContext) -> tuple[list[Any], bool]:
     return plans, bool(scores)
 
 
-def _cached_baseline_scores(ctx: RunContext, work: list[tuple[Suite, Any]]) -> dict[str, float]:
+def _cached_baseline_scores(ctx: StageContext, work: list[tuple[Suite, Any]]) -> dict[str, float]:
     """Each task's baseline score from the baseline's cached per-sample results (the
     served length this recipe asks for), or {} when nothing is cached."""
     spec: QualitySpec = ctx.recipe.quality

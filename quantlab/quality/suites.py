@@ -17,7 +17,7 @@ from pydantic import ValidationError
 
 from quantlab.core.errors import RecipeError
 from quantlab.core.fsutil import sha256_file
-from quantlab.quality.spec import QualitySpec, SuiteFile, SuiteTask
+from quantlab.recipe.quality import QualitySpec, SuiteFile, SuiteTask
 from quantlab.quality.standard_suite import BUILD_HINT, LOCK_FILE, verify
 
 SHIPPED = Path(__file__).resolve().parents[2] / "eval_suites"

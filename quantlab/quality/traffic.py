@@ -25,7 +25,7 @@ import yaml
 
 from quantlab.core.errors import RecipeError
 from quantlab.core.verdicts import GateVerdict
-from quantlab.quality.spec import TrafficFile
+from quantlab.recipe.quality import TrafficFile
 
 FORMAT = 1  # bump when the generated suite's meaning changes (its hash keys the baseline cache)
 CHECK_KINDS = ("exact", "contains", "regex", "json_schema", "python")

@@ -19,9 +19,9 @@ from typing import Any
 
 from quantlab.core.errors import RecipeError
 from quantlab.core.fsutil import sha256_file
-from quantlab.quantize.spec import CalibrationSpec
+from quantlab.recipe.quantize import CalibrationSpec
 
-ROLES = {"system", "user", "assistant", "tool"}
+CHAT_ROLES = {"system", "user", "assistant", "tool"}
 
 
 @dataclass(frozen=True)
@@ -62,9 +62,9 @@ def read_rows(path: Path, *, field_path: str = "calibration.datasets") -> list[R
         if not isinstance(messages, list) or not messages:
             raise RecipeError(f"{where}: 'messages' must be a non-empty list", field=field_path)
         for i, m in enumerate(messages):
-            if not (isinstance(m, dict) and m.get("role") in ROLES and isinstance(m.get("content"), str)):
+            if not (isinstance(m, dict) and m.get("role") in CHAT_ROLES and isinstance(m.get("content"), str)):
                 raise RecipeError(
-                    f"{where}: messages[{i}] must be {{'role': one of {sorted(ROLES)}, 'content': str}}, "
+                    f"{where}: messages[{i}] must be {{'role': one of {sorted(CHAT_ROLES)}, 'content': str}}, "
                     f"found {m!r:.80}", field=field_path)
         rows.append(Row(path, n, messages=messages))
     if not rows:

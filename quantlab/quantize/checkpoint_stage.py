@@ -10,18 +10,18 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-from quantlab.core.context import RunContext
+from quantlab.core.stage_context import StageContext
 from quantlab.core.errors import RecipeError
 from quantlab.core.fsutil import atomic_directory, sha256_file
 from quantlab.core.layout import CHECKPOINT_DIR
 from quantlab.core.results import CheckpointResult, FileFact
-from quantlab.serving.plan import read_quant_config
+from quantlab.quantize.checkpoint_config import read_quant_config
 
 NAME = "checkpoint"
 SKIP = {"quantlab-manifest.json", "quantlab-manifest.sig"}  # an earlier release's signature is not carried over
 
 
-def _source(ctx: RunContext) -> Path:
+def _source(ctx: StageContext) -> Path:
     if ctx.import_from is None:
         raise RecipeError("the checkpoint stage needs a checkpoint folder (quantlab validate --checkpoint DIR)")
     return Path(ctx.import_from).expanduser().resolve()
@@ -34,13 +34,13 @@ def _files(folder: Path) -> list[tuple[str, Path]]:
             and (rel := p.relative_to(folder).as_posix()) not in SKIP]
 
 
-def inputs(ctx: RunContext) -> dict[str, Any]:
+def inputs(ctx: StageContext) -> dict[str, Any]:
     src = _source(ctx)
     files = {rel: [p.stat().st_size, int(p.stat().st_mtime)] for rel, p in _files(src)} if src.is_dir() else {}
     return {"source": str(src), "files": files}
 
 
-def preflight(ctx: RunContext) -> None:
+def preflight(ctx: StageContext) -> None:
     src = _source(ctx)
     if not src.is_dir():
         raise RecipeError(f"checkpoint folder {src} does not exist", field="--checkpoint")
@@ -56,7 +56,7 @@ def checkpoint_format(quant_config: dict[str, Any] | None) -> str:
     return str(quant_config.get("quant_method") or quant_config.get("format") or "unknown")
 
 
-def run(ctx: RunContext) -> CheckpointResult:
+def run(ctx: StageContext) -> CheckpointResult:
     src = _source(ctx)
     ctx.progress(f"checkpoint: copying {src} into the run folder")
     with atomic_directory(ctx.checkpoint_dir, replace=True) as tmp:

@@ -11,7 +11,7 @@ import platform
 import resource
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import Any
@@ -33,11 +33,10 @@ from quantlab.core.layout import QUANTIZE_RESULT_FILE, RECIPE_COPY_FILE
 from quantlab.models.source import ResolvedModel
 from quantlab.quantize.modifier_plan import plan_modifiers, raw_recipe_text
 from quantlab.quantize.preflight import ModelLayout, ModuleInfo, run_preflight
-from quantlab.core.progress import step
-from quantlab.core.recipe import LoadedRecipe, Recipe
-from quantlab.quantize.spec import QuantizationSpec
+from quantlab.core.progress import Progress, step
+from quantlab.recipe.file import LoadedRecipe, Recipe
+from quantlab.recipe.quantize import QuantizationSpec
 
-Progress = Callable[[str], None]
 
 
 def library_versions() -> dict[str, str | None]:

@@ -10,7 +10,7 @@ from typing import Any
 
 import yaml
 
-from quantlab.quantize.spec import FP8_SCHEMES, QuantizationSpec
+from quantlab.recipe.quantize import FP8_SCHEMES, QuantizationSpec
 
 # Static FP8 KV cache: one calibrated scale per tensor (k and v of each layer).
 KV_CACHE_FP8 = {"num_bits": 8, "type": "float", "strategy": "tensor", "dynamic": False, "symmetric": True}

@@ -14,7 +14,7 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 
 from quantlab.core.errors import RecipeError
-from quantlab.core.recipe import Recipe
+from quantlab.recipe.file import Recipe
 
 CANDIDATE_GROUP_SIZES = (32, 64, 128, 256)
 

@@ -9,7 +9,8 @@ from pathlib import Path
 from typing import Any
 
 from quantlab.core import result_cache
-from quantlab.core.context import RunContext, model_files_identity
+from quantlab.core.stage_context import StageContext
+from quantlab.models.source import model_files_identity
 from quantlab.core.cpu_emulation import host_kernel_identity
 from quantlab.core.errors import RecipeError
 from quantlab.core.fsutil import atomic_directory, sha256_file
@@ -20,7 +21,7 @@ from quantlab.core.results import FileFact, QuantizeResult
 NAME = "quantize"
 
 
-def inputs(ctx: RunContext) -> dict[str, Any]:
+def inputs(ctx: StageContext) -> dict[str, Any]:
     r = ctx.recipe
     return {
         "model": r.model.model_dump(mode="json"),
@@ -32,11 +33,11 @@ def inputs(ctx: RunContext) -> dict[str, Any]:
     }
 
 
-def _log_file(ctx: RunContext):
+def _log_file(ctx: StageContext):
     return None if ctx.verbose else ctx.run.path / LOG_DIR / "llmcompressor.log"
 
 
-def preflight(ctx: RunContext) -> None:
+def preflight(ctx: StageContext) -> None:
     from quantlab.quantize.llmcompressor import check_layout, llmcompressor_log
 
     if reuses(ctx):  # these inputs passed this check and quantized before: skip llm-compressor's import
@@ -45,7 +46,7 @@ def preflight(ctx: RunContext) -> None:
         check_layout(ctx.loaded, ctx.baseline_model())
 
 
-def _cache_hit(ctx: RunContext) -> tuple[dict[str, Any] | None, str | None, Path | None]:
+def _cache_hit(ctx: StageContext) -> tuple[dict[str, Any] | None, str | None, Path | None]:
     """(key parts, key, cached checkpoint folder); all None when reuse is off."""
     if not ctx.recipe.quantization.reuse_checkpoint:
         return None, None, None
@@ -54,7 +55,7 @@ def _cache_hit(ctx: RunContext) -> tuple[dict[str, Any] | None, str | None, Path
     return parts, key, result_cache.lookup(result_cache.CHECKPOINTS, key)
 
 
-def reuses(ctx: RunContext) -> str | None:
+def reuses(ctx: StageContext) -> str | None:
     """What the stage will take from the cache instead of doing, if anything."""
     try:
         _, key, cached = _cache_hit(ctx)
@@ -63,11 +64,11 @@ def reuses(ctx: RunContext) -> str | None:
     return f"reuses the checkpoint cached from the same inputs ({key[:12]})" if cached else None
 
 
-def _cache_parts(ctx: RunContext) -> dict[str, Any]:
+def _cache_parts(ctx: StageContext) -> dict[str, Any]:
     """What a checkpoint depends on, by content: the model files, the recipe's
     quantization (less the reuse switch) and calibration sections, the calibration data,
     and the versions of quantlab's code and of the quantization libraries."""
-    from quantlab import __version__
+    from quantlab.core.version import __version__
     from quantlab.quantize.llmcompressor import library_versions
     from quantlab.core.provenance import quantlab_code_sha256
 
@@ -83,7 +84,7 @@ def _cache_parts(ctx: RunContext) -> dict[str, Any]:
             "format": 2}
 
 
-def run(ctx: RunContext) -> QuantizeResult:
+def run(ctx: StageContext) -> QuantizeResult:
     from quantlab.quantize.llmcompressor import quantize_checkpoint
 
     parts, key, cached = _cache_hit(ctx)

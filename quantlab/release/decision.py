@@ -29,7 +29,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from quantlab.core.verdicts import GateVerdict, gate_id, not_shown_rule
-from quantlab.serving.spec import PRIMARY_TARGET
+from quantlab.recipe.serve import PRIMARY_TARGET
 
 Decision = Literal["release", "blocked", "not_shown"]
 RULE_VERSION = 2

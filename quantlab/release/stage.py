@@ -8,7 +8,8 @@ import shutil
 from typing import Any
 
 from quantlab.core.provenance import quantlab_identity
-from quantlab.core.context import RunContext, stage_digest
+from quantlab.core.digest import stage_digest
+from quantlab.core.stage_context import StageContext
 from quantlab.core.errors import RecipeError
 from quantlab.core.fsutil import sha256_file, write_json_atomic
 from quantlab.core.verdicts import all_verdicts
@@ -42,7 +43,7 @@ NAME = "release"
 LOCAL_KEY = "keys/quantlab-local-signing.pem"
 
 
-def inputs(ctx: RunContext) -> dict[str, Any]:
+def inputs(ctx: StageContext) -> dict[str, Any]:
     record = ctx.run.record
     return {
         "signing": ctx.recipe.signing.model_dump(mode="json"),
@@ -52,7 +53,7 @@ def inputs(ctx: RunContext) -> dict[str, Any]:
     }
 
 
-def preflight(ctx: RunContext) -> None:
+def preflight(ctx: StageContext) -> None:
     s = ctx.recipe.signing
     if s.password_env and s.password_env not in os.environ:
         raise RecipeError(f"signing.password_env names ${s.password_env}, which is not set", file=str(ctx.loaded.path),
@@ -62,7 +63,7 @@ def preflight(ctx: RunContext) -> None:
                           file=str(ctx.loaded.path), field="signing.identity_token_env")
 
 
-def _key(ctx: RunContext) -> tuple[Any, bool]:
+def _key(ctx: StageContext) -> tuple[Any, bool]:
     """The private key path and whether it is the local development key."""
     from quantlab.release.manifest import generate_keypair
 
@@ -77,18 +78,18 @@ def _key(ctx: RunContext) -> tuple[Any, bool]:
     return key, True
 
 
-def check_results(ctx: RunContext) -> dict[str, Any]:
+def check_results(ctx: StageContext) -> dict[str, Any]:
     """The results the decision is made on: every enabled stage's but the release's own."""
     record = ctx.run.record
     return {name: record.result(name) for name in record.stages if name != NAME and name in ctx.enabled_stages}
 
 
-def decide_run(ctx: RunContext, *, fallback: str = "") -> Decided:
+def decide_run(ctx: StageContext, *, fallback: str = "") -> Decided:
     """The run's decision (the pipeline's exit code and this stage's manifest both use it)."""
     return decide(all_verdicts(check_results(ctx)), policy_for(ctx.recipe, fallback=fallback))
 
 
-def run(ctx: RunContext) -> ReleaseResult:
+def run(ctx: StageContext) -> ReleaseResult:
     ctx.close_engines()  # the checks are done; logs are final from here on
     results = check_results(ctx)
     verdicts = all_verdicts(results)
@@ -131,14 +132,14 @@ def run(ctx: RunContext) -> ReleaseResult:
                          local_development_key=local_key, gates=[])
 
 
-def _fallback(ctx: RunContext, baseline) -> str:
+def _fallback(ctx: StageContext, baseline) -> str:
     named = ctx.recipe.stability.fallback if ctx.recipe.stability else "baseline"
     if named != "baseline":
         return f"the previously released checkpoint {named} (stability.fallback)"
     return f"the baseline: {ctx.recipe.model.source} ({baseline.path.name}), unquantized"
 
 
-def build_manifest(ctx: RunContext, results: dict[str, Any], verdicts, decision, targets=None) -> Manifest:
+def build_manifest(ctx: StageContext, results: dict[str, Any], verdicts, decision, targets=None) -> Manifest:
     record = ctx.run.record
     q = results.get("quantize")
     baseline = ctx.baseline_model()
@@ -245,7 +246,7 @@ def _check_summaries(results: dict[str, Any]) -> dict[str, Any]:
     return summaries
 
 
-def _raw_files(ctx: RunContext) -> list[RawFile]:
+def _raw_files(ctx: StageContext) -> list[RawFile]:
     """Every artifact of the checks, hashed (servers are stopped first, so their logs are
     complete); checkpoint files are listed with their sha256 in checkpoint_files instead."""
     raw = []

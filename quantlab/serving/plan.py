@@ -12,10 +12,10 @@ from typing import Any
 
 from quantlab.quantize.compute_dtype import DtypeChoice, choose_dtype, float32_bytes
 from quantlab.core.errors import RecipeError
-from quantlab.serving.spec import PRIMARY_TARGET, ServeSpec, ServeTarget
+from quantlab.recipe.serve import PRIMARY_TARGET, ServeSpec, ServeTarget
+from quantlab.quantize.checkpoint_config import read_quant_config
 from quantlab.serving.compat import CompatReport, check_compat
 
-ROLES = ("baseline", "candidate")
 
 
 @dataclass
@@ -51,19 +51,6 @@ class ServingPlan:
         if role == "candidate" and self.spec.candidate_endpoint:
             return self.spec.candidate_endpoint
         return self.spec.endpoint
-
-
-def read_quant_config(model_dir: Path) -> dict[str, Any] | None:
-    cfg = Path(model_dir) / "config.json"
-    if not cfg.is_file():
-        raise RecipeError(f"no config.json in {model_dir}: not a model folder (was the quantize stage run?)")
-    try:
-        data = json.loads(cfg.read_text())
-    except ValueError as err:
-        raise RecipeError(f"{cfg} is not valid JSON ({err}): the checkpoint is corrupt; re-run quantize") from None
-    if not list(Path(model_dir).glob("*.safetensors")):
-        raise RecipeError(f"no *.safetensors in {model_dir}: the checkpoint is incomplete; re-run quantize")
-    return data.get("quantization_config")
 
 
 def resolve_device(spec: ServeSpec, probe: dict[str, Any]) -> str:

@@ -8,9 +8,11 @@ from __future__ import annotations
 from pathlib import Path
 
 from quantlab.serving.cpu_cores import engine_bind
-from quantlab.serving.vllm_server import Progress, VLLMServer, prepare_engine, start_together
-from quantlab.serving.spec import PRIMARY_TARGET
-from quantlab.serving.plan import ROLES, ServingPlan
+from quantlab.core.progress import Progress
+from quantlab.serving.vllm_server import VLLMServer, prepare_engine, start_together
+from quantlab.recipe.serve import PRIMARY_TARGET
+from quantlab.core.roles import ROLES
+from quantlab.serving.plan import ServingPlan
 
 
 class EnginePool:

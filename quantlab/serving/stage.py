@@ -1,12 +1,12 @@
 """Serve stage: the baseline and the candidate on vLLM with identical engine arguments
 (one after the other, or side by side), and what each engine really used. The servers
-stay up for the checks that follow (RunContext.engine); the pipeline stops them."""
+stay up for the checks that follow (StageContext.engine); the pipeline stops them."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from quantlab.core.context import RunContext
+from quantlab.core.stage_context import StageContext
 from quantlab.core.layout import SERVE_LOG_DIR
 from quantlab.models.source import source_fingerprint
 from quantlab.core.results import CheckpointResult, CompatRecord, QuantizeResult, ServeResult
@@ -15,7 +15,7 @@ from quantlab.serving.compat import CompatReport, engine_build, kernel_warnings
 NAME = "serve"
 
 
-def inputs(ctx: RunContext) -> dict[str, Any]:
+def inputs(ctx: StageContext) -> dict[str, Any]:
     q = ctx.run.record.result("quantize") or ctx.run.record.result("checkpoint")
     return {
         "serve": ctx.recipe.serve.model_dump(mode="json"),
@@ -24,7 +24,7 @@ def inputs(ctx: RunContext) -> dict[str, Any]:
     }
 
 
-def preflight(ctx: RunContext) -> None:
+def preflight(ctx: StageContext) -> None:
     """Refuse a recipe the target cannot serve before quantizing, not after."""
     ctx.serving_plan(predicted="quantize" in ctx.will_run or not (ctx.checkpoint_dir / "config.json").is_file())
 
@@ -38,7 +38,7 @@ def compat_record(report: CompatReport, engine_log: dict[str, Any] | None) -> Co
     return record
 
 
-def run(ctx: RunContext) -> ServeResult:
+def run(ctx: StageContext) -> ServeResult:
     """Start each server (kept up for the checks after this stage) and record its facts."""
     from quantlab.serving.vllm_facts import collect_facts
 

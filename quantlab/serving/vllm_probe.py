@@ -22,7 +22,7 @@ from quantlab.quantize import dtype_speed
 from quantlab.core.errors import EngineError
 from quantlab.core.fsutil import write_json_atomic
 from quantlab.core.layout import cache_dir
-from quantlab.serving.spec import ServeSpec
+from quantlab.recipe.serve import ServeSpec
 
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
 

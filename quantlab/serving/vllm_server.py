@@ -28,11 +28,10 @@ from quantlab.core.engine_time import engine_busy
 from quantlab.serving.vllm_probe import serving_python
 from quantlab.core.errors import EngineError, RecipeError
 from quantlab.core.layout import cache_dir
-from quantlab.core.progress import step
-from quantlab.serving.spec import ServeSpec
+from quantlab.core.progress import Progress, step
+from quantlab.recipe.serve import ServeSpec
 from quantlab.serving.plan import ServingPlan, engine_arg_list
 
-Progress = Callable[[str], None]
 LOG_TAIL_LINES = 40
 
 

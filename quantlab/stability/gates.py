@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from quantlab.core.verdicts import GateVerdict
-from quantlab.stability.spec import StabilitySpec
+from quantlab.recipe.stability import StabilitySpec
 
 CHECK = "stability"
 

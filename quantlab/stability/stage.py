@@ -12,36 +12,34 @@ import time
 from pathlib import Path
 from typing import Any
 
-from quantlab.core.context import RunContext
-from quantlab.core.errors import CheckError, EngineError, RecipeError
-from quantlab.quality.suites import SHIPPED
+from quantlab.core.stage_context import StageContext
+from quantlab.core.roles import ROLES
+from quantlab.core.errors import CheckError, RecipeError
 from quantlab.core.fsutil import sha256_file, write_text_atomic
 from quantlab.core.progress import step
 from quantlab.core.result_cache import STABILITY, cache_key, lookup, lookup_parts, store
 from quantlab.core.results import PerfResult, StabilityResult
 from quantlab.core.together import run_together
 from quantlab.stability import gates as stability_gates
-from quantlab.stability.spec import StabilitySpec
+from quantlab.stability.probe_run import PROMPT_TEXTS, PROMPT_TOKENS, probe_prompts, run_probe, tokenizer_dir
+from quantlab.recipe.stability import StabilitySpec
 from quantlab.serving import stage as serve_stage
 
 NAME = "stability"
 OUT_DIR = "stability"
-ROLES = ("baseline", "candidate")
-PROMPT_TEXTS = SHIPPED / "default" / "data" / "kl_text.jsonl"  # held-out prose, cut to short prompts
-PROMPT_TOKENS = 48
 
 
-def enabled(ctx: RunContext) -> bool:
+def enabled(ctx: StageContext) -> bool:
     return ctx.recipe.stability is not None
 
 
-def needs_baseline(ctx: RunContext) -> bool:
+def needs_baseline(ctx: StageContext) -> bool:
     """Every probe is judged against the baseline's own behaviour: its server is needed
     unless its results are cached."""
     return not _cached(ctx)
 
 
-def _cache_parts(ctx: RunContext, tokenizer_dir: Path, max_len: int | None) -> dict[str, Any]:
+def _cache_parts(ctx: StageContext, tokenizer_dir: Path, max_len: int | None) -> dict[str, Any]:
     spec: StabilitySpec = ctx.recipe.stability
     plan = ctx.serving_plan()
     tok_files = {p.name: sha256_file(p) for p in sorted(tokenizer_dir.glob("tokenizer*")) if p.is_file()}
@@ -53,27 +51,22 @@ def _cache_parts(ctx: RunContext, tokenizer_dir: Path, max_len: int | None) -> d
             "hardware": {"cpu": plan.probe.get("cpu"), "gpus": plan.probe.get("gpus")}, "format": 1}
 
 
-def tokenizer_dir(ctx: RunContext) -> Path:
-    return ctx.checkpoint_dir if (ctx.checkpoint_dir / "tokenizer_config.json").is_file() \
-        else ctx.baseline_model().path
-
-
-def reuses(ctx: RunContext) -> str | None:
+def reuses(ctx: StageContext) -> str | None:
     return "the baseline's probe results are cached: only the candidate is probed" if _cached(ctx) else None
 
 
-def _cached(ctx: RunContext) -> Path | None:
+def _cached(ctx: StageContext) -> Path | None:
     spec: StabilitySpec | None = ctx.recipe.stability
     if spec is None or not spec.baseline_cache:
         return None
     return lookup_parts(STABILITY, lambda: _cache_parts(ctx, tokenizer_dir(ctx), ctx.served_max_model_len()))
 
 
-def inputs(ctx: RunContext) -> dict[str, Any]:
+def inputs(ctx: StageContext) -> dict[str, Any]:
     return {"stability": ctx.recipe.stability.model_dump(mode="json"), "serving": serve_stage.inputs(ctx)}
 
 
-def preflight(ctx: RunContext) -> None:
+def preflight(ctx: StageContext) -> None:
     spec: StabilitySpec = ctx.recipe.stability
     if spec.fallback != "baseline" and "/" in spec.fallback and not ctx.loaded.resolve(spec.fallback).exists():
         raise RecipeError(f"fallback checkpoint '{spec.fallback}' does not exist: name 'baseline', an existing "
@@ -81,19 +74,11 @@ def preflight(ctx: RunContext) -> None:
                           field="stability.fallback")
 
 
-def _served_max_len(ctx: RunContext) -> int:
+def _served_max_len(ctx: StageContext) -> int:
     found = ctx.served_max_model_len()
     if found is None:
         raise CheckError("the served max_model_len is unknown (no serve facts): set serve.engine_args.max_model_len")
     return found
-
-
-def probe_prompts(tokenizer, n: int) -> tuple[list[list[int]], list[int]]:
-    rows = [json.loads(x)["text"] for x in PROMPT_TEXTS.read_text().splitlines() if x.strip()]
-    ids = [tokenizer(t).input_ids for t in rows]
-    prompts = [x[:PROMPT_TOKENS] for x in ids]
-    pool = [t for x in ids for t in x]
-    return (prompts * (n // len(prompts) + 1))[:n], pool
 
 
 def _rss_sampler(server):
@@ -111,28 +96,7 @@ def _rss_sampler(server):
     return sample
 
 
-def run_probe(ctx: RunContext, role: str, server, name: str, fn, *args, bar=None, **kwargs):
-    """Run one probe; a server that died meanwhile fails the stage naming the probe. `bar`:
-    the step it belongs to (advanced when the probe is done)."""
-    if bar is not None:
-        bar.detail(f"stability {role}: {name}")
-    else:
-        ctx.progress(f"stability {role}: {name}")
-    try:
-        result = fn(*args, **kwargs)
-    except Exception as err:  # noqa: BLE001 - re-raised with what was running
-        server.ensure_alive(f"during the stability probe '{name}'")
-        raise CheckError(f"stability probe '{name}' on the {role} failed: {type(err).__name__}: {err}") from err
-    try:
-        server.ensure_alive(f"during the stability probe '{name}'")
-    except EngineError as err:
-        raise EngineError(f"stability probe '{name}' on the {role}: {err}") from None
-    if bar is not None:
-        bar.advance()
-    return result
-
-
-def _run_role(ctx: RunContext, role: str, spec: StabilitySpec, prompts, pool, max_len: int, vocab: int
+def _run_role(ctx: StageContext, role: str, spec: StabilitySpec, prompts, pool, max_len: int, vocab: int
               ) -> dict[str, Any]:
     from quantlab.stability import probe as sp
 
@@ -199,7 +163,7 @@ def fallback_rate(stab: dict[str, dict[str, Any]], perf: PerfResult | None) -> d
             "rate": failed / total if total else None}
 
 
-def run(ctx: RunContext) -> StabilityResult:
+def run(ctx: StageContext) -> StabilityResult:
     from quantlab.models.tokenizer import load_tokenizer
 
     spec: StabilitySpec = ctx.recipe.stability

@@ -11,33 +11,33 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from quantlab.core.context import RunContext
+from quantlab.core.stage_context import StageContext
 from quantlab.core.errors import EngineError
-from quantlab.serving.spec import PRIMARY_TARGET
+from quantlab.recipe.serve import PRIMARY_TARGET
 from quantlab.core.results import TargetOutcome, TargetsResult
 from quantlab.targets import gates as target_gates
-from quantlab.stability.spec import StabilitySpec
+from quantlab.recipe.stability import StabilitySpec
 from quantlab.serving import stage as serve_stage
-from quantlab.stability.stage import probe_prompts, run_probe, tokenizer_dir
+from quantlab.stability.probe_run import probe_prompts, run_probe, tokenizer_dir
 
 NAME = "targets"
 
 
-def enabled(ctx: RunContext) -> bool:
+def enabled(ctx: StageContext) -> bool:
     return bool(ctx.recipe.serve.targets)
 
 
-def needs_baseline(ctx: RunContext) -> bool:
+def needs_baseline(ctx: StageContext) -> bool:
     return any("baseline" in t.roles for t in ctx.recipe.serve.targets)
 
 
-def inputs(ctx: RunContext) -> dict[str, Any]:
+def inputs(ctx: StageContext) -> dict[str, Any]:
     spec = ctx.recipe.stability or StabilitySpec()
     return {"serving": serve_stage.inputs(ctx), "probe": {"prompts": spec.prompts, "max_tokens": spec.max_tokens,
                                                           "levels": _levels(spec)}}
 
 
-def preflight(ctx: RunContext) -> None:
+def preflight(ctx: StageContext) -> None:
     """A required target that cannot serve the scheme the recipe will export fails here."""
     ctx.target_plans(predicted="quantize" in ctx.will_run or not (ctx.checkpoint_dir / "config.json").is_file())
 
@@ -53,7 +53,7 @@ def _mismatch(texts: list[str | None], reference: list[str | None]) -> tuple[flo
     return (len(differing) / len(pairs) if pairs else None), len(pairs), differing
 
 
-def _check_target(ctx: RunContext, name: str, tp, sweep, primary: dict[str, dict[str, Any]]) -> TargetOutcome:
+def _check_target(ctx: StageContext, name: str, tp, sweep, primary: dict[str, dict[str, Any]]) -> TargetOutcome:
     """One extra target: each of its roles served there in turn, swept, and compared with
     the primary target's greedy answers."""
     from quantlab.serving.vllm_facts import collect_facts
@@ -98,7 +98,7 @@ def _check_target(ctx: RunContext, name: str, tp, sweep, primary: dict[str, dict
     return outcome
 
 
-def run(ctx: RunContext) -> TargetsResult:
+def run(ctx: StageContext) -> TargetsResult:
     from quantlab.models.tokenizer import load_tokenizer
     from quantlab.stability import probe as sp
 

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from conftest import RECIPES, REPO, shipped, write_recipe
 
-from quantlab.core.recipe import load_recipe
+from quantlab.recipe.file import load_recipe
 
 pytestmark = [pytest.mark.slow, pytest.mark.e2e]
 

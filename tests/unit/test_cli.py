@@ -75,7 +75,7 @@ def test_unexpected_error_exits_3_with_one_line_and_the_traceback_on_file(tmp_pa
 
     from quantlab import cli
 
-    from quantlab.core import pipeline
+    from quantlab.pipeline import loop as pipeline
 
     def broken(*args, **kwargs):
         raise ZeroDivisionError("a bug deep inside")
@@ -96,7 +96,7 @@ def test_unexpected_error_in_a_stage_is_recorded_with_its_traceback(tmp_path, mo
 
     from quantlab import cli
 
-    from quantlab.core import pipeline
+    from quantlab.pipeline import loop as pipeline
     from quantlab.quantize import stage as quantize_stage
 
     def broken(ctx):

@@ -24,7 +24,7 @@ ENGINE_IMPORTS = {
     "quantlab.quantize.llmcompressor": {"torch", "transformers", "llmcompressor"},
     "quantlab.quantize.shims": {"torch", "llmcompressor"},
     "quantlab.quantize.dtype_speed": {"torch"},
-    "quantlab.sensitivity.measure": {"torch", "transformers", "llmcompressor", "compressed_tensors"},
+    "quantlab.search.measure": {"torch", "transformers", "llmcompressor", "compressed_tensors"},
     "quantlab.models.default_model": {"torch", "transformers"},
     "quantlab.models.tokenizer": {"transformers"},
     "quantlab.quality.lmeval": {"lm_eval"},
@@ -38,8 +38,9 @@ ADAPTERS = {
     "quantlab.performance.prompts", "quantlab.performance.monitor", "quantlab.performance.stream_stub",
     "quantlab.stability.probe", "quantlab.performance.placement",
 }
-ORCHESTRATION = {"quantlab.core.context": 2, "quantlab.core.pipeline": 4, "quantlab.core.compare": 4,
-                 "quantlab.core.search": 4, "quantlab.cli": 5, "quantlab.__main__": 5}
+ORCHESTRATION = {"quantlab.serving.session": 2, "quantlab.pipeline.context": 2, "quantlab.pipeline.loop": 4,
+                 "quantlab.pipeline.candidates.run": 4, "quantlab.pipeline.candidates.shared_performance": 4,
+                 "quantlab.pipeline.search": 4, "quantlab.cli": 5, "quantlab.__main__": 5}
 # not imported as a library: run by the serving environment's Python, or `python -m quantlab`
 SCRIPTS = {"quantlab.serving.cpu_emulation.sitecustomize", "quantlab.__main__"}
 
@@ -153,7 +154,7 @@ def test_rank_check_would_catch_an_upward_import():
     `from package import module`."""
     assert "quantlab.quality.lmeval" in internal("quantlab.quality.stage")  # lazy, inside a function
     assert "quantlab.quality.gates" in internal("quantlab.quality.stage", lazy=False)  # `from .. import gates as`
-    assert rank("quantlab.core.pipeline") > rank("quantlab.release.stage") > rank("quantlab.serving.pool") \
+    assert rank("quantlab.pipeline.loop") > rank("quantlab.release.stage") > rank("quantlab.serving.pool") \
         > rank("quantlab.quality.stats")
     assert heavy("quantlab.quality.lmeval") == {"lm_eval"}
 

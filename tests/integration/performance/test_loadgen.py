@@ -15,7 +15,7 @@ from quantlab.performance.loadgen import PreparedRequest, measure_client_ceiling
 from quantlab.performance.prompts import build_requests
 from quantlab.serving.vllm_server import free_port
 from quantlab.performance.metrics import summarize
-from quantlab.performance.spec import Workload
+from quantlab.recipe.performance import Workload
 
 pytestmark = pytest.mark.slow
 

@@ -7,7 +7,7 @@ import pytest
 from conftest import CALIB
 
 from quantlab.quantize.calibration import build_calibration_set
-from quantlab.quantize.spec import CalibrationSpec
+from quantlab.recipe.quantize import CalibrationSpec
 
 pytestmark = pytest.mark.slow
 

@@ -11,8 +11,8 @@ from safetensors import safe_open
 
 from quantlab.core.errors import EngineError, RecipeError
 from quantlab.core.layout import QUANTIZE_RESULT_FILE, RECIPE_COPY_FILE
-from quantlab.core.pipeline import quantize_only
-from quantlab.core.recipe import load_recipe
+from quantlab.pipeline.loop import quantize_only
+from quantlab.recipe.file import load_recipe
 
 pytestmark = pytest.mark.slow
 
@@ -219,8 +219,8 @@ def test_the_terminal_shows_quantlab_and_the_log_file_the_engine(tmp_path, tiny_
 def test_the_quantize_stage_reuses_a_checkpoint_made_from_the_same_inputs(tiny_model_dir, tmp_path, monkeypatch):
     from conftest import tiny_variant, write_recipe
 
-    from quantlab.core.context import RunContext
-    from quantlab.core.recipe import load_recipe
+    from quantlab.pipeline.context import RunContext
+    from quantlab.recipe.file import load_recipe
     from quantlab.core.run import RunDir
     from quantlab.quantize import stage as quantize_stage
 

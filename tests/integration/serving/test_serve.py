@@ -22,7 +22,7 @@ from quantlab.serving.vllm_facts import collect_facts
 from quantlab.serving.vllm_probe import probe_serving_env, serving_python
 from quantlab.serving.vllm_server import open_engine
 from quantlab.core.errors import EngineError, RecipeError
-from quantlab.serving.spec import ServeSpec
+from quantlab.recipe.serve import ServeSpec
 from quantlab.serving.plan import EngineTarget, plan_serving, serve_targets
 
 pytestmark = pytest.mark.slow

@@ -17,7 +17,8 @@ from transformers import AutoTokenizer
 
 from quantlab.stability import probe as sp
 from quantlab.core.errors import EngineError
-from quantlab.stability.stage import _rss_sampler, probe_prompts
+from quantlab.stability.probe_run import probe_prompts
+from quantlab.stability.stage import _rss_sampler
 
 pytestmark = pytest.mark.slow
 
@@ -118,9 +119,9 @@ def test_stability_stage_self_check_through_validate(tiny_server, tiny_served_ch
 
 def test_a_server_that_dies_during_a_probe_fails_naming_the_probe(tiny_served_checkpoint, tmp_path, prompts):
     from quantlab.serving.vllm_probe import probe_serving_env, serving_python
-    from quantlab.serving.spec import ServeSpec
+    from quantlab.recipe.serve import ServeSpec
     from quantlab.serving.plan import EngineTarget, plan_serving
-    from quantlab.stability.stage import run_probe
+    from quantlab.stability.probe_run import run_probe
 
     spec = ServeSpec(engine_args={"max_model_len": 512}, startup_timeout_s=600)
     plan = plan_serving(spec, [EngineTarget("candidate", tiny_served_checkpoint, "candidate")], dtype="bfloat16",

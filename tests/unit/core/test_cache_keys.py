@@ -9,9 +9,9 @@ from types import SimpleNamespace
 
 import pytest
 
-from quantlab.quality.spec import QualitySpec
+from quantlab.recipe.quality import QualitySpec
 from quantlab.core.result_cache import cache_key
-from quantlab.stability.spec import StabilitySpec
+from quantlab.recipe.stability import StabilitySpec
 from quantlab.quality import stage as quality
 from quantlab.stability import stage as stability
 

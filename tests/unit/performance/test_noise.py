@@ -10,7 +10,7 @@ from quantlab.core.results import PerfPoint
 from quantlab.performance.gates import verdicts
 from quantlab.performance.metrics import RequestRecord, summarize
 from quantlab.performance.noise import RepeatSample, interval, per_repeat_figures, ratio_draws, value_draws
-from quantlab.performance.spec import PerfGates
+from quantlab.recipe.performance import PerfGates
 
 
 def requests(rng, n, *, ttft_s=0.2, tpot_s=0.05, tokens=32, slow=1.0, spread=0.3):

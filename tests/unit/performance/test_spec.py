@@ -6,8 +6,8 @@ import pytest
 
 from quantlab.core.errors import RecipeError
 from quantlab.performance.gates import verdicts as perf_gates
-from quantlab.performance.spec import PerfGates
-from quantlab.core.recipe import parse_recipe
+from quantlab.recipe.performance import PerfGates
+from quantlab.recipe.file import parse_recipe
 from quantlab.core.results import PerfPoint
 
 
@@ -40,7 +40,7 @@ def test_bad_performance_sections(perf, needle):
 def test_missing_prompt_dataset_names_the_field(tmp_path):
     import yaml
 
-    from quantlab.core.recipe import load_recipe
+    from quantlab.recipe.file import load_recipe
 
     f = tmp_path / "r.yaml"
     f.write_text(yaml.safe_dump({"name": "x", "quantization": {"method": "rtn", "scheme": "W4A16"},

@@ -9,7 +9,7 @@ import pytest
 from quantlab.core.errors import CheckError
 from quantlab.quality.compare import compare_task, pooled
 from quantlab.quality.gates import comparison_verdicts as verdicts, samples_needed
-from quantlab.quality.spec import QualityGates
+from quantlab.recipe.quality import QualityGates
 
 
 def rows(values, *, answers=None, prompt="p", metric="acc"):
@@ -169,7 +169,7 @@ def test_the_fail_side_is_adjusted_for_the_family_of_gates():
     one still is; passing still needs every gate at its own confidence."""
     from quantlab.quality import gates as quality_gates
     from quantlab.quality.compare import paired_values
-    from quantlab.quality.spec import QualitySpec
+    from quantlab.recipe.quality import QualitySpec
 
     spec = QualitySpec.model_validate({})
 
@@ -224,7 +224,7 @@ def test_a_task_that_could_not_run_is_a_required_gate_not_a_silence():
     """A task skipped for a short served context used to land only in the result's
     notes: a task, or a whole slice, vanished from the decision."""
     from quantlab.quality.gates import skipped_verdicts
-    from quantlab.quality.spec import QualitySpec
+    from quantlab.recipe.quality import QualitySpec
     from quantlab.release.decision import DecisionPolicy, decide
 
     spec = QualitySpec.model_validate({"task_gates": {"ql_off": {"disabled": True}}})
@@ -243,7 +243,7 @@ def test_the_pooled_gate_sees_a_small_drop_spread_over_every_task():
     (10% of a 0.6 score), but over all 2,000 items beyond the pooled gate's 2 points."""
     from quantlab.quality import gates as quality_gates
     from quantlab.quality.compare import paired_values, pooled_all
-    from quantlab.quality.spec import QualitySpec
+    from quantlab.recipe.quality import QualitySpec
 
     spec = QualitySpec.model_validate({})
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from quantlab.quality.planner import plan_gate
-from quantlab.quality.spec import QualityGates
+from quantlab.recipe.quality import QualityGates
 from quantlab.quality.suites import SHIPPED, load_suite, sample_count
 
 

@@ -11,7 +11,7 @@ from quantlab.core.verdicts import GateVerdict
 from quantlab.quality.compare import compare_task
 from quantlab.quality.gates import comparison_verdicts
 from quantlab.quality.sequential import look_confidence, schedule, spent, spent_confidence, undecided_tasks
-from quantlab.quality.spec import QualityGates, QualitySpec
+from quantlab.recipe.quality import QualityGates, QualitySpec
 
 
 def test_schedule_grows_then_takes_everything():

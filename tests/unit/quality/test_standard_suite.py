@@ -16,7 +16,7 @@ import pytest
 import yaml
 
 from quantlab.core.errors import RecipeError
-from quantlab.quality.spec import QualitySpec
+from quantlab.recipe.quality import QualitySpec
 from quantlab.quality.standard_suite import LOCK_FILE, MEMBERS, PACKAGES, build, verify, wheel_name
 from quantlab.quality.suites import SHIPPED, load_suite
 

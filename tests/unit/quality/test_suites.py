@@ -8,7 +8,7 @@ import pytest
 
 from quantlab.core.errors import RecipeError
 from quantlab.quality.suites import SHIPPED, load_suite, load_suites
-from quantlab.quality.spec import QualitySpec
+from quantlab.recipe.quality import QualitySpec
 
 
 def test_shipped_default_suite_covers_the_checklist():

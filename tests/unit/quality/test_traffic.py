@@ -10,7 +10,7 @@ import json
 import pytest
 
 from quantlab.core.errors import RecipeError
-from quantlab.quality.spec import TrafficFile
+from quantlab.recipe.quality import TrafficFile
 from quantlab.quality.suites import load_suite
 from quantlab.quality.traffic import build_suite, compare_unchecked, critical_verdicts, load_rows
 from quantlab.quality.traffic_checks import check_answer, first_json, score_checked

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from quantlab.quantize.compute_dtype import choose_dtype
-from quantlab.serving.spec import ServeSpec
+from quantlab.recipe.serve import ServeSpec
 from quantlab.serving.plan import EngineTarget, plan_serving
 
 PROBES = Path(__file__).resolve().parents[2] / "data" / "probes"

@@ -4,7 +4,7 @@ import pytest
 
 from quantlab.quantize.llmcompressor import instantiate
 from quantlab.quantize.modifier_plan import plan_modifiers
-from quantlab.core.recipe import parse_recipe
+from quantlab.recipe.file import parse_recipe
 
 CAL = {"datasets": [{"path": "x"}]}
 

@@ -10,7 +10,7 @@ from quantlab.quantize.preflight import (
     run_preflight,
     working_group_sizes,
 )
-from quantlab.core.recipe import parse_recipe
+from quantlab.recipe.file import parse_recipe
 
 LINEAR = ("Linear", "Module")
 

@@ -54,7 +54,7 @@ def test_release_policy_can_warn_per_gate_per_check_or_for_all():
 def test_policy_names_are_checked():
     import pytest
 
-    from quantlab.release.spec import ReleasePolicySpec
+    from quantlab.recipe.release import ReleasePolicySpec
 
     assert ReleasePolicySpec(gates={"quality.non_inferiority@ql_code": "warn"}).gates
     for bad in ("quality", "nope.gate", "quality.non_inferiority@"):

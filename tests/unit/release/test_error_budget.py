@@ -3,8 +3,8 @@
 import pytest
 
 from quantlab.core.verdicts import GateVerdict
-from quantlab.performance.spec import PerformanceSpec
-from quantlab.quality.spec import QualitySpec
+from quantlab.recipe.performance import PerformanceSpec
+from quantlab.recipe.quality import QualitySpec
 from quantlab.release.error_budget import ledger
 
 

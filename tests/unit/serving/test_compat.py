@@ -99,7 +99,7 @@ def test_scheme_predicted_from_each_shipped_recipe(recipe_file, scheme):
     integration tests check the prediction against real exports)."""
     from conftest import RECIPES
 
-    from quantlab.core.recipe import load_recipe
+    from quantlab.recipe.file import load_recipe
     from quantlab.serving.compat import predict_quant_config
 
     q = load_recipe(RECIPES / f"{recipe_file}.yaml").recipe.quantization
@@ -111,7 +111,7 @@ def test_scheme_predicted_from_each_shipped_recipe(recipe_file, scheme):
 def test_raw_recipes_are_not_predicted():
     from conftest import RECIPES
 
-    from quantlab.core.recipe import load_recipe
+    from quantlab.recipe.file import load_recipe
     from quantlab.serving.compat import predict_quant_config
 
     assert predict_quant_config(load_recipe(RECIPES / "raw-llmcompressor.yaml").recipe.quantization) is None

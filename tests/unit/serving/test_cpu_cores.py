@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from quantlab.serving.cpu_cores import physical_cores, split_cores, thread_bind
-from quantlab.serving.spec import ServeSpec
+from quantlab.recipe.serve import ServeSpec
 from quantlab.serving.vllm_server import plan_launch
 
 

@@ -9,14 +9,14 @@ import pytest
 from quantlab.serving.vllm_probe import serving_python
 from quantlab.serving.vllm_server import plan_launch
 from quantlab.core.errors import EngineError, RecipeError
-from quantlab.core.recipe import parse_recipe
-from quantlab.serving.spec import ServeSpec
+from quantlab.recipe.file import parse_recipe
+from quantlab.recipe.serve import ServeSpec
+from quantlab.quantize.checkpoint_config import read_quant_config
 from quantlab.serving.plan import (
     EngineTarget,
     effective_engine_args,
     engine_arg_list,
     plan_serving,
-    read_quant_config,
     serve_targets,
 )
 

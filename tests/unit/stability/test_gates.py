@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from quantlab.stability.spec import StabilitySpec
+from quantlab.recipe.stability import StabilitySpec
 from quantlab.stability.gates import verdicts as gates
 from quantlab.stability.stage import fallback_rate
 

@@ -9,8 +9,8 @@ import json
 import pytest
 
 from quantlab.core.errors import RecipeError
-from quantlab.core.recipe import parse_recipe
-from quantlab.serving.spec import ServeSpec
+from quantlab.recipe.file import parse_recipe
+from quantlab.recipe.serve import ServeSpec
 from quantlab.core.results import TargetOutcome
 from quantlab.serving.plan import plan_extra_target
 from quantlab.targets.gates import verdicts as judge

@@ -1,0 +1,72 @@
+"""The stage contract: what every stage module is given and what it offers the run
+loop. Defined on the floor so that stages (below the orchestration) and the run loop
+(above them) agree without importing each other; the run loop's RunContext is the
+one implementation. Types from higher floors (the recipe, plans, servers) are `Any`
+here on purpose: the floor imports nothing above it."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Protocol
+
+from quantlab.core.progress import Progress
+from quantlab.core.run import RunDir
+
+
+class StageContext(Protocol):
+    loaded: Any  # recipe.file.LoadedRecipe
+    run: RunDir
+    progress: Progress
+    verbose: bool
+    import_from: Path | None  # quantlab validate: the existing checkpoint
+    will_run: set[str]  # the stages this invocation runs
+    enabled_stages: set[str]  # the stages the recipe asks for
+    comparison: dict[str, Any] | None  # several candidates: the choice
+
+    @property
+    def recipe(self) -> Any: ...  # recipe.file.Recipe
+
+    @property
+    def checkpoint_dir(self) -> Path: ...
+
+    def needs_baseline(self) -> bool: ...
+
+    def baseline_model(self) -> Any: ...  # models.source.ResolvedModel
+
+    def baseline_identity(self) -> dict[str, Any]: ...
+
+    def serving_probe(self) -> dict[str, Any]: ...
+
+    def serving_plan(self, *, predicted: bool = False) -> Any: ...  # serving.plan.ServingPlan
+
+    def target_plans(self, *, predicted: bool = False) -> dict[str, Any]: ...
+
+    def served_max_model_len(self) -> int | None: ...
+
+    def recipe_max_model_len(self) -> int | None: ...
+
+    def engine(self, role: str, target: str = ...) -> Any: ...  # a running server
+
+    def start_engines(self, roles: list[str]) -> None: ...
+
+    def engine_if_running(self, role: str, target: str = ...) -> Any: ...
+
+    def running_engines(self) -> list[str]: ...
+
+    def running_engine_keys(self) -> list[tuple[str, str]]: ...
+
+    def stop_engine(self, role: str, target: str = ...) -> None: ...
+
+    def close_engines(self) -> None: ...
+
+    def add_artifact(self, relative: str, role: str) -> None: ...
+
+
+class StageModule(Protocol):
+    """A stage: a module with these names (quantize, serve, quality, ... release)."""
+
+    NAME: str
+
+    def inputs(self, ctx: StageContext) -> dict[str, Any]: ...
+
+    def run(self, ctx: StageContext) -> Any: ...

@@ -1,0 +1,56 @@
+"""A check's plots, drawn by the run loop from the check's result once the stage has
+returned: the checks record numbers, and only this package draws them. A plot is a
+convenience, never a failed stage: one that cannot be drawn is a note."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from quantlab.core.stage_context import StageContext
+
+QUALITY_DIR = "quality"  # the quality stage's folder in the run
+PERF_DIR = "perf"  # the performance stage's
+
+
+def draw(stage: str, ctx: StageContext, result: Any) -> None:
+    """Draw the plots of `stage`'s result into its folder, record them as artifacts and
+    in result.plots (a stage without plots is left as it is)."""
+    if stage == "quality":
+        result.plots = _quality(ctx, result)
+    elif stage == "performance":
+        result.plots = _performance(ctx, result)
+
+
+def _quality(ctx: StageContext, result: Any) -> list[str]:
+    from quantlab.reports.plots import quality_deltas
+
+    try:
+        made = quality_deltas(list(result.tasks) + list(result.slices),
+                              ctx.run.path / QUALITY_DIR / "quality-deltas.png", ctx.recipe.name)
+    except (ImportError, OSError, ValueError) as err:
+        result.notes.append(f"quality plot not drawn: {type(err).__name__}: {err}")
+        return []
+    if made is None:
+        return []
+    rel = str(made.relative_to(ctx.run.path))
+    ctx.add_artifact(rel, "quality-plot")
+    return [rel]
+
+
+def _performance(ctx: StageContext, result: Any) -> list[str]:
+    from quantlab.reports.plots import latency_cdfs, versus_concurrency
+
+    label = (result.workload_context or {}).get("label", "")
+    made = []
+    try:
+        made.append(latency_cdfs(ctx.run.path, result.points, ctx.run.path / PERF_DIR / "latency-cdf.png", label))
+        vc = versus_concurrency(result.points, ctx.run.path / PERF_DIR / "throughput-ttft-vs-concurrency.png", label)
+        if vc is not None:
+            made.append(vc)
+    except (ImportError, OSError, ValueError) as err:
+        result.notes.append(f"plots not drawn: {type(err).__name__}: {err}")
+    rels = [str(Path(p).relative_to(ctx.run.path)) for p in made]
+    for rel in rels:
+        ctx.add_artifact(rel, "perf-plot")
+    return rels

@@ -33,7 +33,7 @@ COMPILE_LINES = re.compile(r"(Compiling model again|torch.compile take|Directly 
 
 def start_once(model: Path, env: dict[str, str], log_dir: Path, max_len: int) -> tuple[float, list[str]]:
     sys.path.insert(0, str(REPO))
-    from quantlab.pipeline.loop import serve_one
+    from quantlab.pipeline.commands import serve_one
     from quantlab.recipe.serve import ServeSpec
 
     spec = ServeSpec(engine_args={"max_model_len": max_len}, env=env, startup_timeout_s=900)

@@ -24,7 +24,7 @@ def main() -> int:
     sys.path.insert(0, str(REPO))
     from quantlab.core.errors import QuantlabError
     from quantlab.models.source import build_default_model
-    from quantlab.pipeline.loop import quantize_only, serve_one
+    from quantlab.pipeline.commands import quantize_only, serve_one
     from quantlab.recipe.file import load_recipe
     from quantlab.recipe.serve import ServeSpec
 

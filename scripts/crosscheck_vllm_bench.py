@@ -75,7 +75,7 @@ def main() -> int:
     from transformers import AutoTokenizer
 
     from quantlab.models.source import build_default_model
-    from quantlab.pipeline.loop import serve_one
+    from quantlab.pipeline.commands import serve_one
     from quantlab.recipe.serve import ServeSpec
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])

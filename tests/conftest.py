@@ -96,7 +96,7 @@ def quiet(msg: str) -> None:
 def tiny_checkpoints(tmp_path_factory, tiny_model_dir) -> tuple[Path, dict]:
     """The tiny model quantized once per shipped recipe: (root folder, quantize.json by recipe).
     Checkpoints live at root/<recipe name>; tests must not modify them (copy first)."""
-    from quantlab.pipeline.loop import quantize_only
+    from quantlab.pipeline.commands import quantize_only
     from quantlab.recipe.file import load_recipe
 
     root = tmp_path_factory.mktemp("tiny-checkpoints")

@@ -7,10 +7,14 @@ here on purpose: the floor imports nothing above it."""
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Protocol
+from collections.abc import Callable
+from typing import Any, Protocol, TypeVar
 
 from quantlab.core.progress import Progress
 from quantlab.core.run import RunDir
+
+
+T = TypeVar("T")
 
 
 class StageContext(Protocol):
@@ -22,6 +26,7 @@ class StageContext(Protocol):
     will_run: set[str]  # the stages this invocation runs
     enabled_stages: set[str]  # the stages the recipe asks for
     comparison: dict[str, Any] | None  # several candidates: the choice
+    memo: dict[str, Any]  # what is built once per run (once() below)
 
     @property
     def recipe(self) -> Any: ...  # recipe.file.Recipe
@@ -70,3 +75,15 @@ class StageModule(Protocol):
     def inputs(self, ctx: StageContext) -> dict[str, Any]: ...
 
     def run(self, ctx: StageContext) -> Any: ...
+
+
+def once(ctx: StageContext, key: str, build: Callable[[], T]) -> T:
+    """`build()` the first time `key` is asked for in this run, the same object after
+    (the suites are read, hashed and checked once per run, as the serving plan is
+    planned once). A context without a memo builds every time."""
+    memo = getattr(ctx, "memo", None)
+    if memo is None:
+        return build()
+    if key not in memo:
+        memo[key] = build()
+    return memo[key]

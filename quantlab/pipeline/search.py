@@ -29,7 +29,8 @@ from quantlab.pipeline.candidates.run import run_comparison
 from quantlab.core.progress import Progress
 from quantlab.core.errors import RecipeError
 from quantlab.core.fsutil import write_json_atomic, write_text_atomic
-from quantlab.pipeline.loop import dry_run, sensitivity_only
+from quantlab.search.sensitivity import run_sensitivity
+from quantlab.pipeline.commands import dry_run
 from quantlab.core.fsutil import safetensors_bytes
 from quantlab.recipe.file import LoadedRecipe, read_recipe_data, rebased, set_field
 from quantlab.core.run import new_run_folder
@@ -57,7 +58,7 @@ def run_search(loaded: LoadedRecipe, runs_root: Path, *, sensitivity: Path | Non
         raise RecipeError(f"--time-budget-s {time_budget_s:.0f} is less than one trial takes (~{estimate:.0f} s, "
                           f"from the last run of '{recipe.name}'): give at least {estimate:.0f} s",
                           field="--time-budget-s")
-    ranking_file = sensitivity or (sensitivity_only(loaded, runs_root, SensitivitySpec(), progress=progress)[0]
+    ranking_file = sensitivity or (run_sensitivity(loaded, runs_root, SensitivitySpec(), progress=progress)[0]
                                    / "sensitivity.json")
     ranked = _ranking(ranking_file, loaded)
     ranking = ranked["groups"]

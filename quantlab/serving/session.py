@@ -23,6 +23,7 @@ class EngineSession:
     progress: Progress = print
     verbose: bool = False  # engines print to the terminal instead of log files in the run folder
     import_from: Path | None = None  # quantlab validate: the existing checkpoint to validate
+    memo: dict[str, Any] = field(default_factory=dict)  # core.stage_context.once: built once per run
     _baseline: ResolvedModel | None = None
     _probe: dict[str, Any] | None = None
     _plan: Any = None  # ServingPlan, built once

@@ -75,13 +75,13 @@ def test_unexpected_error_exits_3_with_one_line_and_the_traceback_on_file(tmp_pa
 
     from quantlab import cli
 
-    from quantlab.pipeline import loop as pipeline
+    from quantlab.pipeline import commands
 
     def broken(*args, **kwargs):
         raise ZeroDivisionError("a bug deep inside")
 
     monkeypatch.setenv("QUANTLAB_CACHE_DIR", str(tmp_path / "cache"))
-    monkeypatch.setattr(pipeline, "quantize_only", broken)
+    monkeypatch.setattr(commands, "quantize_only", broken)
     r = CliRunner().invoke(cli.app, ["quantize", str(RECIPES / "rtn-w8a16.yaml"), "--output", str(tmp_path / "o")])
     assert r.exit_code == 3
     [line] = [ln for ln in r.stderr.splitlines() if ln.strip()]

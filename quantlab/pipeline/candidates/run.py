@@ -28,29 +28,24 @@ or whose stage fails is failed alone: the others are still judged, and the recor
 
 from __future__ import annotations
 
-import json
 import time
-from dataclasses import dataclass, field, replace
 from pathlib import Path
 from types import ModuleType
-from typing import Any
 
-from quantlab.pipeline.candidates.select import Choice, choose
+from quantlab.pipeline.candidates.select import choose
 from quantlab.recipe.selection import SelectionSpec
-from quantlab.pipeline.candidates.summary import on_common_baseline, summarize
-from quantlab.pipeline.candidates.table import as_json, html, markdown
 from quantlab.core.digest import inputs_hash
 from quantlab.core.progress import Progress
 from quantlab.pipeline.context import RunContext
 from quantlab.reports.stage_plots import draw as draw_plots
 from quantlab.core.engine_time import engine_seconds
 from quantlab.core.errors import EngineError, QuantlabError, RecipeError
-from quantlab.core.fsutil import safetensors_bytes, write_json_atomic, write_text_atomic
+from quantlab.core.fsutil import safetensors_bytes
 from quantlab.core.layout import SERVE_LOG_DIR
-from quantlab.pipeline.loop import (STAGES, VALIDATE_STAGES, _run_stage, _save_with_time, enabled,
+from quantlab.pipeline.loop import (STAGES, VALIDATE_STAGES, run_stage, save_with_time, enabled,
                                     stages_to_run)
-from quantlab.recipe.file import LoadedRecipe, load_recipe
-from quantlab.core.run import RunDir, StageRecord, new_run_folder, now_iso
+from quantlab.recipe.file import LoadedRecipe
+from quantlab.core.run import RunDir, StageRecord, now_iso
 from quantlab.performance import stage as perf_stage
 from quantlab.quality import stage as quality_stage
 from quantlab.release import stage as release_stage
@@ -58,163 +53,8 @@ from quantlab.serving import stage as serve_stage
 from quantlab.serving.cpu_cores import engine_bind
 from quantlab.stability import stage as stability_stage
 from quantlab.targets import stage as targets_stage
-
-COMPARE_DIR = "compare"  # under the runs root: compare/<id>/
-CANDIDATES_DIR = "candidates"
-RESULT_FILE = "comparison.json"
-# recipe sections that must be equal: one baseline, served and loaded the same way for all
-SHARED_SECTIONS = ("serve", "performance")
-# what each candidate may set for itself in its serve section (mode 'endpoint': where it is served)
-CANDIDATE_SERVE_FIELDS = ("candidate_endpoint", "candidate_served_model_name")
-
-
-@dataclass
-class Candidate:
-    name: str
-    loaded: LoadedRecipe
-    checkpoint: Path | None = None  # an existing checkpoint (validated, not quantized)
-    run: RunDir | None = None
-    ctx: RunContext | None = None
-    todo: dict[str, str] = field(default_factory=dict)
-    refused: str | None = None  # by its preflight, before any work
-    failed: str | None = None  # a stage failed or its server died; the others go on
-
-    @property
-    def active(self) -> bool:
-        return self.refused is None and self.failed is None
-
-    @property
-    def origin(self) -> str:
-        return f"checkpoint {self.checkpoint}" if self.checkpoint is not None else str(self.loaded.path)
-
-
-def candidates_of(recipes: list[Path | LoadedRecipe], checkpoints: dict[str, Path] | None = None,
-                  judge_by: Path | None = None) -> list[Candidate]:
-    """Each recipe (a file, or one already loaded) a candidate, then each existing
-    checkpoint, judged by `judge_by` (the first recipe by default): its checks, baseline
-    and serving, under the checkpoint's name."""
-    cands = [Candidate(lr.recipe.name, lr) for lr in (r if isinstance(r, LoadedRecipe) else load_recipe(r)
-                                                      for r in recipes)]
-    if checkpoints:
-        judge_file = judge_by or (recipes[0] if recipes else None)
-        if judge_file is None:
-            raise RecipeError("existing checkpoints are judged by a recipe's checks: pass one")
-        judge = judge_file if isinstance(judge_file, LoadedRecipe) else load_recipe(judge_file)
-        for name, folder in checkpoints.items():
-            if not Path(folder).is_dir():
-                raise RecipeError(f"checkpoint candidate '{name}': {folder} is not a folder; pass a checkpoint "
-                                  "folder (config.json and safetensors) as --checkpoint NAME=DIR")
-            cands.append(Candidate(name, _renamed(judge, name), checkpoint=Path(folder)))
-    return cands
-
-
-def _renamed(judge: LoadedRecipe, name: str) -> LoadedRecipe:
-    """The judging recipe under a checkpoint candidate's name (its run folder and row)."""
-    try:
-        return judge.variant(name)
-    except ValueError:
-        raise RecipeError(f"checkpoint candidate name '{name}' is not a valid name (lower-case letters, digits, "
-                          "'.', '_', '-'; at most 64): give one as --checkpoint NAME=DIR", field="--checkpoint") \
-            from None
-
-
-@dataclass
-class Comparison:
-    folder: Path
-    candidates: list[Candidate]
-    choice: Choice | None
-    table_md: str
-    exit_code: int  # 0 one chosen, 1 none released, 3 none could be judged
-    data: dict[str, Any] = field(default_factory=dict)  # what comparison.json holds
-
-
-def check_comparable(cands: list[Candidate], minimum: int = 2) -> None:
-    """Two or more candidates that can share one baseline; RecipeError naming file and field otherwise."""
-    if len(cands) < minimum:
-        raise RecipeError("a comparison needs two or more candidates; for one, `quantlab run RECIPE` "
-                          "(or `quantlab validate RECIPE --checkpoint DIR`)")
-    seen: dict[str, str] = {}
-    for c in cands:
-        if c.name in seen:
-            where = c.origin if c.origin != seen[c.name] else f"{c.origin}, given twice"
-            raise RecipeError(f"two candidates are named '{c.name}' ({seen[c.name]} and {where}): each "
-                              "candidate's run folder and row in the comparison go by its name; rename one",
-                              file=str(c.loaded.path), field="name" if c.checkpoint is None else "--checkpoint")
-        seen[c.name] = c.origin
-    loaded = [c.loaded for c in cands]
-    first = loaded[0]
-    for lr in loaded:
-        _check_same_host(lr)
-    for lr in loaded[1:]:
-        model_a = _model_identity(first)
-        model_b = _model_identity(lr)
-        if model_a != model_b:
-            raise RecipeError(f"'{lr.recipe.name}' starts from a different model than '{first.recipe.name}' "
-                              f"({model_b} against {model_a}): candidates are compared with one baseline, so they "
-                              "must quantize the same model", file=str(lr.path), field="model")
-        for section in SHARED_SECTIONS:
-            a, b = _dump(first, section), _dump(lr, section)
-            if section == "serve" and a and b:  # each candidate may be served elsewhere (its own endpoint)
-                a, b = ({k: v for k, v in x.items() if k not in CANDIDATE_SERVE_FIELDS} for x in (a, b))
-            if section == "performance" and (a is None or b is None):
-                continue  # a candidate without one is judged on the other checks (e.g. served on another host)
-            if a != b:
-                diff = sorted(k for k in set(a or {}) | set(b or {}) if (a or {}).get(k) != (b or {}).get(k))
-                raise RecipeError(f"'{lr.recipe.name}' has a different `{section}` section than "
-                                  f"'{first.recipe.name}' (differs in: {', '.join(diff) or 'presence'}): one baseline "
-                                  f"server and one paired load need one {section} section; make them equal",
-                                  file=str(lr.path), field=section)
-        if lr.recipe.selection is not None and first.recipe.selection is not None \
-                and lr.recipe.selection != first.recipe.selection:
-            raise RecipeError(f"'{lr.recipe.name}' and '{first.recipe.name}' choose by different `selection` "
-                              "sections; give it in one recipe (or the same in all)", file=str(lr.path),
-                              field="selection")
-
-
-def _check_same_host(lr: LoadedRecipe) -> None:
-    """Performance is compared only between servers on one host: a candidate served at an
-    endpoint on another host than the baseline's is judged on quality and stability only."""
-    spec = lr.recipe.serve
-    if spec.mode != "endpoint" or lr.recipe.performance is None:
-        return
-    where, base = host_of(spec.candidate_endpoint or spec.endpoint), host_of(spec.endpoint)
-    if where != base:
-        raise RecipeError(f"'{lr.recipe.name}' is served on {where}, the baseline on {base}: performance is "
-                          "compared only between servers on the same host; remove its `performance` section "
-                          "(its quality and stability are still compared with the baseline's) or serve it on "
-                          f"{base}", file=str(lr.path), field="performance")
-
-
-def host_of(url: str) -> str:
-    """The host a base URL points at; the loopback names are one host."""
-    from urllib.parse import urlsplit
-
-    host = (urlsplit(url).hostname or "").lower()
-    return "localhost" if host in ("localhost", "127.0.0.1", "::1") else host
-
-
-def _model_identity(lr: LoadedRecipe) -> dict[str, Any]:
-    m = lr.recipe.model.model_dump(mode="json")
-    source = m.get("source")
-    if isinstance(source, str) and source != "default" and lr.resolve(source).exists():
-        m["source"] = str(lr.resolve(source))  # relative to each recipe's own folder
-    return m
-
-
-def _dump(lr: LoadedRecipe, section: str) -> dict[str, Any] | None:
-    value = getattr(lr.recipe, section)
-    return value.model_dump(mode="json") if value is not None else None
-
-
-def selection_of(loaded: list[LoadedRecipe]) -> SelectionSpec:
-    return next((lr.recipe.selection for lr in loaded if lr.recipe.selection is not None), SelectionSpec())
-
-
-def _create_folder(runs_root: Path, cands: list[Candidate]) -> Path:
-    import hashlib
-
-    digest = hashlib.sha256("".join(c.loaded.content_hash + c.origin for c in cands).encode()).hexdigest()
-    return new_run_folder(Path(runs_root) / COMPARE_DIR, digest)
+from quantlab.pipeline.candidates.members import CANDIDATES_DIR, Candidate, Comparison, candidates_of, check_comparable, create_folder, selection_of
+from quantlab.pipeline.candidates.conclusion import conclude, summary_rows
 
 
 def run_comparison(recipes: list[Path | LoadedRecipe], runs_root: Path, *,
@@ -228,7 +68,7 @@ def run_comparison(recipes: list[Path | LoadedRecipe], runs_root: Path, *,
     check_comparable(cands, minimum=1 if allow_single else 2)
     loaded = [c.loaded for c in cands]
     selection = selection_of(loaded)
-    folder = _create_folder(runs_root, cands)
+    folder = create_folder(runs_root, cands)
     progress(f"comparison of {len(cands)} candidates: {folder}")
     for c in cands:
         _prepare(c, folder, progress, verbose, selection)
@@ -259,7 +99,7 @@ def run_comparison(recipes: list[Path | LoadedRecipe], runs_root: Path, *,
     _choose_then_release(cands, selection)
     for c in cands:
         _finish(c, clock, progress)
-    return _conclude(folder, cands, selection, progress)
+    return conclude(folder, cands, selection, progress)
 
 
 def _in_groups(folder: Path, active: list[Candidate], selection: SelectionSpec, progress: Progress):
@@ -375,7 +215,7 @@ def _each(cands: list[Candidate], *stages: ModuleType) -> None:
                 continue
             c.ctx.progress(f"candidate {c.name}: stage {stage.NAME}")
             try:
-                _run_stage(c.ctx, stage)
+                run_stage(c.ctx, stage)
             except QuantlabError as err:
                 _fail(c, f"stage {stage.NAME} failed: {err}")
 
@@ -487,7 +327,7 @@ def _choose_then_release(cands: list[Candidate], selection: SelectionSpec) -> No
     judged = [c for c in cands if c.run is not None and c.refused is None]
     if not judged:
         return
-    pairs = _summaries(judged, decide=True)
+    pairs = summary_rows(judged, decide=True)
     choice = choose([s for s, _ in pairs], selection)
     rows = [row for _, row in pairs]
     for c in [c for c in cands if c.active]:
@@ -495,26 +335,6 @@ def _choose_then_release(cands: list[Candidate], selection: SelectionSpec) -> No
                             "rule": selection.rule, "why": choice.why, "lost": choice.lost.get(c.name),
                             "candidates": rows, "refused": {x.name: x.refused for x in cands if x.refused}}
         _each([c], release_stage)
-
-
-def _summaries(judged: list[Candidate], *, decide: bool) -> list[tuple[Any, dict[str, Any]]]:
-    """Each judged candidate's (summary, row), speed figures on its first candidate's
-    baseline's scale where groups were measured apart. `decide`: before the release
-    stages ran (each decision made now)."""
-    pairs, baselines = [], []
-    for c in judged:
-        decided = release_stage.decide_run(c.ctx).record if decide and c.active else None
-        summary, row = summarize(c.name, c.run.record, decided=decided)
-        if c.failed:  # say why it was not judged, not only that it was not
-            summary = replace(summary, failed_gates=[f"failed: {c.failed}"])
-            row.update(failed=c.failed, failed_gates=summary.failed_gates)
-        row["source"] = c.origin
-        row["served_at"] = _served_at(c)
-        perf = c.run.record.result("performance")
-        row["measured_together"] = getattr(perf, "measured_together", None)
-        pairs.append((summary, row))
-        baselines.append(summarize("baseline", c.run.record, role="baseline")[1] if perf is not None else None)
-    return on_common_baseline(pairs, baselines)
 
 
 def _finish(c: Candidate, clock: tuple[float, float], progress: Progress) -> None:
@@ -526,73 +346,6 @@ def _finish(c: Candidate, clock: tuple[float, float], progress: Progress) -> Non
         c.run.record.status = "blocked" if decided.blocked else "ok"
     elif c.run.record.status == "running":
         c.run.record.status = "failed"
-    _save_with_time(c.run, clock, progress)
+    save_with_time(c.run, clock, progress)
 
 
-def _conclude(folder: Path, cands: list[Candidate], selection: SelectionSpec, progress: Progress) -> Comparison:
-    """Summaries, the choice, and the comparison's files (table, JSON, JUnit)."""
-    from quantlab.reports.report import render_junit
-
-    judged = [c for c in cands if c.run is not None and c.refused is None]
-    pairs = _summaries(judged, decide=False)
-    summaries, rows = [s for s, _ in pairs], [row for _, row in pairs]
-    baseline_row = None
-    for c in judged:
-        if c.run.record.result("performance") is not None or c.run.record.result("quality") is not None:
-            baseline_row = summarize("baseline", c.run.record, role="baseline")[1]
-            break
-    choice = choose(summaries, selection) if summaries else None
-    refused = {c.name: c.refused for c in cands if c.refused}
-    table = markdown(baseline_row, rows, choice) if choice else "no candidate could be judged\n"
-    if refused:
-        table += "".join(f"- {n}: {why}\n" for n, why in refused.items())
-    data = {**(as_json(baseline_row, rows, choice) if choice else {"candidates": rows, "chosen": None}),
-            "refused": refused, "selection": selection.model_dump(mode="json"),
-            "runs": {c.name: str(c.run.path.relative_to(folder)) for c in cands if c.run is not None}}
-    write_json_atomic(folder / RESULT_FILE, data)
-    write_text_atomic(folder / "comparison.md", "# Comparison\n\n" + table)
-    plot = _pareto(folder, baseline_row, rows, progress)
-    if choice:
-        write_text_atomic(folder / "comparison.html", html(baseline_row, rows, choice, refused=refused,
-                                                           plot_png=plot.read_bytes() if plot else None))
-    suites = [render_junit(c.run.record) for c in judged]
-    write_text_atomic(folder / "junit.xml", _junit_of(suites, {c.name for c in judged}))
-    exit_code = 0 if choice and choice.chosen else (1 if summaries else 3)
-    return Comparison(folder, cands, choice, table, exit_code, data)
-
-
-def _served_at(c: Candidate) -> str:
-    """Where its server ran: launched on this host, or the endpoint it was given."""
-    spec = c.loaded.recipe.serve
-    if spec.mode == "endpoint":
-        return spec.candidate_endpoint or spec.endpoint or "endpoint"
-    return "this host" if spec.mode == "launch" else "its serve.command"
-
-
-def _pareto(folder: Path, baseline_row: dict[str, Any] | None, rows: list[dict[str, Any]],
-            progress: Progress) -> Path | None:
-    """The candidates' plot (the baseline at recovery 1); a plot that cannot be drawn is said, not fatal."""
-    from quantlab.reports.plots import pareto
-
-    points = ([{**baseline_row, "worst_recovery": 1.0}] if baseline_row else []) + rows
-    try:
-        return pareto(points, folder / "pareto.png", f"{len(rows)} candidates, one baseline")
-    except (ImportError, OSError, ValueError) as err:
-        progress(f"the comparison plot could not be drawn: {type(err).__name__}: {err}")
-        return None
-
-
-def _junit_of(documents: list[str], names: set[str]) -> str:
-    """One <testsuites> with each candidate's suites (each already named by its recipe)."""
-    import xml.etree.ElementTree as ET
-
-    root = ET.Element("testsuites", name="quantlab comparison")
-    for doc in documents:
-        tree = ET.fromstring(doc)
-        for suite in ([tree] if tree.tag == "testsuite" else list(tree)):
-            root.append(suite)
-    return ET.tostring(root, encoding="unicode")
-
-
-def load_result(folder: Path) -> dict[str, Any]:
-    return json.loads((Path(folder) / RESULT_FILE).read_text())

@@ -20,6 +20,7 @@ from quantlab.pipeline.context import RunContext
 from quantlab.core.progress import step
 from quantlab.core.results import PerfResult
 from quantlab.performance import stage as single
+from quantlab.performance.result import Measured, load_points, points_of
 from quantlab.performance.noise import RepeatSample
 from quantlab.recipe.performance import PerformanceSpec
 
@@ -39,14 +40,14 @@ def run_shared(ctxs: dict[str, RunContext]) -> dict[str, PerfResult]:
     if spec.client_check:
         first.progress("performance: measuring the load generator's own ceiling against a stub server")
         client = measure_client_ceiling()
-    requests = single._requests(first, spec)
-    measured = {name: single._Measured() for name in names}
+    requests = single.requests_for(first, spec)
+    measured = {name: Measured() for name in names}
     warmed: set[tuple[str, str]] = set()
     order = block_order(names, spec.repeats)
     _measure_blocks(ctxs, spec, order, requests, measured, warmed, only=None)
-    looks = single._looks(spec, True, [])
+    looks = single.looks_for(spec, True, [])
     for rep in range(spec.repeats, spec.max_repeats or spec.repeats):
-        undecided = {name: single.undecided_points(spec, single._points_of(spec, measured[name], None, [],
+        undecided = {name: single.undecided_points(spec, points_of(spec, measured[name], None, [],
                                                                            looks=looks)) for name in names}
         undecided = {name: pts for name, pts in undecided.items() if pts}
         if not undecided:
@@ -69,7 +70,7 @@ def _server(ctxs: dict[str, RunContext], role: str):
 
 
 def _measure_blocks(ctxs: dict[str, RunContext], spec: PerformanceSpec, order: list[tuple[int, str]],
-                    requests: dict[str, list], measured: dict[str, single._Measured], warmed: set[tuple[str, str]],
+                    requests: dict[str, list], measured: dict[str, Measured], warmed: set[tuple[str, str]],
                     *, only: dict[str, set[tuple[str, str]]] | None) -> None:
     first = ctxs[next(iter(ctxs))]
     device = first.serving_plan().device
@@ -82,7 +83,7 @@ def _measure_blocks(ctxs: dict[str, RunContext], spec: PerformanceSpec, order: l
             return set().union(*only.values())
         return only.get(role, set())
 
-    total = sum(1 for _, role in order for w in spec.workloads for pt in single._points(w)
+    total = sum(1 for _, role in order for w in spec.workloads for pt in load_points(w)
                 if wanted(role) is None or (w.name, pt[0]) in wanted(role))
     with step(first.progress, "performance: load points (shared baseline)", total=total, unit="points",
               announce=False) as bar:
@@ -93,15 +94,15 @@ def _measure_blocks(ctxs: dict[str, RunContext], spec: PerformanceSpec, order: l
             label = "baseline" if role == BASELINE else "candidate"
             pick = wanted(role)
             for w in spec.workloads:
-                if pick is not None and not any((w.name, pt[0]) in pick for pt in single._points(w)):
+                if pick is not None and not any((w.name, pt[0]) in pick for pt in load_points(w)):
                     continue
-                reqs = [single._for_server(r, server.served_name) for r in requests[w.name]]
+                reqs = [single.for_server(r, server.served_name) for r in requests[w.name]]
                 single.warm_up(server, role, w, reqs, warmed)
-                for point, conc, rate in single._points(w):
+                for point, conc, rate in load_points(w):
                     if pick is not None and (w.name, point) not in pick:
                         continue
                     bar.detail(f"performance [{block}/{len(order)}] {role} repeat {rep + 1}: {w.name} {point}")
-                    metrics, msum, rel, result = single._measure(owner, server, label, rep, w, reqs, point, conc,
+                    metrics, msum, rel, result = single.measure_point(owner, server, label, rep, w, reqs, point, conc,
                                                                  rate, device=device, slo=slo)
                     sample = RepeatSample.of(result.records, result.wall_s)
                     targets = [n for n in ctxs if role == BASELINE and (only is None or (w.name, point) in
@@ -123,7 +124,7 @@ def _measure_blocks(ctxs: dict[str, RunContext], spec: PerformanceSpec, order: l
                     bar.advance()
 
 
-def _result(name: str, ctx: RunContext, spec: PerformanceSpec, measured: single._Measured, client: dict | None,
+def _result(name: str, ctx: RunContext, spec: PerformanceSpec, measured: Measured, client: dict | None,
             order: list[tuple[int, str]], labels: list[str], names: list[str], looks: int) -> PerfResult:
     notes = [f"measured in one comparison with {len(names) - 1} other candidate(s) ({', '.join(names)}): the "
              f"baseline's blocks are shared, each candidate's ratios pair its block with the baseline block of the "

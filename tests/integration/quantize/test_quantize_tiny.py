@@ -11,7 +11,7 @@ from safetensors import safe_open
 
 from quantlab.core.errors import EngineError, RecipeError
 from quantlab.core.layout import QUANTIZE_RESULT_FILE, RECIPE_COPY_FILE
-from quantlab.pipeline.loop import quantize_only
+from quantlab.pipeline.commands import quantize_only
 from quantlab.recipe.file import load_recipe
 
 pytestmark = pytest.mark.slow

@@ -12,7 +12,7 @@ import pytest
 from quantlab.recipe.quality import QualitySpec
 from quantlab.core.result_cache import cache_key
 from quantlab.recipe.stability import StabilitySpec
-from quantlab.quality import stage as quality
+from quantlab.quality import work as quality
 from quantlab.stability import stage as stability
 
 
@@ -31,7 +31,7 @@ SUITES = [SimpleNamespace(name="default", sha256="s" * 64)]
 def quality_key(**kw) -> str:
     suites = kw.pop("suites", SUITES)
     ctx = fake_ctx(**{"baseline": BASE, **kw})
-    return cache_key(quality._cache_parts(ctx, suites, ["ql_lastword"], ctx.serving_plan()))
+    return cache_key(quality.cache_parts(ctx, suites, ["ql_lastword"], ctx.serving_plan()))
 
 
 def stability_key(tmp_path, **kw) -> str:

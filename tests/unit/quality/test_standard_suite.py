@@ -151,7 +151,7 @@ def test_humaneval_runs_in_a_separate_process(scorer):
 
 
 def test_a_tasks_own_limit_unless_the_recipe_sets_one():
-    from quantlab.quality.stage import task_limit
+    from quantlab.quality.work import task_limit
 
     suite = load_suite(SUITE)
     tasks = {t.task: t for t in suite.tasks}

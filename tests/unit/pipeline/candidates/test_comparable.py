@@ -6,7 +6,7 @@ import pytest
 import yaml
 
 from quantlab.recipe.selection import SelectionSpec
-from quantlab.pipeline.candidates.run import Candidate, candidates_of, check_comparable, host_of, selection_of
+from quantlab.pipeline.candidates.members import Candidate, candidates_of, check_comparable, host_of, selection_of
 from quantlab.core.errors import RecipeError
 from quantlab.recipe.file import load_recipe
 

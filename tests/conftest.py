@@ -23,6 +23,11 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 from quantlab.core import cpu_emulation  # noqa: E402
 
 cpu_emulation.apply(os.environ)
+# The standard suite's built data stays where make setup built it (the user cache), also for
+# commands a test runs with a cache folder of its own (QUANTLAB_CACHE_DIR).
+from quantlab.core.shipped import built_suites_dir  # noqa: E402
+
+os.environ.setdefault("QUANTLAB_SUITES_DIR", str(built_suites_dir()))
 
 
 @pytest.fixture(scope="session")

@@ -2,7 +2,8 @@
 
 Exit codes: 0 released/ok, 1 blocked by a gate, 2 bad input, 3 engine or run failure
 (an unexpected error too: one line here, the traceback in a file), 130 interrupted
-(Ctrl-C or SIGTERM). The commands are in cli/*_commands.py; they call quantlab.pipeline (and search) only; engines are imported lazily
+(Ctrl-C or SIGTERM). The commands are in cli/*_commands.py; they call quantlab.pipeline (and
+search) only; engines are imported lazily
 so --help and `recipes check` are instant.
 """
 
@@ -20,6 +21,7 @@ import typer
 from rich.console import Console
 from rich.markup import escape
 
+from quantlab.core.shipped import RECIPES
 from quantlab.core.version import __version__
 
 from quantlab.core import cpu_emulation
@@ -33,7 +35,7 @@ app.add_typer(recipes_app, name="recipes")
 
 out = Console()
 err = Console(stderr=True)
-SHIPPED_RECIPES = Path(__file__).resolve().parents[2] / "recipes"
+SHIPPED_RECIPES = RECIPES
 
 
 # One line per message; long steps are bars on a terminal and plain lines in CI logs.

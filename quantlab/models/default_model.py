@@ -8,7 +8,8 @@ import io
 from pathlib import Path
 
 from quantlab.core.fsutil import atomic_directory, sha256_file, write_json_atomic
-from quantlab.models.identity import CONVERSION_VERSION, DEFAULT_MODEL_NAME, DEFAULT_PACKAGE, PROVENANCE_FILE, ResolvedModel
+from quantlab.models.identity import (CONVERSION_VERSION, DEFAULT_MODEL_NAME, DEFAULT_PACKAGE, PROVENANCE_FILE,
+                                     ResolvedModel)
 
 
 def convert_gguf(gguf: Path, gguf_sha: str, pkg_version: str, folder: Path) -> ResolvedModel:

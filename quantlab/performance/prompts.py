@@ -14,10 +14,11 @@ import random
 from pathlib import Path
 
 from quantlab.performance.loadgen import PreparedRequest
+from quantlab.core.shipped import CALIB_DATA
 from quantlab.core.errors import RecipeError
 from quantlab.recipe.performance import Length, Workload
 
-PROSE = Path(__file__).resolve().parents[2] / "calib_data" / "prose.jsonl"
+PROSE = CALIB_DATA / "prose.jsonl"
 
 
 def _draw(rng: random.Random, length: Length) -> int:

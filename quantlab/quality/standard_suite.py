@@ -26,6 +26,30 @@ DATA_DIR = "data"
 BUILD_HINT = "python scripts/build_standard_suite.py (make setup runs it)"
 
 
+def built_copy(shipped: Path) -> Path:
+    """Where a shipped suite whose data is built on this machine is read from: a copy of its
+    files with the built data/ beside them, in the user cache (never in the package),
+    one folder per lock so that a new lock builds anew."""
+    from quantlab.core.shipped import built_suites_dir
+
+    return built_suites_dir() / shipped.name / sha256_file(shipped / LOCK_FILE)[:16]
+
+
+def build_copy(wheels: Path, shipped: Path, *, replace: bool = False) -> tuple[Path, dict[str, Any]]:
+    """The shipped suite's files and its data built from the wheels (checked against the
+    lock first), written atomically to built_copy(shipped). Returns (folder, what was found)."""
+    import shutil
+
+    from quantlab.core.fsutil import atomic_directory
+
+    final = built_copy(shipped)
+    with atomic_directory(final, replace=replace) as tmp:
+        shutil.copytree(shipped, tmp, dirs_exist_ok=True,
+                        ignore=shutil.ignore_patterns(DATA_DIR, "__pycache__"))
+        found = build(wheels, tmp)
+    return final, found
+
+
 @dataclass(frozen=True)
 class Package:
     name: str

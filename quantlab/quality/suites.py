@@ -15,12 +15,13 @@ from pathlib import Path
 import yaml
 from pydantic import ValidationError
 
+from quantlab.core.shipped import EVAL_SUITES
 from quantlab.core.errors import RecipeError
 from quantlab.core.fsutil import sha256_file
 from quantlab.recipe.quality import QualitySpec, SuiteFile, SuiteTask
-from quantlab.quality.standard_suite import BUILD_HINT, LOCK_FILE, verify
+from quantlab.quality.standard_suite import BUILD_HINT, LOCK_FILE, built_copy, verify
 
-SHIPPED = Path(__file__).resolve().parents[2] / "eval_suites"
+SHIPPED = EVAL_SUITES  # the shipped suites (core/shipped.py)
 SUITE_FILE = "suite.yaml"
 # metrics lm-eval computes for an output type without a metric_list entry naming them
 IMPLICIT = {"loglikelihood_rolling": {"word_perplexity", "byte_perplexity", "bits_per_byte"}}
@@ -53,6 +54,9 @@ def suite_folder(name: str, recipe_dir: Path) -> Path:
     if (direct / SUITE_FILE).is_file():
         return direct
     if (SHIPPED / name / SUITE_FILE).is_file():
+        if (SHIPPED / name / LOCK_FILE).is_file():  # its data is built on this machine, into the user cache
+            built = built_copy(SHIPPED / name)
+            return built if (built / SUITE_FILE).is_file() else SHIPPED / name  # unbuilt: loading says how
         return SHIPPED / name
     shipped = sorted(p.parent.name for p in SHIPPED.glob(f"*/{SUITE_FILE}"))
     raise RecipeError(f"eval suite '{name}' not found: no {direct / SUITE_FILE} and no shipped suite of that name "

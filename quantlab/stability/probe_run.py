@@ -9,7 +9,7 @@ from pathlib import Path
 
 from quantlab.core.errors import CheckError, EngineError
 from quantlab.core.stage_context import StageContext
-from quantlab.quality.suites import SHIPPED
+from quantlab.core.shipped import EVAL_SUITES as SHIPPED
 
 PROMPT_TEXTS = SHIPPED / "default" / "data" / "kl_text.jsonl"  # held-out prose, cut to short prompts
 PROMPT_TOKENS = 48

@@ -54,7 +54,8 @@ def _name(path: Path) -> str:
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 
-MODULES = {_name(p): p for p in sorted(PACKAGE.rglob("*.py"))}
+# quantlab/shipped/ is data (an eval suite's lm-eval helpers among it), not quantlab's modules
+MODULES = {_name(p): p for p in sorted(PACKAGE.rglob("*.py")) if "shipped" not in p.relative_to(PACKAGE).parts}
 
 
 def rank(module: str) -> int:

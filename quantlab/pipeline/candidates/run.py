@@ -53,7 +53,8 @@ from quantlab.serving import stage as serve_stage
 from quantlab.serving.cpu_cores import engine_bind
 from quantlab.stability import stage as stability_stage
 from quantlab.targets import stage as targets_stage
-from quantlab.pipeline.candidates.members import CANDIDATES_DIR, Candidate, Comparison, candidates_of, check_comparable, create_folder, selection_of
+from quantlab.pipeline.candidates.members import (CANDIDATES_DIR, Candidate, Comparison, candidates_of,
+                                                  check_comparable, create_folder, selection_of)
 from quantlab.pipeline.candidates.conclusion import conclude, summary_rows
 
 

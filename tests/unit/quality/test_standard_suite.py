@@ -17,11 +17,12 @@ import yaml
 
 from quantlab.core.errors import RecipeError
 from quantlab.recipe.quality import QualitySpec
-from quantlab.quality.standard_suite import LOCK_FILE, MEMBERS, PACKAGES, build, verify, wheel_name
+from quantlab.quality.standard_suite import LOCK_FILE, MEMBERS, PACKAGES, build, built_copy, verify, wheel_name
 from quantlab.quality.suites import SHIPPED, load_suite
 
 REPO = Path(__file__).resolve().parents[3]
 SUITE = SHIPPED / "standard"
+BUILT = built_copy(SUITE)  # the suite with its data, as quantlab reads it (make setup built it)
 WHEELS = REPO / "build" / "standard-wheels"  # where make setup keeps them
 LM_EVAL_TASKS = Path(__import__("lm_eval").__file__).parent / "tasks"
 
@@ -40,7 +41,8 @@ def wheels() -> Path:
 
 
 def test_data_from_the_real_wheels_matches_the_lock(wheels, tmp_path):
-    assert verify(SUITE) == []
+    built = BUILT  # where the suite is read from: the user cache, not the package
+    assert verify(built) == [] and not (SUITE / "data").exists()
     copy = tmp_path / "standard"
     copy.mkdir()
     shutil.copy(SUITE / LOCK_FILE, copy / LOCK_FILE)
@@ -50,7 +52,7 @@ def test_data_from_the_real_wheels_matches_the_lock(wheels, tmp_path):
                     "piqa.jsonl": 1500}
     assert verify(copy) == []
     for name in rows:  # byte for byte what the suite reads
-        assert (copy / "data" / name).read_bytes() == (SUITE / "data" / name).read_bytes()
+        assert (copy / "data" / name).read_bytes() == (built / "data" / name).read_bytes()
     mmlu = [json.loads(x) for x in (copy / "data" / "mmlu.jsonl").read_text().splitlines()]
     assert all(len(r["choices"]) == 4 and r["answer"] in range(4) for r in mmlu)
     boolq = [json.loads(x) for x in (copy / "data" / "boolq.jsonl").read_text().splitlines()]
@@ -79,9 +81,9 @@ def test_a_changed_package_is_named_and_nothing_is_written(wheels, tmp_path):
     assert not (copy / "data").exists()
 
 
-def test_a_suite_whose_data_is_not_the_recorded_data_does_not_load(tmp_path):
+def test_a_suite_whose_data_is_not_the_recorded_data_does_not_load(wheels, tmp_path):
     copy = tmp_path / "standard"
-    shutil.copytree(SUITE, copy, ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copytree(built_copy(SUITE), copy, ignore=shutil.ignore_patterns("__pycache__"))
     load_suite(copy)
     with open(copy / "data" / "piqa.jsonl", "a") as f:
         f.write('{"goal": "x", "sol1": "a", "sol2": "b", "label": 0}\n')
@@ -134,7 +136,7 @@ def scorer():
 
 
 def test_humaneval_runs_in_a_separate_process(scorer):
-    problems = [json.loads(x) for x in (SUITE / "data" / "humaneval.jsonl").read_text().splitlines()]
+    problems = [json.loads(x) for x in (BUILT / "data" / "humaneval.jsonl").read_text().splitlines()]
     sample = problems[::16]  # 11 problems across the set
     assert all(scorer.score_humaneval(p, [p["canonical_solution"]]) == {"pass_at_1": 1} for p in sample)
     assert scorer.score_humaneval(problems[0], ["    return 'not a bool'\n"]) == {"pass_at_1": 0}
@@ -153,7 +155,7 @@ def test_humaneval_runs_in_a_separate_process(scorer):
 def test_a_tasks_own_limit_unless_the_recipe_sets_one():
     from quantlab.quality.work import task_limit
 
-    suite = load_suite(SUITE)
+    suite = load_suite(BUILT)
     tasks = {t.task: t for t in suite.tasks}
     assert task_limit(QualitySpec(suites=["standard"]), suite, tasks["std_gsm8k"]) == 100
     assert task_limit(QualitySpec(suites=["standard"], limit=500), suite, tasks["std_gsm8k"]) == 500

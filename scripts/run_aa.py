@@ -91,10 +91,10 @@ def summarize(run_dir: Path) -> dict:
     if kl.get("tokens"):
         values |= {"kl mean (nats)": kl.get("mean"), "kl p99 (nats)": kl.get("p99"),
                    "same top token": kl.get("same_top_rate")}
-    count = {(g["stage"], g["verdict"]) for g in gates}
+    count = {(g.get("check", g.get("stage")), g["verdict"]) for g in gates}
     return {
         "run": str(run_dir), "status": record["status"], "decision": release.get("decision", record["status"]),
-        "counts": {f"{s} {v}": sum(1 for g in gates if (g["stage"], g["verdict"]) == (s, v)) for s, v in count},
+        "counts": {f"{s} {v}": sum(1 for g in gates if (g.get("check", g.get("stage")), g["verdict"]) == (s, v)) for s, v in count},
         "failed": [f"{g['stage']}.{g['gate']}@{g['scope']}: {g['detail'][:160]}" for g in gates
                    if g["verdict"] == "fail"],
         "discordance": disc, "ratios": ratios, "values": values,

@@ -13,6 +13,7 @@ import contextlib
 import datetime as dt
 import os
 import traceback
+import warnings
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Annotated
@@ -88,6 +89,20 @@ def _sigterm_as_interrupt() -> None:
         raise KeyboardInterrupt
 
     signal.signal(signal.SIGTERM, handler)
+
+
+def _show_warning(message, category, filename, lineno, file=None, line=None) -> None:
+    """An old name in a recipe is one line for the user, not a Python warning."""
+    from quantlab.core.verdicts import OldNameWarning
+
+    if issubclass(category, OldNameWarning):
+        err.print(f"[yellow]warning:[/] {escape(str(message))}", highlight=False, soft_wrap=True)
+    else:
+        _python_showwarning(message, category, filename, lineno, file, line)
+
+
+_python_showwarning = warnings.showwarning
+warnings.showwarning = _show_warning
 
 
 @app.callback()

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import AliasChoices, BaseModel, ConfigDict, Field
 
 Verdict = Literal["pass", "fail", "inconclusive"]
 # how a gate's figure meets its limit: at_most (value <= limit), at_least (value >= limit),
@@ -16,20 +16,20 @@ Comparator = Literal["at_most", "at_least", "non_inferior"]
 class GateVerdict(BaseModel):
     """One gate at one scope (a task, a slice, a workload point, a probe, a target), with
     the numbers behind it. Every check's gates return this model, from one function named
-    `verdicts` in the check's `gates` module. `stage` names the check and `detail` is the
-    evidence (what was compared, over which samples); the names stay as run records and
-    manifests already hold them."""
+    `verdicts` in the check's `gates` module. `check` names the check (quality, performance,
+    stability, targets) and `evidence` says what was compared, over which samples, and why
+    the verdict is what it is. Records written before these names (`stage`, `detail`) are
+    read as they are."""
 
     model_config = ConfigDict(extra="forbid")
 
-
-    stage: str
+    check: str = Field(validation_alias=AliasChoices("check", "stage"))
     gate: str
     scope: str
     verdict: Verdict
     value: float | None
     limit: float
-    detail: str
+    evidence: str = Field(validation_alias=AliasChoices("evidence", "detail"))
     samples: int | None = Field(None, description="Paired samples behind a quality verdict.")
     samples_to_verdict: int | None = Field(None, description="Quality: the prefix from which a pass/fail held, "
                                            "or (inconclusive) about how many samples would tell.")
@@ -72,7 +72,7 @@ def not_shown_rule(check: str, gate: str, scope: str, *, default: str, checks: d
 
 def gate_id(v: GateVerdict) -> str:
     """'quality.non_inferiority@arc_easy_mini': how decisions and manifests name a verdict."""
-    return f"{v.stage}.{v.gate}@{v.scope}"
+    return f"{v.check}.{v.gate}@{v.scope}"
 
 
 def all_verdicts(results: dict[str, Any]) -> list[GateVerdict]:
@@ -81,3 +81,31 @@ def all_verdicts(results: dict[str, Any]) -> list[GateVerdict]:
     for result in results.values():
         out += getattr(result, "gates", None) or []
     return out
+
+
+# scopes renamed since records and recipes named them: (old prefix, new prefix)
+RENAMED_SCOPES = (("traffic_traffic_", "traffic_"),)  # traffic.jsonl's tasks, once doubled
+
+
+def current_name(name: str) -> str:
+    """A gate id, scope or task name as quantlab names it now (old names map to new)."""
+    head, at, scope = name.rpartition("@") if "@" in name else ("", "", name)
+    for old, new in RENAMED_SCOPES:
+        if scope.startswith(old):
+            scope = new + scope[len(old):]
+    return f"{head}{at}{scope}"
+
+
+class OldNameWarning(UserWarning):
+    """A recipe names a gate, scope or task by a name quantlab has since changed."""
+
+
+def renamed(name: str, where: str) -> str:
+    """current_name(name), with a warning naming the recipe field when it changed."""
+    import warnings
+
+    new = current_name(name)
+    if new != name:
+        warnings.warn(f"{where}: '{name}' is an old name, read as '{new}'; rename it in the recipe",
+                      OldNameWarning, stacklevel=3)
+    return new

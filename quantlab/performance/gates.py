@@ -65,8 +65,8 @@ def verdicts(points: list[PerfPoint], gates: PerfGates) -> list[GateVerdict]:
             fields = {"metric": f"{key} ratio" if kind == "ratio" else key,
                       "comparator": "at_least" if direction == "min" else "at_most"}
             if value is None:
-                out.append(GateVerdict(stage=CHECK, gate=gate, scope=scope, verdict="inconclusive",
-                                       value=None, limit=limit, detail=f"{what}: not measured (no successful "
+                out.append(GateVerdict(check=CHECK, gate=gate, scope=scope, verdict="inconclusive",
+                                       value=None, limit=limit, evidence=f"{what}: not measured (no successful "
                                        "request, or a single output token)", **fields))
                 continue
             iv = p.intervals.get(interval_key(key, kind))
@@ -80,9 +80,9 @@ def verdicts(points: list[PerfPoint], gates: PerfGates) -> list[GateVerdict]:
                 verdict, why = _tail_needs_requests(key, verdict, why, iv, p)
                 if iv:  # the one-sided bounds at performance.confidence, and the fail side's (one-sided)
                     fields.update(low=iv["pass_low"], high=iv["pass_high"], fail_confidence=1 - iv["fail_alpha"])
-            out.append(GateVerdict(stage=CHECK, gate=gate, scope=scope, verdict=verdict, value=value, limit=limit,
+            out.append(GateVerdict(check=CHECK, gate=gate, scope=scope, verdict=verdict, value=value, limit=limit,
                                    # ': ' keeps the reason in the finding's first part (what a run's summary shows)
-                                   detail=f"{what} = {value:.4g}, needs {'>=' if direction == 'min' else '<='} "
+                                   evidence=f"{what} = {value:.4g}, needs {'>=' if direction == 'min' else '<='} "
                                    f"{limit:g}: {why}", estimate=value, **fields))
     return out
 

@@ -18,7 +18,9 @@ from typing import Any
 
 from quantlab.core.digest import inputs_hash
 from quantlab.core.progress import Progress
+from quantlab.core.verdicts import gate_id
 from quantlab.pipeline.context import RunContext
+from quantlab.release.decision import importance
 from quantlab.reports.stage_plots import draw as draw_plots
 from quantlab.core.engine_time import engine_seconds
 from quantlab.core.errors import EngineError, GateFailure, QuantlabError, RecipeError
@@ -189,15 +191,24 @@ def _run_stages(loaded: LoadedRecipe, run: RunDir, progress: Progress, verbose: 
         head = (f"release blocked: {len(failed)} gate(s) failed" if failed else "release not shown: "
                 f"{len(unshown)} required gate(s) could not decide") + (
             f" and {len(unshown)} could not decide" if failed and unshown else "")
+        lines = [_blocking_line(v) for v in by_importance(failed) + by_importance(unshown)]
+        more = f"\n  ... and {len(lines) - MAX_LISTED} more in the report" if len(lines) > MAX_LISTED else ""
         raise GateFailure(f"{head}{fallback}; each gate's figures and interval: {run.path / 'report.md'}:\n  - "
-                          + "\n  - ".join(_blocking_line(v) for v in failed + unshown))
+                          + "\n  - ".join(lines[:MAX_LISTED]) + more)
     return run
+
+
+MAX_LISTED = 5  # gates named when a run ends blocked; every one is in the report
+
+
+def by_importance(verdicts: list) -> list:
+    return sorted(verdicts, key=lambda v: importance(gate_id(v)))
 
 
 def _blocking_line(v) -> str:
     """One short line a gate: its finding up to the first '; ' (the intervals and sample
     counts that follow are in run.json and the report)."""
-    line = f"{v.stage} {v.gate} at {v.scope}: {v.detail.split('; ')[0]}"
+    line = f"{v.check} {v.gate} at {v.scope}: {v.evidence.split('; ')[0]}"
     if v.verdict == "fail":
         return line
     need = f"; about {v.samples_to_verdict} samples would tell" if v.samples_to_verdict else ""

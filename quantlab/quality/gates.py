@@ -171,14 +171,15 @@ def comparison_verdicts(cmp: TaskComparison, gates: QualityGates, *, scope: str,
         why = shown + {
             "pass": f"the interval's worse end {lo:+.4g} is above -{margin:.4g} ({how})",
             "fail": f"the whole interval is below -{margin:.4g} ({how}): worse than the margin allows",
-            "inconclusive": (f"only {cmp.n} samples (min_samples {gates.min_samples})" if few else
+            "inconclusive": (f"only {cmp.n} samples, fewer than min_samples {gates.min_samples}: not judged "
+                             f"below {gates.min_samples} items" if few else
                              f"the whole {pct} interval is below -{margin:.4g}, but not the fail side's "
                              "(adjusted for the family of gates)" if downgraded else
                              f"the interval {lo:+.4g} .. {hi:+.4g} straddles -{margin:.4g} ({how})")
             + (f"; about {needed} samples would tell" if needed else "")}[verdict]
         out.append(GateVerdict(
-            stage=CHECK, gate=gate, scope=scope, verdict=verdict, value=lo if gate == "non_inferiority" else value,
-            limit=limit, detail=f"{why}; {base_line}", samples=cmp.n, samples_to_verdict=needed, metric=cmp.metric,
+            check=CHECK, gate=gate, scope=scope, verdict=verdict, value=lo if gate == "non_inferiority" else value,
+            limit=limit, evidence=f"{why}; {base_line}", samples=cmp.n, samples_to_verdict=needed, metric=cmp.metric,
             comparator="non_inferior", margin=margin, confidence=cmp.confidence, fail_confidence=fail_conf,
             estimate=d, low=lo, high=hi, test=test))
     return out
@@ -233,9 +234,9 @@ def skipped_verdicts(spec: QualitySpec, skipped: list[tuple[str, str]]) -> list[
         override = spec.task_gates.get(task)
         if override and override.disabled:
             continue
-        out.append(GateVerdict(stage=CHECK, gate="skipped", scope=task, verdict="inconclusive", value=None, limit=0,
+        out.append(GateVerdict(check=CHECK, gate="skipped", scope=task, verdict="inconclusive", value=None, limit=0,
                                warnable=False,
-                               detail=f"not run: {why}; nothing shows the candidate keeps this task. Serve a longer "
+                               evidence=f"not run: {why}; nothing shows the candidate keeps this task. Serve a longer "
                                "context (serve.engine_args.max_model_len), or leave the task out of quality.tasks"))
     return out
 
@@ -248,16 +249,16 @@ def kl_verdicts(summary: dict[str, Any], spec: QualitySpec) -> list[GateVerdict]
             continue
         value = summary.get(key)
         if value is None:
-            out.append(GateVerdict(stage=CHECK, gate=gate, scope="kl", verdict="inconclusive", value=None,
+            out.append(GateVerdict(check=CHECK, gate=gate, scope="kl", verdict="inconclusive", value=None,
                                    limit=limit, metric=f"kl.{key}", test="threshold",
                                    comparator="at_most" if direction == "max" else "at_least",
-                                   detail="no positions compared"))
+                                   evidence="no positions compared"))
             continue
         ok = value <= limit if direction == "max" else value >= limit
-        out.append(GateVerdict(stage=CHECK, gate=gate, scope="kl", verdict="pass" if ok else "fail", value=value,
+        out.append(GateVerdict(check=CHECK, gate=gate, scope="kl", verdict="pass" if ok else "fail", value=value,
                                limit=limit, metric=f"kl.{key}", estimate=value, test="threshold",
                                comparator="at_most" if direction == "max" else "at_least",
-                               detail=f"KL(baseline || candidate) {key} = {value:.4g} over "
+                               evidence=f"KL(baseline || candidate) {key} = {value:.4g} over "
                                f"{summary['tokens']} positions, needs {'<=' if direction == 'max' else '>='} "
                                f"{limit:g}"))
     return out

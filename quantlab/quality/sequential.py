@@ -61,6 +61,6 @@ def spent_confidence(confidence: float, plan: list[int], n: int) -> float:
 
 def undecided_tasks(verdicts: Iterable[GateVerdict], slice_of: dict[str, str]) -> set[str]:
     """Tasks with a gate still inconclusive, on the task itself or on its slice."""
-    open_scopes = {v.scope for v in verdicts if v.stage == "quality" and v.verdict == "inconclusive"}
+    open_scopes = {v.scope for v in verdicts if v.check == "quality" and v.verdict == "inconclusive"}
     open_slices = {s.removeprefix("slice:") for s in open_scopes if s.startswith("slice:")}
     return {task for task, slice_ in slice_of.items() if task in open_scopes or slice_ in open_slices}

@@ -29,7 +29,7 @@ def _traffic_suites(ctx: StageContext) -> list[Suite]:
     from quantlab.core.layout import cache_dir
     from quantlab.models.tokenizer import load_tokenizer
     from quantlab.quality.suites import load_suite
-    from quantlab.quality.traffic import build_suite, file_name
+    from quantlab.quality.traffic import build_suite, file_name, task_prefix
 
     # the baseline model's own tokenizer (known before any serving plan; the candidate must match it)
     tok = load_tokenizer(ctx.baseline_model().path, trust_remote_code=ctx.recipe.model.trust_remote_code)
@@ -38,7 +38,7 @@ def _traffic_suites(ctx: StageContext) -> list[Suite]:
         name = file_name(f, ctx.loaded.resolve(f.path))
         if name in named:
             raise RecipeError(f"quality.traffic: {f.path} and {named[name]} would both name their tasks "
-                              f"traffic_{name}_*; give one a `name`", field=f"quality.traffic.{i}.name")
+                              f"{task_prefix(name)}_*; give one a `name`", field=f"quality.traffic.{i}.name")
         named[name] = f.path
     return [load_suite(build_suite(f, ctx.loaded.resolve(f.path), tok, cache_dir() / "traffic"))
             for f in ctx.recipe.quality.traffic]

@@ -10,6 +10,8 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from quantlab.core.verdicts import renamed
+
 TaskName = str
 
 
@@ -179,3 +181,16 @@ class QualitySpec(_Strict):
     baseline_cache: bool = Field(True, description="Reuse the baseline's results from an earlier run with the "
                                  "same baseline weights, suite, engine version and engine arguments.")
     bootstrap_iters: int = Field(2000, ge=100, le=100_000)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _current_task_names(cls, data):  # traffic tasks once named traffic_traffic_*: read, with a warning
+        if not isinstance(data, dict):
+            return data
+        data = dict(data)
+        if isinstance(data.get("tasks"), list):
+            data["tasks"] = [renamed(x, "quality.tasks") if isinstance(x, str) else x for x in data["tasks"]]
+        if isinstance(data.get("task_gates"), dict):
+            data["task_gates"] = {renamed(k, "quality.task_gates") if isinstance(k, str) else k: v
+                                  for k, v in data["task_gates"].items()}
+        return data

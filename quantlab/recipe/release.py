@@ -6,6 +6,8 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from quantlab.core.verdicts import renamed
+
 
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=False)
@@ -55,6 +57,14 @@ class ReleasePolicySpec(_Strict):
                                                    "cannot release an unchanged model 80% of the time (the "
                                                    "planner, at 5% discordance): note (default) names it in the "
                                                    "dry run's plan; error refuses the run at preflight.")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _current_gate_ids(cls, data):  # old gate ids still work, with a warning
+        if isinstance(data, dict) and isinstance(data.get("gates"), dict):
+            data = {**data, "gates": {renamed(k, "release.policy.gates") if isinstance(k, str) else k: v
+                                      for k, v in data["gates"].items()}}
+        return data
 
     @model_validator(mode="after")
     def _known_names(self) -> "ReleasePolicySpec":

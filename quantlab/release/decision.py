@@ -59,7 +59,7 @@ class DecisionPolicy(_M):
 
     def required(self, v: GateVerdict) -> bool:
         """Whether this gate, when it cannot decide, holds the release back."""
-        return self.requires(v.stage, v.gate, v.scope)
+        return self.requires(v.check, v.gate, v.scope)
 
     def requires(self, check: str, gate: str, scope: str) -> bool:
         """The same, for a gate named before it has a verdict."""
@@ -153,17 +153,14 @@ def decide(verdicts: list[GateVerdict], policy: DecisionPolicy, *, rule: int = R
               "not_shown_policy": policy.rules(), "rule_version": rule if rule >= 2 else None,
               "warned_gates": [u for u in unsure if u not in unshown] if rule >= 2 else []}
     if failed:
-        why = f"{len(failed)} gate(s) failed: {', '.join(failed)}"
-        if unshown:
-            why += f"; {len(unshown)} more not shown: {', '.join(unshown)}"
+        why = f"{len(failed)} gate(s) failed" + (f", {len(unshown)} more not shown" if unshown else "")
+        why += f": {first_gates(failed, unshown)}"
         record = DecisionRecord(decision="blocked", why=why, fallback=policy.fallback, **common)
     elif unshown:
         breached = [gate_id(v) for v in holding if not policy.required(v) and v.warnable]
-        why = (f"{len(unshown)} required gate(s) could not decide (not shown): {', '.join(unshown)}; release.policy "
-               "can make a gate warn instead")
+        why = f"{len(unshown)} required gate(s) could not decide (not shown): {first_gates(unshown)}"
         if breached:
-            why += (f" (except {', '.join(breached)}: warned, but its estimate is beyond its limit, which no warning "
-                    "releases)")
+            why += f"; {len(breached)} warned but beyond its limit, which no warning releases"
         record = DecisionRecord(decision="not_shown", why=why, fallback=policy.fallback, **common)
     elif not counted and rule >= 2:
         record = DecisionRecord(decision="not_shown", why="no gate was configured: nothing shows the candidate is "
@@ -173,7 +170,7 @@ def decide(verdicts: list[GateVerdict], policy: DecisionPolicy, *, rule: int = R
         why = f"all {len(counted)} gate(s) passed" if counted else "no gate was configured"
         warned = [u for u in unsure if u not in unshown]
         if warned:
-            why += f"; {len(warned)} not shown, warned by release.policy: {', '.join(warned)}"
+            why += f"; {len(warned)} not shown, warned by release.policy: {first_gates(warned)}"
         record = DecisionRecord(decision="release", why=why, **common)
     return Decided(record=record, targets=_per_target(verdicts, policy, rule), blocking=failing + holding)
 
@@ -187,13 +184,13 @@ def _per_target(verdicts: list[GateVerdict], policy: DecisionPolicy, rule: int) 
         failed = [v for v in own if v.verdict == "fail"]
         unshown = [v for v in own if v.verdict == "inconclusive" and holds(v, policy, rule)]
         if failed:
-            local = [v.detail for v in failed if v.target == name]
+            local = [v.evidence for v in failed if v.target == name]
             why = "; ".join(local) if local else f"{len(failed)} gate(s) failed on the primary target"
             out[name] = TargetDecision(decision="blocked", required=req, why=why,
                                        failed_gates=[gate_id(v) for v in failed],
                                        not_shown_gates=[gate_id(v) for v in unshown])
         elif unshown:
-            local = [v.detail for v in unshown if v.target == name]
+            local = [v.evidence for v in unshown if v.target == name]
             why = "; ".join(local) if local else f"{len(unshown)} gate(s) not shown on the primary target"
             out[name] = TargetDecision(decision="not_shown", required=req, why=why,
                                        not_shown_gates=[gate_id(v) for v in unshown])
@@ -215,3 +212,29 @@ def targets_line(decisions: dict[str, TargetDecision]) -> str:
         if held:
             parts.append(f"{word} for {'; '.join(held)}")
     return "; ".join(parts)
+
+
+CHECK_ORDER = ("quality", "performance", "stability", "targets")
+FIRST_GATES_CHARS = 80  # the headline names gates up to about this many characters; the report has them all
+
+
+def importance(gate: str) -> tuple:
+    """A gate id's place in a headline: by check (quality first), then the pooled gate, the
+    slices, each task or point."""
+    check, _, rest = gate.partition(".")
+    scope = rest.partition("@")[2]
+    return (CHECK_ORDER.index(check) if check in CHECK_ORDER else len(CHECK_ORDER),
+            0 if scope == "pooled" else 1 if scope.startswith("slice:") else 2, gate)
+
+
+def first_gates(*groups: list[str], chars: int = FIRST_GATES_CHARS) -> str:
+    """The most important gate ids that fit in about `chars` (each group by importance, the
+    groups in the order given: failed before not shown), and how many more there are."""
+    ordered = [g for group in groups for g in sorted(group, key=importance)]
+    shown: list[str] = []
+    for g in ordered:
+        if shown and len(", ".join(shown + [g])) > chars:
+            break
+        shown.append(g)
+    rest = len(ordered) - len(shown)
+    return ", ".join(shown) + (f" and {rest} more (all in the report)" if rest else "")

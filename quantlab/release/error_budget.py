@@ -28,10 +28,10 @@ def ledger(verdicts: list[GateVerdict], *, rule_version: int, quality: Any = Non
            ) -> dict[str, Any]:
     """The ledger of one run: per check its tests, looks and alphas; then the run's."""
     checks: dict[str, Any] = {}
-    q = [v for v in verdicts if v.stage == "quality" and v.test in INTERVAL_TESTS]
+    q = [v for v in verdicts if v.check == "quality" and v.test in INTERVAL_TESTS]
     if q:
         checks["quality"] = _quality(q, quality)
-    p = [v for v in verdicts if v.stage == "performance" and v.test in INTERVAL_TESTS]
+    p = [v for v in verdicts if v.check == "performance" and v.test in INTERVAL_TESTS]
     if p:
         checks["performance"] = _performance(p, performance)
     fixed = sorted(gate_id(v) for v in verdicts if v.test in FIXED_TESTS)

@@ -124,14 +124,14 @@ def render_junit(record: RunRecord) -> str:
                        errors=str(len(failed_stages)),
                        skipped=str(sum(v.verdict == "inconclusive" for v in verdicts) - unshown))
     for v in verdicts:
-        case = ET.SubElement(suite, "testcase", classname=f"{record.recipe_name}.{v.stage}",
+        case = ET.SubElement(suite, "testcase", classname=f"{record.recipe_name}.{v.check}",
                              name=f"{v.gate}@{v.scope}")
         if v.verdict == "fail":
-            ET.SubElement(case, "failure", message=v.detail, type="GateFailed").text = v.detail
+            ET.SubElement(case, "failure", message=v.evidence, type="GateFailed").text = v.evidence
         elif v.verdict == "inconclusive" and gate_id(v) in blocking:  # required and not shown: nothing released
-            ET.SubElement(case, "failure", message=f"not shown: {v.detail}", type="GateNotShown").text = v.detail
+            ET.SubElement(case, "failure", message=f"not shown: {v.evidence}", type="GateNotShown").text = v.evidence
         elif v.verdict == "inconclusive":
-            ET.SubElement(case, "skipped", message=v.detail)
+            ET.SubElement(case, "skipped", message=v.evidence)
     for s in failed_stages:
         case = ET.SubElement(suite, "testcase", classname=f"{record.recipe_name}.stages", name=s.name)
         ET.SubElement(case, "error", message=s.cause or (s.error or s.status).splitlines()[0],
@@ -147,10 +147,27 @@ def summary_lines(record: RunRecord, run_dir: Path) -> list[str]:
              + (f"   engines {s.engine_s:7.1f} s" if s.engine_s is not None else "") for s in record.stages.values()]
     if record.attempt is not None:
         lines.append(time_line(record))
-    lines.append(f"decision: {decision_line(record)}")
+    return lines + headline(record, run_dir)
+
+
+HEADLINE_WIDTH = 120
+
+
+def headline(record: RunRecord, run_dir: Path) -> list[str]:
+    """At most 3 lines of at most 120 characters: the decision with its counts, the first
+    gates by importance (all of them are in the report), where the report is."""
+    line = decision_line(record)  # "BLOCKED: 3 gate(s) failed, 1 more not shown: a, b and 2 more. Fallback: ..."
+    word, sep, rest = line.partition(": ")
+    counts, named, names = rest.partition(": ")
+    lines = [f"decision: {word}: {counts}", f"  {names}"] if sep and named else [f"decision: {line}"]
+    lines = [_fit(x) for x in lines]
     if (run_dir / MARKDOWN_FILE).is_file():
         lines.append(f"report: {run_dir / MARKDOWN_FILE} (also {HTML_FILE}, {JUNIT_FILE})")
     return lines
+
+
+def _fit(line: str) -> str:
+    return line if len(line) <= HEADLINE_WIDTH else line[:HEADLINE_WIDTH - 3].rstrip() + "..."
 
 
 def write_reports(run_dir: Path, record: RunRecord) -> dict[str, Path]:

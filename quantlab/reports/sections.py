@@ -197,8 +197,8 @@ def _gates_section(r: dict[str, Any]) -> Section:
             return "NOT SHOWN" + ("" if gate_id(v) in blocking else " (not required)")
         return v.verdict.upper()
 
-    return ("Gates", ["verdict", "stage", "gate", "scope", "value", "limit", "detail"],
-            [[label(v), v.stage, v.gate, v.scope, _fmt(v.value, 4), _fmt(v.limit, 4), v.detail]
+    return ("Gates", ["verdict", "check", "gate", "scope", "value", "limit", "evidence"],
+            [[label(v), v.check, v.gate, v.scope, _fmt(v.value, 4), _fmt(v.limit, 4), v.evidence]
              for v in sorted(verdicts, key=lambda v: ({"fail": 0, "inconclusive": 1}.get(v.verdict, 2), v.scope))],
             [] if verdicts else ["no gate configured"])
 

@@ -17,15 +17,15 @@ def verdicts(stab: dict[str, dict[str, Any]], spec: StabilitySpec) -> list[GateV
     c, b = stab["candidate"], stab["baseline"]
 
     def add(gate: str, scope: str, value, limit, ok: bool, detail: str) -> None:
-        out.append(GateVerdict(stage=CHECK, gate=gate, scope=scope, verdict="pass" if ok else "fail",
-                               value=value, limit=limit, detail=detail, metric=gate.removeprefix("max_"),
+        out.append(GateVerdict(check=CHECK, gate=gate, scope=scope, verdict="pass" if ok else "fail",
+                               value=value, limit=limit, evidence=detail, metric=gate.removeprefix("max_"),
                                comparator="at_most", estimate=value, test="threshold"))
 
     if g.max_batch_mismatch_excess is not None and "batch" in c:
         cr, br = c["batch"]["mismatch_rate"], b["batch"]["mismatch_rate"]
         if cr is None or br is None:
-            out.append(GateVerdict(stage=CHECK, gate="max_batch_mismatch_excess", scope="batch", verdict="inconclusive",
-                                   value=None, limit=g.max_batch_mismatch_excess, detail="no request answered "
+            out.append(GateVerdict(check=CHECK, gate="max_batch_mismatch_excess", scope="batch", verdict="inconclusive",
+                                   value=None, limit=g.max_batch_mismatch_excess, evidence="no request answered "
                                    "both alone and in a batch"))
         else:
             add("max_batch_mismatch_excess", "batch", cr - br, g.max_batch_mismatch_excess,
@@ -52,9 +52,9 @@ def verdicts(stab: dict[str, dict[str, Any]], spec: StabilitySpec) -> list[GateV
         rates = {m: c["determinism"][m]["mismatch_rate"] for m in ("greedy", "seeded")}
         worst = max((r for r in rates.values() if r is not None), default=None)
         if worst is None:
-            out.append(GateVerdict(stage=CHECK, gate="max_determinism_mismatch", scope="determinism",
+            out.append(GateVerdict(check=CHECK, gate="max_determinism_mismatch", scope="determinism",
                                    verdict="inconclusive", value=None, limit=g.max_determinism_mismatch,
-                                   detail="no repeated request was answered"))
+                                   evidence="no repeated request was answered"))
         else:
             add("max_determinism_mismatch", "determinism", worst, g.max_determinism_mismatch,
                 worst <= g.max_determinism_mismatch,
@@ -69,9 +69,9 @@ def verdicts(stab: dict[str, dict[str, Any]], spec: StabilitySpec) -> list[GateV
         if g.max_rss_growth_mb is not None:
             growth = s["rss_growth_mb"]
             if growth is None and not s.get("memory_visible", True):
-                out.append(GateVerdict(stage=CHECK, gate="max_rss_growth_mb", scope="soak", verdict="inconclusive",
+                out.append(GateVerdict(check=CHECK, gate="max_rss_growth_mb", scope="soak", verdict="inconclusive",
                                        value=None, limit=g.max_rss_growth_mb,
-                                       detail="the server's memory is not visible (external server)"))
+                                       evidence="the server's memory is not visible (external server)"))
             elif growth is None:
                 add("max_rss_growth_mb", "soak", None, g.max_rss_growth_mb, False,
                     "the memory of a server quantlab launched could not be read during the soak (fewer than two "

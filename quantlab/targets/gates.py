@@ -11,8 +11,8 @@ CHECK = "targets"
 
 def _verdict(name: str, gate: str, ok: bool | None, value, limit: float, detail: str) -> GateVerdict:
     verdict = "inconclusive" if ok is None else "pass" if ok else "fail"
-    return GateVerdict(stage=CHECK, gate=gate, scope=name, target=name, verdict=verdict, value=value, limit=limit,
-                       detail=detail, test="threshold")
+    return GateVerdict(check=CHECK, gate=gate, scope=name, target=name, verdict=verdict, value=value, limit=limit,
+                       evidence=detail, test="threshold")
 
 
 def verdicts(outcome: TargetOutcome, target) -> list[GateVerdict]:

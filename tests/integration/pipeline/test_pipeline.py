@@ -162,7 +162,7 @@ def test_failed_serve_then_resume_with_an_edited_serve_section(tmp_path, tiny_mo
         assert iv["fail_alpha"] == pytest.approx(0.5 * 0.05 / (2 * 2 * 2))
         assert iv["pass_alpha"] == pytest.approx(0.05 / 2)  # the pass side split over the 2 looks too
     ratio = [g for g in perf["gates"] if g["gate"] == "max_p99_ttft_ratio"]
-    assert len(ratio) == 2 and all("bootstrap draws" in g["detail"] for g in ratio)
+    assert len(ratio) == 2 and all("bootstrap draws" in g["evidence"] for g in ratio)
     extra = len(perf["order"]) - 4
     assert extra in (0, 2)
     # a gate still not shown at the end means the third repeat was measured for it

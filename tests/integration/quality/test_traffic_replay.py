@@ -86,7 +86,7 @@ def test_traffic_replay_blocks_on_a_critical_row(tiny_server, tiny_served_checkp
     # the scorer that raises and the one that hangs: errored on both roles, counted, the run went on
     assert findings["traffic_rows_scored"]["errored"] == {"baseline": 2, "candidate": 2}
     [vip] = findings["traffic_rows_scored"]["critical"]
-    assert vip["verdict"] == "fail" and "passes on the baseline, fails on the candidate" in vip["detail"]
+    assert vip["verdict"] == "fail" and "passes on the baseline, fails on the candidate" in vip["evidence"]
     report = (run_dir / "report.md").read_text()
     assert "traffic_rows_scored:vip: FAIL" in report and "the check errored on 2 baseline" in report
     # recipes check reads every row too

@@ -101,9 +101,9 @@ def test_the_spread_between_repeats_widens_the_interval():
     one = pair_point(rng, repeats=1, n=100)
     vs = verdicts([one], GATES)
     assert all(v.verdict != "pass" for v in vs)
-    assert any("a pass needs >= 2 paired repeats" in v.detail for v in vs)
+    assert any("a pass needs >= 2 paired repeats" in v.evidence for v in vs)
     # the reason is in the finding's first part, the one a run's summary line shows
-    assert all("a pass needs >= 2 paired repeats" in v.detail.split("; ")[0] for v in vs)
+    assert all("a pass needs >= 2 paired repeats" in v.evidence.split("; ")[0] for v in vs)
     assert one.intervals["ratio:ttft_ms.p99"]["between_df"] == 0
 
 

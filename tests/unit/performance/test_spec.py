@@ -65,9 +65,9 @@ def test_perf_gate_verdicts_without_intervals_judge_the_value():
     gates = PerfGates(min_throughput_ratio=0.9, max_p99_ttft_ms=500, max_p99_tpot_ratio=1.2, max_error_rate=0.0)
     v = {g.gate: g for g in perf_gates([point(0.7, 400)], gates)}
     assert v["min_throughput_ratio"].verdict == "fail" and v["min_throughput_ratio"].value == pytest.approx(0.7)
-    assert "no interval" in v["min_throughput_ratio"].detail
+    assert "no interval" in v["min_throughput_ratio"].evidence
     # within its limit, but a P99 from no counted requests shows no tail: not shown
-    assert v["max_p99_ttft_ms"].verdict == "inconclusive" and "a pass needs >= 100" in v["max_p99_ttft_ms"].detail
+    assert v["max_p99_ttft_ms"].verdict == "inconclusive" and "a pass needs >= 100" in v["max_p99_ttft_ms"].evidence
     assert v["max_p99_tpot_ratio"].verdict == "inconclusive"  # not measured
     assert v["max_error_rate"].verdict == "pass"
     v = {g.gate: g for g in perf_gates([point(0.95, 600, error_rate=0.05)], gates)}
@@ -82,7 +82,7 @@ def test_perf_gates_fail_only_beyond_the_interval_and_are_not_shown_inside_it():
     v = {g.gate: g for g in perf_gates([point(0.95, 400, intervals=noisy)], gates)}
     assert v["min_throughput_ratio"].verdict == "pass"
     assert v["max_p99_ttft_ratio"].verdict == "inconclusive" and "interval includes it" in \
-        v["max_p99_ttft_ratio"].detail and "max_repeats" in v["max_p99_ttft_ratio"].detail
+        v["max_p99_ttft_ratio"].evidence and "max_repeats" in v["max_p99_ttft_ratio"].evidence
     assert v["max_p99_ttft_ms"].verdict == "pass"
     # beyond the limit at the one-sided bound, but not at the family-adjusted one: still not shown
     edge = {"ratio:output_tokens_per_s": iv(0.7, 0.79, 0.66, 0.83)}
@@ -91,7 +91,7 @@ def test_perf_gates_fail_only_beyond_the_interval_and_are_not_shown_inside_it():
              "candidate:ttft_ms.p99": iv(520, 700, 510, 720)}
     v = {g.gate: g for g in perf_gates([point(0.65, 600, intervals=worse)], gates)}
     assert [v[g].verdict for g in ("min_throughput_ratio", "max_p99_ttft_ratio", "max_p99_ttft_ms")] == ["fail"] * 3
-    assert "beyond the limit even at the fail side's bound" in v["max_p99_ttft_ratio"].detail
+    assert "beyond the limit even at the fail side's bound" in v["max_p99_ttft_ratio"].evidence
 
 
 def test_max_repeats_below_repeats_is_refused():
@@ -120,7 +120,7 @@ def test_a_p99_gate_passes_only_on_100_requests_a_repeat_and_may_fail_on_fewer()
             "ratio:ttft_ms.p99": iv(0.9, 1.1, 0.85, 1.15, requests=16)}
     v = {g.gate: g for g in perf_gates([point(1.0, 400, intervals=fine)], gates)}
     assert v["min_throughput_ratio"].verdict == "pass"  # a mean figure: 16 requests are enough
-    assert v["max_p99_ttft_ratio"].verdict == "inconclusive" and "16 requests a repeat" in v["max_p99_ttft_ratio"].detail
+    assert v["max_p99_ttft_ratio"].verdict == "inconclusive" and "16 requests a repeat" in v["max_p99_ttft_ratio"].evidence
     bad = {"ratio:ttft_ms.p99": iv(1.8, 2.2, 1.7, 2.3, requests=16)}
     v = {g.gate: g for g in perf_gates([point(1.0, 400, intervals=bad)], gates)}
     assert v["max_p99_ttft_ratio"].verdict == "fail"

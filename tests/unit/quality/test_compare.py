@@ -44,7 +44,7 @@ def test_a_broken_candidate_fails_with_its_numbers():
     assert all(f["direction"] == "worse" and f["prompt"] and "baseline_answer" in f for f in flips)
     v = next(v for v in vs if v.gate == "min_recovery")
     assert v.value == pytest.approx(cmp.candidate / cmp.baseline) and v.value < 0.5
-    assert f"baseline {cmp.baseline:.4g}, candidate {cmp.candidate:.4g} over 150 paired samples" in v.detail
+    assert f"baseline {cmp.baseline:.4g}, candidate {cmp.candidate:.4g} over 150 paired samples" in v.evidence
     # the test behind it, as fields: each gate is non-inferiority at its own margin
     assert v.comparator == "non_inferior" and v.margin == pytest.approx(0.1 * cmp.baseline) and v.test == "tango-score"
     assert v.estimate == pytest.approx(cmp.diff) and v.low < v.estimate < v.high and v.beyond_limit()
@@ -191,9 +191,9 @@ def test_the_fail_side_is_adjusted_for_the_family_of_gates():
     assert alone["non_inferiority"] == "fail"
     marginal_v = family[("non_inferiority", "marginal")]
     assert marginal_v.verdict == "inconclusive"
-    assert "Bonferroni over 12 gated comparisons" in marginal_v.detail
+    assert "Bonferroni over 12 gated comparisons" in marginal_v.evidence
     # it says why: worse beyond its own interval, not beyond the family's (not "within the noise")
-    assert "interval is below -0.06, but not the fail side's" in marginal_v.detail
+    assert "interval is below -0.06, but not the fail side's" in marginal_v.evidence
     assert marginal_v.fail_confidence == pytest.approx(1 - 0.05 / 12) and marginal_v.confidence == 0.95
     assert family[("non_inferiority", "large")].verdict == "fail"
     assert family[("non_inferiority", "t0")].verdict == "pass"
@@ -212,7 +212,7 @@ def test_a_margin_floor_lets_a_low_scoring_task_show_non_inferiority():
     floored = QualityGates(non_inferiority_margin=0.1, non_inferiority_min_margin=0.05)
     _, _, vs = judge(rows(base), rows(cand), floored)
     [ni] = [v for v in vs if v.gate == "non_inferiority"]
-    assert ni.verdict == "pass" and ni.limit == pytest.approx(-0.05) and "non_inferiority_min_margin" in ni.detail
+    assert ni.verdict == "pass" and ni.limit == pytest.approx(-0.05) and "non_inferiority_min_margin" in ni.evidence
     # the floor never lowers a larger relative margin
     high = rows([1.0] * 270 + [0.0] * 30)
     _, _, vs = judge(high, high, floored)
@@ -232,7 +232,7 @@ def test_a_task_that_could_not_run_is_a_required_gate_not_a_silence():
                                  ("ql_off", "needs max_model_len >= 2048, served 512")])
     [v] = vs
     assert (v.gate, v.scope, v.verdict) == ("skipped", "ql_passkey_1300w", "inconclusive")
-    assert "served 512" in v.detail and "quality.tasks" in v.detail
+    assert "served 512" in v.evidence and "quality.tasks" in v.evidence
     for policy in (DecisionPolicy(), DecisionPolicy(not_shown="warn")):  # no warning lets it through
         d = decide(vs, policy).record
         assert d.decision == "not_shown" and d.not_shown_gates == ["quality.skipped@ql_passkey_1300w"]
@@ -264,7 +264,7 @@ def test_the_pooled_gate_sees_a_small_drop_spread_over_every_task():
     assert all(by_scope[f"t{i}"] != "fail" for i in range(5))  # no task alone blocks
     assert by_scope["pooled"] == "fail"
     [p] = [v for v in vs if v.scope == "pooled"]
-    assert p.margin == 0.02 and "quality.pooled.margin 0.02" in p.detail
-    assert "Bonferroni over 6 gated comparisons" in p.detail
+    assert p.margin == 0.02 and "quality.pooled.margin 0.02" in p.evidence
+    assert "Bonferroni over 6 gated comparisons" in p.evidence
     off = QualitySpec.model_validate({"pooled": None})
     assert "pooled" not in {v.scope for v in quality_gates.verdicts(off, tasks, [], None, everything)}

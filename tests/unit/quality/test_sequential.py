@@ -34,8 +34,8 @@ def test_each_look_shares_the_error():
 
 
 def v(scope, verdict):
-    return GateVerdict(stage="quality", gate="non_inferiority", scope=scope, verdict=verdict, value=0.0, limit=0.0,
-                       detail="")
+    return GateVerdict(check="quality", gate="non_inferiority", scope=scope, verdict=verdict, value=0.0, limit=0.0,
+                       evidence="")
 
 
 def test_a_task_stays_open_while_its_own_gate_or_its_slice_is_not_decided():

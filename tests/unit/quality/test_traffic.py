@@ -126,10 +126,10 @@ def test_the_generated_suite_is_an_ordinary_suite(tmp_path, monkeypatch):
     assert build_suite(TrafficFile(path=str(path), max_tokens=64), path, ChatTokenizer(), tmp_path / "cache") == folder
     suite = load_suite(folder)
     tasks = {t.task: t for t in suite.tasks}
-    assert set(tasks) == {"traffic_traffic_facts", "traffic_traffic_structured", "traffic_traffic_unchecked"}
-    assert tasks["traffic_traffic_facts"].metric == "passed" and tasks["traffic_traffic_facts"].gated
-    assert tasks["traffic_traffic_unchecked"].metric == "answered" and not tasks["traffic_traffic_unchecked"].gated
-    facts = [json.loads(x) for x in (folder / "data" / "traffic_traffic_facts.jsonl").read_text().splitlines()]
+    assert set(tasks) == {"traffic_facts", "traffic_structured", "traffic_unchecked"}
+    assert tasks["traffic_facts"].metric == "passed" and tasks["traffic_facts"].gated
+    assert tasks["traffic_unchecked"].metric == "answered" and not tasks["traffic_unchecked"].gated
+    facts = [json.loads(x) for x in (folder / "data" / "traffic_facts.jsonl").read_text().splitlines()]
     assert [d["id"] for d in facts] == ["capital", "polite"]  # critical first
     assert facts[1]["prompt"] == "<system>Be kind.<user>Ask me.<assistant>"  # the chat template's rendering
     assert facts[1]["check"]["timeout_s"] == 10
@@ -141,7 +141,7 @@ def test_the_generated_suite_is_an_ordinary_suite(tmp_path, monkeypatch):
 
     monkeypatch.chdir(folder)  # lm-eval runs in the suite folder (task YAML name data relative to it)
     loaded = get_task_dict(list(tasks), TaskManager(include_path=str(folder), include_defaults=False))
-    docs = list(loaded["traffic_traffic_structured"].test_docs())
+    docs = list(loaded["traffic_structured"].test_docs())
     assert docs[0]["prompt"].startswith("<user>Tom is 30.")
 
 
@@ -168,8 +168,22 @@ def test_a_critical_row_that_flips_blocks_on_its_own():
     verdicts = {v.scope: v for v in critical_verdicts("traffic_x_facts", docs, base, cand)}
     assert set(verdicts) == {"traffic_x_facts:capital", "traffic_x_facts:both-fail", "traffic_x_facts:errored"}
     assert verdicts["traffic_x_facts:capital"].verdict == "fail"
-    assert "passes on the baseline, fails on the candidate" in verdicts["traffic_x_facts:capital"].detail
+    assert "passes on the baseline, fails on the candidate" in verdicts["traffic_x_facts:capital"].evidence
     assert verdicts["traffic_x_facts:both-fail"].verdict == "pass"  # no regression: the baseline fails it too
     assert verdicts["traffic_x_facts:errored"].verdict == "inconclusive"  # fail closed: not shown
     missing = critical_verdicts("t", docs[:1], base[:1], [])
-    assert missing[0].verdict == "inconclusive" and "not answered" in missing[0].detail
+    assert missing[0].verdict == "inconclusive" and "not answered" in missing[0].evidence
+
+
+def test_a_recipe_naming_the_old_doubled_traffic_tasks_is_read_with_a_warning():
+    from quantlab.core.verdicts import OldNameWarning
+    from quantlab.recipe.quality import QualitySpec
+    from quantlab.recipe.release import ReleasePolicySpec
+
+    with pytest.warns(OldNameWarning, match="'quality.non_inferiority@traffic_traffic_facts' is an old name"):
+        policy = ReleasePolicySpec(gates={"quality.non_inferiority@traffic_traffic_facts": "warn"})
+    assert policy.gates == {"quality.non_inferiority@traffic_facts": "warn"}
+    with pytest.warns(OldNameWarning, match="quality.tasks: 'traffic_traffic_facts'"):
+        spec = QualitySpec(tasks=["traffic_traffic_facts", "ql_code"])
+    assert spec.tasks == ["traffic_facts", "ql_code"]
+    assert QualitySpec(tasks=["traffic_q3_facts"]).tasks == ["traffic_q3_facts"]  # a name of its own is kept

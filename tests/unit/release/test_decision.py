@@ -6,7 +6,7 @@ from quantlab.release.decision import DecisionPolicy, decide, targets_line
 
 
 def verdict(gate, v, scope="w/c1"):
-    return GateVerdict(stage="performance", gate=gate, scope=scope, verdict=v, value=1.0, limit=1.0, detail="d")
+    return GateVerdict(check="performance", gate=gate, scope=scope, verdict=v, value=1.0, limit=1.0, evidence="d")
 
 
 def test_decision_follows_the_verdicts():
@@ -63,8 +63,8 @@ def test_policy_names_are_checked():
 
 
 def gv(verdict, target=None, gate="g"):
-    return GateVerdict(stage="targets" if target else "quality", gate=gate, scope=target or "task", target=target,
-                       verdict=verdict, value=None, limit=1, detail=f"{gate} on {target}")
+    return GateVerdict(check="targets" if target else "quality", gate=gate, scope=target or "task", target=target,
+                       verdict=verdict, value=None, limit=1, evidence=f"{gate} on {target}")
 
 
 def test_per_target_decisions():
@@ -109,8 +109,8 @@ def test_warn_never_releases_a_gate_whose_estimate_is_beyond_its_limit():
     """A 2x-margin drop on 50 items was released 92% of the time under not_shown: warn:
     the interval could not show the breach, and warn let it through."""
     def quality(estimate, margin=0.05):
-        return GateVerdict(stage="quality", gate="non_inferiority", scope="t", verdict="inconclusive",
-                           value=estimate - 0.1, limit=-margin, detail="d", comparator="non_inferior", margin=margin,
+        return GateVerdict(check="quality", gate="non_inferiority", scope="t", verdict="inconclusive",
+                           value=estimate - 0.1, limit=-margin, evidence="d", comparator="non_inferior", margin=margin,
                            estimate=estimate, low=estimate - 0.1, high=estimate + 0.1)
     warn = DecisionPolicy(not_shown="warn")
     inside = decide([quality(-0.03)], warn).record
@@ -119,8 +119,8 @@ def test_warn_never_releases_a_gate_whose_estimate_is_beyond_its_limit():
     assert beyond.decision == "not_shown" and beyond.not_shown_gates == ["quality.non_inferiority@t"]
     assert "beyond its limit" in beyond.why
     assert decide([quality(-0.10)], warn, rule=1).record.decision == "release"  # how rule 1 decided it
-    ratio = GateVerdict(stage="performance", gate="max_p99_ttft_ratio", scope="w/c1", verdict="inconclusive",
-                        value=1.7, limit=1.5, detail="d", comparator="at_most")
+    ratio = GateVerdict(check="performance", gate="max_p99_ttft_ratio", scope="w/c1", verdict="inconclusive",
+                        value=1.7, limit=1.5, evidence="d", comparator="at_most")
     assert decide([ratio], warn).record.decision == "not_shown"
     assert decide([ratio.model_copy(update={"value": 1.2})], warn).record.decision == "release"
 
@@ -137,6 +137,21 @@ def test_a_gate_named_before_its_verdict_gets_the_same_rule():
     policy = DecisionPolicy(not_shown="warn", gates={"quality.non_inferiority@ql_code": "block"})
     assert policy.requires("quality", "non_inferiority", "ql_code")
     assert not policy.requires("quality", "non_inferiority", "ql_chat")
-    v = GateVerdict(stage="quality", gate="non_inferiority", scope="ql_code", verdict="inconclusive", value=None,
-                    limit=0, detail="d")
+    v = GateVerdict(check="quality", gate="non_inferiority", scope="ql_code", verdict="inconclusive", value=None,
+                    limit=0, evidence="d")
     assert policy.required(v) is policy.requires("quality", "non_inferiority", "ql_code")
+
+
+def test_a_blocked_headline_names_the_most_important_gates_first_and_counts_the_rest():
+    """21 gates that hold the release back: the decision says how many, names the first
+    few by importance (failed before not shown, the pooled gate and slices before tasks)
+    in about 80 characters, and leaves the full lists to failed_gates / not_shown_gates."""
+    failed = [GateVerdict(check="quality", gate="non_inferiority", scope=s, verdict="fail", value=-0.3, limit=-0.05,
+                          evidence="d") for s in ("ql_code", "pooled", "slice:prose")]
+    unshown = [GateVerdict(check="quality", gate="non_inferiority", scope=f"t{i:02d}", verdict="inconclusive",
+                           value=None, limit=-0.05, evidence="d") for i in range(18)]
+    d = decide(failed + unshown, DecisionPolicy()).record
+    assert d.decision == "blocked" and len(d.failed_gates) == 3 and len(d.not_shown_gates) == 18
+    assert d.why.startswith("3 gate(s) failed, 18 more not shown: quality.non_inferiority@pooled, "
+                            "quality.non_inferiority@slice:prose")
+    assert d.why.endswith("and 19 more (all in the report)") and len(d.why) < 160

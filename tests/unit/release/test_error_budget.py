@@ -9,7 +9,7 @@ from quantlab.release.error_budget import ledger
 
 
 def q(scope, gate="non_inferiority", fail_confidence=1 - 0.05 / 3):
-    return GateVerdict(stage="quality", gate=gate, scope=scope, verdict="pass", value=0.0, limit=-0.05, detail="d",
+    return GateVerdict(check="quality", gate=gate, scope=scope, verdict="pass", value=0.0, limit=-0.05, evidence="d",
                        comparator="non_inferior", margin=0.05, confidence=0.95, fail_confidence=fail_confidence,
                        estimate=0.0, low=-0.01, high=0.01, test="tango-score")
 
@@ -17,11 +17,11 @@ def q(scope, gate="non_inferiority", fail_confidence=1 - 0.05 / 3):
 def test_the_ledger_spends_each_checks_alpha_and_bounds_the_run():
     perf = PerformanceSpec.model_validate({"workloads": [{"name": "w", "prompt_tokens": 8, "output_tokens": 8,
                                                           "concurrency": [1]}]})
-    p = GateVerdict(stage="performance", gate="max_p99_ttft_ratio", scope="w/c1", verdict="pass", value=1.0,
-                    limit=1.5, detail="d", comparator="at_most", fail_confidence=1 - 0.05 / 3,
+    p = GateVerdict(check="performance", gate="max_p99_ttft_ratio", scope="w/c1", verdict="pass", value=1.0,
+                    limit=1.5, evidence="d", comparator="at_most", fail_confidence=1 - 0.05 / 3,
                     test="hierarchical-bootstrap")
-    s = GateVerdict(stage="stability", gate="max_server_errors", scope="bad_requests", verdict="pass", value=0,
-                    limit=0, detail="d", comparator="at_most", test="threshold")
+    s = GateVerdict(check="stability", gate="max_server_errors", scope="bad_requests", verdict="pass", value=0,
+                    limit=0, evidence="d", comparator="at_most", test="threshold")
     # three comparisons, one of them read by two gates (two margins on one interval): three tests
     verdicts = [q("a"), q("b"), q("c"), q("c", gate="max_drop"), p, s]
     book = ledger(verdicts, rule_version=2, quality=QualitySpec(), performance=perf)

@@ -30,7 +30,7 @@ from quantlab.core.verdicts import GateVerdict
 
 
 def verdict(gate, v, scope="w/c1"):
-    return GateVerdict(stage="performance", gate=gate, scope=scope, verdict=v, value=1.0, limit=1.0, detail="d")
+    return GateVerdict(check="performance", gate=gate, scope=scope, verdict=v, value=1.0, limit=1.0, evidence="d")
 
 
 @pytest.fixture
@@ -196,8 +196,8 @@ def test_keygen_never_writes_through_a_planted_symlink(tmp_path):
 
 
 def gv(verdict, target=None, gate="g"):
-    return GateVerdict(stage="targets" if target else "quality", gate=gate, scope=target or "task", target=target,
-                       verdict=verdict, value=None, limit=1, detail=f"{gate} on {target}")
+    return GateVerdict(check="targets" if target else "quality", gate=gate, scope=target or "task", target=target,
+                       verdict=verdict, value=None, limit=1, evidence=f"{gate} on {target}")
 
 
 def test_a_target_decision_that_does_not_follow_from_the_gates(tmp_path, keys):

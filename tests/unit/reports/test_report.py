@@ -77,7 +77,10 @@ def test_summary_names_stages_decision_and_report(record, tmp_path):
     (tmp_path / "report.md").write_text("x")
     lines = summary_lines(record, tmp_path)
     assert [ln.split()[0] for ln in lines[:4]] == ["quantize", "serve", "performance", "release"]
-    assert lines[4].startswith("decision: BLOCKED") and "fallback" in lines[4].lower()
+    head = lines[4:]  # the headline: decision and counts, the first gates, where the report is
+    assert len(head) <= 3 and all(len(x) <= 120 for x in head[:-1])  # the report path is as long as the folder's
+    assert head[0] == "decision: BLOCKED: 2 gate(s) failed"
+    assert head[1].startswith("  performance.max_p99_ttft_ms@short/c1") and "fallback" in head[1].lower()
     assert lines[-1].startswith(f"report: {tmp_path / 'report.md'}")
 
 

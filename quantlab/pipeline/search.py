@@ -25,6 +25,7 @@ from typing import Any
 
 import yaml
 
+from quantlab.core.layout import SEARCH_DIR  # noqa: F401 (also read from here)
 from quantlab.pipeline.candidates.run import run_comparison
 from quantlab.core.progress import Progress
 from quantlab.core.errors import RecipeError
@@ -37,7 +38,6 @@ from quantlab.core.run import new_run_folder
 from quantlab.search.state import SearchState, ignore_for, knob_pick, parse_knob, trial_name
 from quantlab.recipe.sensitivity import SensitivitySpec
 
-SEARCH_DIR = "search"  # under the runs root: search/<recipe>/<id>/
 
 
 def run_search(loaded: LoadedRecipe, runs_root: Path, *, sensitivity: Path | None = None,

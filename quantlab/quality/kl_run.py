@@ -7,6 +7,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+from quantlab.core.layout import KL_FILE  # noqa: F401 (also read from here)
 from quantlab.core.stage_context import StageContext
 from quantlab.core.errors import CheckError
 from quantlab.quality.suites import Suite
@@ -15,7 +16,6 @@ from quantlab.recipe.quality import QualitySpec
 from quantlab.quality.stats import kl_summary, top_token, topk_kl
 
 
-KL_FILE = "kl-topk.json"
 
 
 def _kl_texts(ctx: StageContext, suites: list[Suite]) -> Path | None:

@@ -13,6 +13,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from quantlab.core.layout import QUALITY_DIR  # noqa: F401 (also read from here)
 from quantlab.core import result_cache
 from quantlab.core.stage_context import StageContext
 from quantlab.core.errors import CheckError, EngineError, RecipeError
@@ -30,7 +31,7 @@ from quantlab.quality.kl_run import kl_dists, kl_of_candidate, kl_prompt_ids
 from quantlab.quality.pairing import compare_tasks, pool_everything, pool_slices
 
 NAME = "quality"
-OUT_DIR = "quality"
+OUT_DIR = QUALITY_DIR
 
 
 def enabled(ctx: StageContext) -> bool:

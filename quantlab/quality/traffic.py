@@ -23,6 +23,7 @@ from typing import Any
 
 import yaml
 
+from quantlab.core.digest import json_sha256
 from quantlab.core.errors import RecipeError
 from quantlab.core.verdicts import GateVerdict
 from quantlab.recipe.quality import TrafficFile
@@ -214,7 +215,7 @@ def build_suite(spec: TrafficFile, path: Path, tokenizer, root: Path) -> Path:
                       "slice": slices[task], **({} if checked else {"gated": False})})
     files["suite.yaml"] = yaml.safe_dump({"name": f"traffic-{name}", "description": f"Replay of {path.name}",
                                           "tasks": tasks}, sort_keys=False)
-    digest = hashlib.sha256(json.dumps(files, sort_keys=True).encode()).hexdigest()[:16]
+    digest = json_sha256(files)[:16]
     folder = root / f"{name}-{digest}"
     if (folder / "suite.yaml").is_file():
         return folder

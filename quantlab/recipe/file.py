@@ -9,8 +9,6 @@ This module imports no engine: `quantlab recipes check` must stay instant.
 from __future__ import annotations
 
 import difflib
-import hashlib
-import json
 import os
 import re
 from pathlib import Path
@@ -25,6 +23,7 @@ from pydantic import (
     model_validator,
 )
 
+from quantlab.core.digest import json_sha256
 from quantlab.recipe.selection import SelectionSpec
 from quantlab.core.errors import RecipeError
 from quantlab.recipe.quantize import CalibrationSpec, QuantizationSpec
@@ -143,8 +142,7 @@ def set_field(data: dict[str, Any], dotted: str, value: Any) -> dict[str, Any]:
 
 def recipe_hash(recipe: Recipe) -> str:
     """sha256 of the recipe's canonical JSON (defaults filled in, keys sorted)."""
-    canonical = json.dumps(recipe.model_dump(mode="json"), sort_keys=True, separators=(",", ":"))
-    return hashlib.sha256(canonical.encode()).hexdigest()
+    return json_sha256(recipe.model_dump(mode="json"))
 
 
 def _allowed_keys(model: type[BaseModel], loc: tuple) -> list[str]:

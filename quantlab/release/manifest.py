@@ -16,14 +16,13 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from quantlab.core.layout import MANIFEST_FILE, SIGNATURE_FILE  # noqa: F401 (also read from here)
 from quantlab.core.errors import RecipeError
 from quantlab.core.fsutil import sha256_file
 from quantlab.core.verdicts import GateVerdict
 from quantlab.release.decision import DecisionPolicy, DecisionRecord, TargetDecision, decide, recorded_policy
 
 MANIFEST_VERSION = 1
-MANIFEST_FILE = "quantlab-manifest.json"
-SIGNATURE_FILE = "quantlab-manifest.sig"
 
 
 class _M(BaseModel):

@@ -12,6 +12,7 @@ import html
 from pathlib import Path
 from xml.etree import ElementTree as ET
 
+from quantlab.core.layout import HTML_FILE, JUNIT_FILE, MARKDOWN_FILE  # noqa: F401 (also read from here)
 from quantlab.core.verdicts import all_verdicts, gate_id
 from quantlab.release.decision import (TargetDecision, targets_line)
 from quantlab.core.results import (
@@ -22,9 +23,6 @@ from quantlab.core.run import RunRecord
 from quantlab.reports.sections import blocking_gates, stage_results, sections
 from quantlab.reports.sections import time_line
 
-MARKDOWN_FILE = "report.md"
-HTML_FILE = "report.html"
-JUNIT_FILE = "junit.xml"
 
 
 def decision_line(record: RunRecord) -> str:

@@ -7,10 +7,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from quantlab.core.layout import PERF_DIR, QUALITY_DIR  # noqa: F401 (also read from here)
 from quantlab.core.stage_context import StageContext
 
-QUALITY_DIR = "quality"  # the quality stage's folder in the run
-PERF_DIR = "perf"  # the performance stage's
 
 
 def draw(stage: str, ctx: StageContext, result: Any) -> None:

@@ -15,11 +15,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from quantlab.core.layout import QUALITY_DIR  # noqa: F401 (also read from here)
 from quantlab.core.errors import RecipeError
 from quantlab.core.run import RECORD_FILE
 from quantlab.quality.sample_format import MAX_PROMPT_CHARS
 
-SAMPLES_DIR = Path("quality") / "baseline"
+SAMPLES_DIR = Path(QUALITY_DIR) / "baseline"
 
 
 @dataclass(frozen=True)

@@ -6,13 +6,13 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from quantlab.core.layout import SENSITIVITY_DIR  # noqa: F401 (also read from here)
 from quantlab.core.errors import RecipeError
 from quantlab.core.fsutil import write_text_atomic
 from quantlab.core.progress import Progress
 from quantlab.recipe.file import LoadedRecipe
 
 
-SENSITIVITY_DIR = "sensitivity"  # under the runs root: sensitivity/<recipe>/<id>/
 
 
 def run_sensitivity(loaded: LoadedRecipe, runs_root: Path, spec: Any, *, losses_from: Path | None = None,

@@ -17,6 +17,7 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
+from quantlab.core.digest import json_sha256
 from quantlab.core import cpu_emulation
 from quantlab.quantize import dtype_speed
 from quantlab.core.errors import EngineError
@@ -145,7 +146,7 @@ def _probe_key(python: Path) -> str | None:
              "host": platform.node(), "site": [(str(p), p.stat().st_mtime_ns) for p in site],
              "probe": hashlib.sha256(PROBE.encode()).hexdigest(),
              "env": {v: os.environ.get(v) for v in DEVICE_VARIABLES}, "kernels": cpu_emulation.kernel_environment()}
-    return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()
+    return json_sha256(parts)
 
 
 def probe_serving_env(python: Path, *, timeout: float = 180) -> dict[str, Any]:

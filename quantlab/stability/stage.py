@@ -12,6 +12,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from quantlab.core.layout import STABILITY_DIR  # noqa: F401 (also read from here)
 from quantlab.core.stage_context import StageContext
 from quantlab.core.roles import ROLES
 from quantlab.core.errors import CheckError, RecipeError
@@ -26,7 +27,7 @@ from quantlab.recipe.stability import StabilitySpec
 from quantlab.serving import stage as serve_stage
 
 NAME = "stability"
-OUT_DIR = "stability"
+OUT_DIR = STABILITY_DIR
 
 
 def enabled(ctx: StageContext) -> bool:

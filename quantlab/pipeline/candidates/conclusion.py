@@ -8,6 +8,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from quantlab.core.layout import COMPARISON_FILE  # noqa: F401 (also read from here)
 from quantlab.pipeline.candidates.select import choose
 from quantlab.recipe.selection import SelectionSpec
 from quantlab.pipeline.candidates.summary import on_common_baseline, summarize
@@ -18,7 +19,7 @@ from quantlab.release import stage as release_stage
 from quantlab.pipeline.candidates.members import Candidate, Comparison
 
 
-RESULT_FILE = "comparison.json"
+RESULT_FILE = COMPARISON_FILE
 
 
 def summary_rows(judged: list[Candidate], *, decide: bool) -> list[tuple[Any, dict[str, Any]]]:

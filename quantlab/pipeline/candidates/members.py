@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from quantlab.core.layout import CANDIDATES_DIR, COMPARE_DIR  # noqa: F401 (also read from here)
 from quantlab.pipeline.candidates.select import Choice
 from quantlab.recipe.selection import SelectionSpec
 from quantlab.pipeline.context import RunContext
@@ -15,10 +16,8 @@ from quantlab.recipe.file import LoadedRecipe, load_recipe
 from quantlab.core.run import RunDir, new_run_folder
 
 
-COMPARE_DIR = "compare"  # under the runs root: compare/<id>/
 
 
-CANDIDATES_DIR = "candidates"
 
 
 # recipe sections that must be equal: one baseline, served and loaded the same way for all

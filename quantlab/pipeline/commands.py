@@ -82,7 +82,8 @@ def preflight_recipe(loaded: LoadedRecipe, *, progress: Progress) -> list[str]:
     """`quantlab recipes check --preflight`: the recipe against the model's layer layout
     and, where the serving environment is installed, the scheme it will export against
     the serving rules. Returns notes on what was not checked."""
-    from quantlab.quantize.llmcompressor import check_layout, engine_quiet
+    from quantlab.quantize.engine_output import engine_quiet
+    from quantlab.quantize.llmcompressor import check_layout
     from quantlab.models.source import resolve_recipe_model
 
     baseline = resolve_recipe_model(loaded, progress=progress)

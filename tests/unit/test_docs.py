@@ -48,13 +48,7 @@ import yaml
 
 import quantlab.cli
 
-try:  # the recipe loader's new home, then its old one
-    from quantlab.recipe import load_recipe
-except ImportError:
-    try:
-        from quantlab.core.recipe import load_recipe
-    except ImportError:
-        from quantlab.recipe.file import load_recipe
+from quantlab.recipe.file import load_recipe
 
 try:  # typer 0.29 carries its own copy of click
     from typer._click.exceptions import UsageError

@@ -283,3 +283,18 @@ def test_the_floor_check_would_catch_an_arrow_up():
     assert ("pipeline", "search") in package_edges()  # pipeline.search imports search.state at module level
     assert FLOORS["core"] < FLOORS["recipe"] < FLOORS["serving"] < FLOORS["quality"] < FLOORS["release"] \
         < FLOORS["reports"] < FLOORS["pipeline"] < FLOORS["cli"]
+
+
+def test_every_name_imported_from_quantlab_exists():
+    """Lazy imports run only when their function does: a name moved to another module must
+    not leave a `from old import name` behind in a function no test reaches."""
+    wanted = sorted({(node.module, a.name) for m, p in MODULES.items() if m not in SCRIPTS
+                     for node in ast.walk(ast.parse(p.read_text()))
+                     if isinstance(node, ast.ImportFrom) and node.level == 0 and (node.module or "") in MODULES
+                     for a in node.names if f"{node.module}.{a.name}" not in MODULES})
+    code = ("import importlib, json\n"
+            f"wanted = {wanted!r}\n"
+            "print(json.dumps([f'{m}: {n}' for m, n in wanted if not hasattr(importlib.import_module(m), n)]))")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert json.loads(proc.stdout.strip().splitlines()[-1]) == []

@@ -55,7 +55,7 @@ def _crash_log(err: BaseException) -> Path:
 
 @contextlib.contextmanager
 def exit_codes() -> Iterator[None]:
-    """Map every way a command can end to the README's exit codes."""
+    """Map every way a command can end to the exit codes docs/cli.md lists."""
     try:
         yield
     except typer.Exit:

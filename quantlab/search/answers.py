@@ -2,7 +2,7 @@
 candidate failed, each followed by the unquantized model's answer to it, as the baseline
 server gave it. Scoring KL on those answer tokens asks "which layer, quantized alone,
 moves the baseline off the answers the gates check", where held-out calibration text asks
-it of prose and chat in general (on the default model the two disagree: README).
+it of prose and chat in general (on the default model the two disagree: docs/candidates-and-search.md).
 
 Reads `run.json` (the failed gates) and `quality/baseline/<task>.jsonl` (prompt and raw
 answer of each sample); needs the tokenizer for rendering, nothing else."""

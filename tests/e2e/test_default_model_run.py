@@ -10,6 +10,9 @@ import sys
 from pathlib import Path
 
 import pytest
+
+from quantlab.pipeline.loop import MAX_LISTED
+from quantlab.release.decision import importance
 from conftest import RECIPES, REPO, shipped, write_recipe
 
 from quantlab.recipe.file import load_recipe
@@ -76,12 +79,21 @@ def test_the_demo_recipe_runs_on_the_default_model(tmp_path, default_model_dir, 
     release = record["stages"]["release"]["result"]
     assert (r.returncode == 1) == (release["decision"] != "release")
     assert (release["decision"] == "blocked") == bool(failed)  # not_shown: none failed, a required one undecided
-    for g in failed:  # a blocked release names the gate, the point and the measured numbers
-        assert g["gate"] in r.stderr and g["scope"] in r.stderr and g["value"] is not None
-    for gate_id in release["not_shown_gates"]:  # and the gates that could not decide, each by name
+    # a blocked release names the first gates by importance with their numbers, at most
+    # MAX_LISTED of them, failed before not shown; the report names every one
+    listed = sorted(release["failed_gates"], key=importance) + sorted(release["not_shown_gates"], key=importance)
+    report = (run_dir / "report.md").read_text()
+    for i, gate_id in enumerate(listed):
         check, _, rest = gate_id.partition(".")
         gate, _, scope = rest.partition("@")
-        assert f"{check} {gate} at {scope}" in r.stderr
+        assert (f"{check} {gate} at {scope}" in r.stderr) == (i < MAX_LISTED), gate_id
+        assert scope in report
+    assert all(g["value"] is not None for g in failed)
+    if len(listed) > MAX_LISTED:
+        assert f"and {len(listed) - MAX_LISTED} more in the report" in r.stderr
+    summary = r.stderr[r.stderr.rindex("summary"):].splitlines()
+    head = [ln for ln in summary if ln.strip().startswith(("decision:", "report:"))]
+    assert head and all(len(ln.strip()) <= 120 for ln in summary if ln.strip().startswith("decision:"))
 
     quality = record["stages"]["quality"]["result"]
     long_context = {"long-context"} if any(t.startswith("ql_passkey") for t in demo.quality.tasks) else set()

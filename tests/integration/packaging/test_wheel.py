@@ -24,7 +24,13 @@ DEADLINE_S = 120  # each command's; the whole check takes well under a minute he
 pytestmark = pytest.mark.skipif(shutil.which("git") is None, reason="needs git to list the project's files")
 
 
+def clean_env() -> dict[str, str]:
+    """This environment without a path entry that could put the checkout's quantlab first."""
+    return {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+
+
 def run(cmd: list[str], **kw) -> subprocess.CompletedProcess:
+    kw.setdefault("env", clean_env())
     r = subprocess.run(cmd, capture_output=True, text=True, timeout=DEADLINE_S, stdin=subprocess.DEVNULL, **kw)
     assert r.returncode == 0, f"{cmd}\n{r.stdout[-2000:]}\n{r.stderr[-3000:]}"
     return r
@@ -69,9 +75,8 @@ def test_the_installed_package_checks_its_recipes_and_plans_the_demo(installed, 
     if not VLLM_PYTHON.is_file():
         pytest.skip(f"the serving environment is not built ({VLLM_PYTHON}): the plan's serving check needs it")
     quantlab = installed.parent / "quantlab"
-    env = {**os.environ, "QUANTLAB_VLLM_PYTHON": str(VLLM_PYTHON), "HF_HUB_OFFLINE": "1",
+    env = {**clean_env(), "QUANTLAB_VLLM_PYTHON": str(VLLM_PYTHON), "HF_HUB_OFFLINE": "1",
            "TRANSFORMERS_OFFLINE": "1"}
-    env.pop("PYTHONPATH", None)  # nothing of the checkout on the path
     listed = run([str(quantlab), "recipes", "list"], cwd=tmp_path, env=env).stdout
     shipped = Path(run([str(installed), "-c", "from quantlab.core.shipped import RECIPES; print(RECIPES)"],
                        cwd=tmp_path, env=env).stdout.strip())

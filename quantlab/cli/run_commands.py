@@ -138,6 +138,13 @@ def run(
     checkpoint: Annotated[Optional[list[str]], typer.Option(
         "--checkpoint", help="NAME=DIR (or DIR): an existing checkpoint as one more candidate, judged by the first "
         "recipe's checks; repeatable.")] = None,
+    ray: Annotated[Optional[str], typer.Option(
+        "--ray", envvar="RAY_ADDRESS", help="Quantize each recipe as a task on this Ray cluster: an address, 'auto' "
+        "(the one `ray start` made here) or 'local' (start one in this process). Serving and the checks run here.")
+    ] = None,
+    storage: Annotated[Optional[Path], typer.Option(
+        help="With --ray: a folder every node sees (NFS, a mounted bucket) for the checkpoints and the shared "
+        "cache; default <runs-dir>/storage with --ray local.")] = None,
 ) -> None:
     """Quantize, serve baseline and candidate, run the checks, sign the release (runs/<name>/<id>/).
 
@@ -150,6 +157,8 @@ def run(
     from quantlab.core.run import RunDir
 
     with exit_codes():
+        if ray and not dry_run:
+            _quantize_on_ray(recipes, ray, storage, runs_dir)
         if len(recipes) > 1 or checkpoint:
             if resume or dry_run:
                 raise RecipeError("--resume and --dry-run take one recipe; a comparison of several starts afresh "
@@ -168,6 +177,28 @@ def run(
         elif resume:
             resume_path = Path(resume)
         _run_with_summary(loaded, runs_dir, resume=resume_path, verbose=verbose)
+
+
+def _quantize_on_ray(recipes: list[Path], address: str, storage: Path | None, runs_dir: Path) -> None:
+    """The recipes' quantization as Ray tasks; this process then reads the shared cache in
+    the storage folder (QUANTLAB_CACHE_DIR), where the tasks left the checkpoints."""
+    import os
+
+    from quantlab.pipeline.ray_quantize import (check_storage, connect, disconnect, quantize_candidates,
+                                                storage_cache)
+
+    if storage is None:
+        if address != "local":
+            raise RecipeError("--ray with a cluster needs --storage: a folder every node sees (NFS or a mounted "
+                              "bucket) for the checkpoints", field="--storage")
+        storage = runs_dir / "storage"
+    folder = check_storage(storage)
+    connect(address, progress=progress)
+    try:
+        os.environ["QUANTLAB_CACHE_DIR"] = str(storage_cache(folder))
+        quantize_candidates(recipes, folder, progress=progress)
+    finally:
+        disconnect()
 
 
 def named_checkpoints(values: list[str] | None) -> dict[str, Path]:

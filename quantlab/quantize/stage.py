@@ -55,6 +55,11 @@ def _cache_hit(ctx: StageContext) -> tuple[dict[str, Any] | None, str | None, Pa
     return parts, key, result_cache.lookup(result_cache.CHECKPOINTS, key)
 
 
+def cache_key(ctx: StageContext) -> str | None:
+    """The key the checkpoint is cached under (None when reuse is off)."""
+    return _cache_hit(ctx)[1]
+
+
 def reuses(ctx: StageContext) -> str | None:
     """What the stage will take from the cache instead of doing, if anything."""
     try:
@@ -94,6 +99,7 @@ def run(ctx: StageContext) -> QuantizeResult:
         with atomic_directory(ctx.checkpoint_dir, replace=True) as tmp:
             shutil.copytree(cached, tmp, dirs_exist_ok=True, ignore=shutil.ignore_patterns(result_cache.COMPLETE))
         out = json.loads((ctx.checkpoint_dir / QUANTIZE_RESULT_FILE).read_text())
+        _check_digests(ctx.checkpoint_dir, out["checkpoint"]["files"], cached)
     else:
         out = quantize_checkpoint(ctx.loaded, ctx.baseline_model(), ctx.checkpoint_dir, overwrite=True,
                                   progress=ctx.progress, log_file=_log_file(ctx))
@@ -123,3 +129,16 @@ def run(ctx: StageContext) -> QuantizeResult:
         shims=out["shims"],
         reused_from_cache=key if cached is not None else None,
     )
+
+
+def _check_digests(folder: Path, files: dict[str, Any], source: Path) -> None:
+    """A checkpoint taken from the cache (another node may have written it) is the one its
+    record describes, file by file."""
+    for name, fact in files.items():
+        path = folder / name
+        want = fact.get("sha256") if isinstance(fact, dict) else None
+        if want and (not path.is_file() or sha256_file(path) != want):
+            raise RecipeError(f"the cached checkpoint {source} does not match its record: {name} "
+                              f"{'is missing' if not path.is_file() else 'has another sha256'}; delete that cache "
+                              "folder (it is rebuilt) or set quantization.reuse_checkpoint: false",
+                              field="quantization.reuse_checkpoint")

@@ -17,13 +17,14 @@ import pytest
 PACKAGE = Path(__file__).resolve().parents[2] / "quantlab"
 
 # the heavy libraries: seconds to import, GPU/CPU kernels, pinned to one environment
-HEAVY = {"torch", "transformers", "llmcompressor", "lm_eval", "vllm", "compressed_tensors"}
+HEAVY = {"torch", "transformers", "llmcompressor", "lm_eval", "vllm", "compressed_tensors", "ray"}
 
 # module -> the heavy libraries it may import (always inside functions, see the last test)
 ENGINE_IMPORTS = {
     "quantlab.quantize.llmcompressor": {"torch", "transformers", "llmcompressor"},
     "quantlab.quantize.shims": {"torch", "llmcompressor"},
     "quantlab.quantize.engine_output": {"llmcompressor"},
+    "quantlab.pipeline.ray_quantize": {"ray"},  # only when --ray is given
     "quantlab.quantize.dtype_speed": {"torch"},
     "quantlab.search.measure": {"torch", "transformers", "llmcompressor", "compressed_tensors"},
     "quantlab.models.default_model": {"torch", "transformers"},

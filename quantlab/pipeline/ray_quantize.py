@@ -1,0 +1,189 @@
+"""Past one machine, first part: each candidate's quantization as a Ray task.
+
+`quantlab run a.yaml b.yaml --ray ADDRESS --storage DIR` quantizes every recipe candidate
+as a task on the Ray cluster (Ray places it on a node with the CPUs and GPUs it asks for
+and retries it once if its node is lost). The task runs the quantize stage itself, with
+the quantlab cache in the storage folder every node sees, so the checkpoint lands in the
+checkpoint cache atomically, keyed by everything it depends on. The run on the driver
+then finds it there (each file's sha256 checked against the record the task wrote, see
+quantize/stage.py) and serves and checks as a local run does. Serving, the checks and
+the performance comparison on the nodes that hold the checkpoints are the next part.
+
+Ray is imported only here and only when `--ray` is given: the CLI starts as fast as ever.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from quantlab.core.errors import EngineError, RecipeError
+from quantlab.core.progress import Progress
+from quantlab.recipe.file import LoadedRecipe, load_recipe
+
+CACHE_SUBDIR = "cache"  # in the storage folder: the quantlab cache every node shares
+SCRATCH_SUBDIR = "ray-quantize"  # in the storage folder: a task's throw-away run folder
+TASK_RETRIES = 1  # a task whose node is lost runs once more elsewhere (Ray's retry)
+TASK_DEADLINE_S = 12 * 3600  # the longest one quantization may take before the run gives up on it
+LOCAL_OBJECT_STORE_BYTES = 128 * 2**20  # --ray local: checkpoints go through storage, not the object store
+
+
+@dataclass
+class Quantized:
+    """What one candidate's task did: where, how long, and the checkpoint's cache key."""
+
+    name: str
+    node: str | None = None
+    seconds: float | None = None
+    cache_key: str | None = None
+    reused: bool = False
+    error: str | None = None  # set when the task failed (after Ray's retry): quantized on the driver instead
+
+
+def storage_cache(storage: Path) -> Path:
+    return Path(storage).resolve() / CACHE_SUBDIR
+
+
+def check_storage(storage: Path) -> Path:
+    """The storage folder, created and written to once (a folder no process can write is a
+    clear error before any work, naming it)."""
+    folder = Path(storage).expanduser().resolve()
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        probe = folder / f".quantlab-write-check-{os.getpid()}"
+        probe.write_text("ok")
+        probe.unlink()
+    except OSError as err:
+        raise RecipeError(f"--storage {storage}: cannot write there ({err}); give a folder every Ray node can "
+                          "write (NFS or a mounted bucket)", field="--storage") from None
+    return folder
+
+
+def connect(address: str, *, progress: Progress) -> dict[str, Any]:
+    """Join the cluster at `address` ('auto': the one `ray start` made here; 'local': start
+    one in this process). Returns what the cluster has (its nodes and resources)."""
+    try:
+        import ray
+    except ImportError:
+        raise RecipeError("--ray needs the `ray` package in quantlab's environment: pip install ray==2.60.0 "
+                          "(scripts/setup.sh installs it)", field="--ray") from None
+    kwargs: dict[str, Any] = {"include_dashboard": False, "log_to_driver": False, "configure_logging": False}
+    if address == "local":
+        kwargs.update(num_cpus=os.cpu_count() or 1, object_store_memory=LOCAL_OBJECT_STORE_BYTES)
+    else:
+        _check_reachable(address)
+        kwargs["address"] = address
+    progress(f"ray: joining the cluster at {address}")
+    try:
+        ray.init(**kwargs)
+    except Exception as err:  # noqa: BLE001 - Ray raises several kinds here; each is the same bad address
+        raise RecipeError(f"--ray {address}: no Ray cluster could be joined there ({type(err).__name__}: "
+                          f"{str(err).splitlines()[0] if str(err) else ''}); start one with `ray start --head`, "
+                          "pass its address (or RAY_ADDRESS), or use --ray local", field="--ray") from None
+    nodes = [n for n in ray.nodes() if n.get("Alive")]
+    return {"nodes": len(nodes), "resources": ray.cluster_resources()}
+
+
+CONNECT_DEADLINE_S = 10.0  # Ray itself retries an unreachable head for minutes
+
+
+def _check_reachable(address: str) -> None:
+    """An explicit host:port must answer a TCP connect within CONNECT_DEADLINE_S: Ray's own
+    join waits minutes on an address nobody listens at."""
+    import socket
+
+    if address == "auto":
+        return  # Ray finds the local cluster's address itself, and says at once when there is none
+    host, _, port = address.removeprefix("ray://").rpartition(":")
+    if not host or not port.isdigit():
+        raise RecipeError(f"--ray {address}: expected host:port (or 'auto', 'local')", field="--ray")
+    try:
+        socket.create_connection((host, int(port)), timeout=CONNECT_DEADLINE_S).close()
+    except OSError as err:
+        raise RecipeError(f"--ray {address}: nothing answers there ({err}); start a cluster with `ray start "
+                          "--head`, pass its address (or RAY_ADDRESS), or use --ray local", field="--ray") from None
+
+
+def disconnect() -> None:
+    import ray
+
+    if ray.is_initialized():
+        ray.shutdown()
+
+
+def task_resources(loaded: LoadedRecipe) -> dict[str, float]:
+    """What a candidate's quantization asks of a node: one GPU where the recipe serves on
+    CUDA (llm-compressor calibrates on it), else one CPU."""
+    device = loaded.recipe.serve.device
+    return {"num_gpus": 1.0, "num_cpus": 1.0} if device == "cuda" else {"num_cpus": 1.0}
+
+
+def quantize_candidates(recipes: list[Path], storage: Path, *, progress: Progress) -> list[Quantized]:
+    """Every recipe's quantization as a Ray task at once; waits for all of them (each
+    within TASK_DEADLINE_S). A task that still fails after Ray's retry is reported and its
+    candidate quantized on the driver as a local run would."""
+    import ray
+
+    cache = storage_cache(storage)
+    task = ray.remote(max_retries=TASK_RETRIES, retry_exceptions=False)(_quantize_task)
+    loaded = [load_recipe(r) for r in recipes]
+    todo = [lr for lr in loaded if lr.recipe.quantization.reuse_checkpoint]
+    for lr in loaded:
+        if lr not in todo:
+            progress(f"ray: {lr.recipe.name} sets quantization.reuse_checkpoint: false, so it is quantized on the "
+                     "driver (a checkpoint only reaches the driver through the shared cache)")
+    env = {"env_vars": {"QUANTLAB_CACHE_DIR": str(cache)}}
+    refs = {task.options(runtime_env=env, name=f"quantize:{lr.recipe.name}", **task_resources(lr))
+            .remote(str(lr.path), str(storage)): lr.recipe.name for lr in todo}
+    progress(f"ray: {len(refs)} quantization task(s) submitted")
+    done: list[Quantized] = []
+    deadline = time.monotonic() + TASK_DEADLINE_S
+    pending = list(refs)
+    while pending:
+        ready, pending = ray.wait(pending, num_returns=1, timeout=max(1.0, deadline - time.monotonic()))
+        if not ready:
+            for ref in pending:
+                ray.cancel(ref, force=True)
+            raise EngineError(f"ray: {len(pending)} quantization task(s) did not finish within {TASK_DEADLINE_S} s: "
+                              + ", ".join(refs[r] for r in pending))
+        ref = ready[0]
+        try:
+            out = ray.get(ref)
+            q = Quantized(refs[ref], node=out["node"], seconds=out["seconds"], cache_key=out["cache_key"],
+                          reused=out["reused"])
+            progress(f"ray: {q.name} quantized on {q.node} in {q.seconds:.0f} s"
+                     + (" (from the shared cache)" if q.reused else ""))
+        except Exception as err:  # noqa: BLE001 - a task's failure is reported, the others go on
+            q = Quantized(refs[ref], error=f"{type(err).__name__}: {str(err).strip().splitlines()[-1][:300]}")
+            progress(f"ray: {q.name}'s quantization failed after {TASK_RETRIES} retry ({q.error}); it is quantized "
+                     "on the driver instead")
+        done.append(q)
+    return done
+
+
+def _quantize_task(recipe: str, storage: str) -> dict[str, Any]:
+    """Runs on a Ray node: the quantize stage in a scratch run folder, its checkpoint stored
+    in the shared cache (the scratch folder is removed; the cache entry is what stays)."""
+    import socket
+
+    from quantlab.core.run import RunDir
+    from quantlab.pipeline.context import RunContext
+    from quantlab.quantize import stage as quantize_stage
+
+    t0 = time.monotonic()
+    loaded = load_recipe(Path(recipe))
+    run = RunDir.create(loaded, Path(storage) / SCRATCH_SUBDIR)
+    try:
+        ctx = RunContext(loaded, run, progress=lambda _msg: None)
+        reused = quantize_stage.reuses(ctx) is not None
+        quantize_stage.preflight(ctx)
+        result = quantize_stage.run(ctx)
+        key = result.reused_from_cache or quantize_stage.cache_key(ctx)
+    finally:
+        shutil.rmtree(run.path, ignore_errors=True)
+    return {"node": socket.gethostname(), "seconds": round(time.monotonic() - t0, 1), "cache_key": key,
+            "reused": reused}

@@ -68,7 +68,7 @@ def _traffic_findings(work: list[tuple[Suite, Any]], base_dir: Path, cand_dir: P
         findings.append({"suite": suite.name, "task": task.task, "n": len(c_rows),
                          "errored": {"baseline": sum(int((r["metrics"] or {}).get("errored") or 0) for r in b_rows),
                                      "candidate": sum(int((r["metrics"] or {}).get("errored") or 0) for r in c_rows)},
-                         "critical": [{"scope": v.scope, "verdict": v.verdict, "detail": v.evidence}
+                         "critical": [{"scope": v.scope, "verdict": v.verdict, "evidence": v.evidence}
                                       for v in critical]})
     return findings, gates
 

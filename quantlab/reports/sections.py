@@ -84,7 +84,8 @@ def _traffic_notes(traffic: list[dict[str, Any]]) -> list[str]:
                 notes.append(f"{t['task']}: the check errored on {e['baseline']} baseline and {e['candidate']} "
                              "candidate answers (counted as not passed)")
             for c in t.get("critical", []):
-                notes.append(f"{c['scope']}: {c['verdict'].upper()}: {c['detail']}")
+                said = c.get("evidence", c.get("detail"))  # `detail` in records from before the rename
+                notes.append(f"{c['scope']}: {c['verdict'].upper()}: {said}")
     return notes
 
 

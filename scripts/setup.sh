@@ -106,6 +106,8 @@ build_serving_env() {
         fi
         .venv-vllm/bin/python -c "import vllm" 2>/dev/null \
             || { say "ERROR: vllm does not import in .venv-vllm"; return 1; }
+        .venv-vllm/bin/python -c "import ray" 2>/dev/null \
+            || { say "ERROR: ray does not import in .venv-vllm (vLLM's Ray executor needs it)"; return 1; }
         echo "$VSTAMP" > .venv-vllm/.quantlab-stamp
         say ".venv-vllm ready"
     else

@@ -13,6 +13,7 @@
 #   PYTHON                 interpreter to build the venvs from (default: python3)
 #   QUANTLAB_SKIP_VLLM=1   do not build .venv-vllm (quantize-only machines)
 #   QUANTLAB_SETUP_SERIAL=1  build one environment after the other, output to the terminal
+#   QUANTLAB_SETUP_DEVICE=cuda|cpu  build for this device instead of detecting one (images)
 #   QUANTLAB_TORCH_INDEX   where the CPU torch wheel comes from when pip cannot
 #                          find torch==2.13.0+cpu otherwise (default: PyTorch's CPU index)
 set -euo pipefail
@@ -29,7 +30,15 @@ say() { printf '[setup] %s\n' "$*"; }
 # The stamp is a hash of everything that decides an environment's contents.
 stamp_of() { cat "$@" 2>/dev/null | sha256sum | cut -c1-16; }
 
-have_nvidia_gpu() { command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; }
+# QUANTLAB_SETUP_DEVICE=cuda|cpu overrides the detection (an image built without a GPU
+# for nodes that have one: deploy/docker/Dockerfile.cuda)
+have_nvidia_gpu() {
+    case "${QUANTLAB_SETUP_DEVICE:-}" in
+        cuda) return 0 ;;
+        cpu) return 1 ;;
+    esac
+    command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1
+}
 
 install_cpu_torch() {  # $1 = venv
     if "$1/bin/python" -c "import torch,sys; sys.exit(0 if torch.__version__.startswith('$TORCH_VERSION') else 1)" 2>/dev/null; then

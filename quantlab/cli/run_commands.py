@@ -13,6 +13,8 @@ from rich.markup import escape
 
 from quantlab.core.errors import QuantlabError, RecipeError
 from quantlab.cli.base import app, err, exit_codes, progress
+from quantlab.cli.plans import print_plan, print_plans
+from quantlab.cli.ray_option import quantize_on_ray
 
 
 @app.command()
@@ -157,17 +159,21 @@ def run(
     from quantlab.core.run import RunDir
 
     with exit_codes():
+        if dry_run and len(recipes) > 1 and not checkpoint and not resume:
+            print_plans(recipes, runs_dir, ray=ray, storage=storage)
+            return
         if ray and not dry_run:
-            _quantize_on_ray(recipes, ray, storage, runs_dir)
+            quantize_on_ray(recipes, ray, storage, runs_dir)
         if len(recipes) > 1 or checkpoint:
             if resume or dry_run:
-                raise RecipeError("--resume and --dry-run take one recipe; a comparison of several starts afresh "
-                                  "(checkpoints and baseline results still come from the cache)")
+                raise RecipeError("--resume takes one recipe, and --dry-run recipes without --checkpoint; a "
+                                  "comparison of several starts afresh (checkpoints and baseline results still come "
+                                  "from the cache)")
             _compare_with_summary(recipes, runs_dir, verbose=verbose, checkpoints=named_checkpoints(checkpoint))
             return
         loaded = load_recipe(recipes[0])
         if dry_run:
-            _print_plan(loaded, runs_dir)
+            print_plan(loaded, runs_dir)
             return
         resume_path = None
         if resume == "latest":
@@ -177,28 +183,6 @@ def run(
         elif resume:
             resume_path = Path(resume)
         _run_with_summary(loaded, runs_dir, resume=resume_path, verbose=verbose)
-
-
-def _quantize_on_ray(recipes: list[Path], address: str, storage: Path | None, runs_dir: Path) -> None:
-    """The recipes' quantization as Ray tasks; this process then reads the shared cache in
-    the storage folder (QUANTLAB_CACHE_DIR), where the tasks left the checkpoints."""
-    import os
-
-    from quantlab.pipeline.ray_quantize import (check_storage, connect, disconnect, quantize_candidates,
-                                                storage_cache)
-
-    if storage is None:
-        if address != "local":
-            raise RecipeError("--ray with a cluster needs --storage: a folder every node sees (NFS or a mounted "
-                              "bucket) for the checkpoints", field="--storage")
-        storage = runs_dir / "storage"
-    folder = check_storage(storage)
-    connect(address, progress=progress)
-    try:
-        os.environ["QUANTLAB_CACHE_DIR"] = str(storage_cache(folder))
-        quantize_candidates(recipes, folder, progress=progress)
-    finally:
-        disconnect()
 
 
 def named_checkpoints(values: list[str] | None) -> dict[str, Path]:
@@ -270,29 +254,6 @@ def _run_with_summary(loaded, runs_dir: Path, **kwargs) -> None:
         raise
     _summary(result.path)
     typer.echo(str(result.path / "run.json"))
-
-
-def _print_plan(loaded, runs_dir: Path, checkpoint: Path | None = None) -> None:
-    from quantlab.pipeline.commands import dry_run
-
-    plan = dry_run(loaded, runs_dir, progress=progress, checkpoint=checkpoint)
-    typer.echo(f"plan for {loaded.recipe.name} (preflights passed; nothing was started):")
-    total, unknown = 0.0, []
-    for step in plan:
-        est = step["estimate_s"]
-        if step["stage"] == "quantize" and step["reuses"]:
-            est, when = 0.0, "~0 s (cached)"  # a copy of the cached checkpoint
-        elif est is None:
-            unknown.append(step["stage"])
-            when = "no estimate (not run ok before)"
-        else:
-            when = f"~{est:.0f} s (run {step['from_run']})"
-        total += est or 0.0
-        why = step["why"] + (f"; {step['reuses']}" if step["reuses"] else "")
-        typer.echo(f"  {step['stage']:<12} {when:<44} {why}")
-        for line in step["details"]:
-            typer.echo(f"      {line}")
-    typer.echo(f"  estimated total: ~{total:.0f} s" + (f" plus {', '.join(unknown)}" if unknown else ""))
 
 
 def _summary(run_dir: Path | None) -> None:

@@ -26,7 +26,7 @@ What is checked, in README.md and every docs/*.md:
   are created empty in the copy first.
 - Paths. Every backticked span in the prose (not in code blocks) whose first word starts
   with `recipes/`, `scripts/`, `docs/`, `tests/`, `calib_data/`, `eval_suites/`,
-  `requirements/`, `quantlab/` or `.ci/`, or is `Makefile`, names something in the
+  `requirements/`, `quantlab/`, `.ci/` or `deploy/`, or is `Makefile`, names something in the
   repository (a glob must match something; spans with `<placeholders>` are skipped).
   Paths relative to the package (`core/recipe.py` in docs/design.md) are not checked.
 - Links. Every relative Markdown link points at a file, and its `#anchor` at a heading.
@@ -66,7 +66,7 @@ PAGES = [REPO / "README.md", *DOCS]
 README_MAX_LINES = 260
 SHELL_LANGS = {"", "bash", "sh", "shell", "console"}
 PATH_PREFIXES = ("recipes/", "scripts/", "docs/", "tests/", "calib_data/", "eval_suites/", "requirements/",
-                 "quantlab/", ".ci/")
+                 "quantlab/", ".ci/", "deploy/")
 FRAGMENT_BASE = "gptq-w4a16.yaml"
 # what the loader insists exists, and the docs name as an example of a file the user makes
 EXAMPLE_FILES = (("signing", "private_key"), ("signing", "signing_certificate"))

@@ -1,0 +1,32 @@
+"""`quantlab run --ray`: the recipes' quantization as Ray tasks before the run's stages."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+
+
+from quantlab.core.errors import RecipeError
+from quantlab.cli.base import progress
+
+
+def quantize_on_ray(recipes: list[Path], address: str, storage: Path | None, runs_dir: Path) -> None:
+    """The recipes' quantization as Ray tasks; this process then reads the shared cache in
+    the storage folder (QUANTLAB_CACHE_DIR), where the tasks left the checkpoints."""
+    import os
+
+    from quantlab.pipeline.ray_quantize import (check_storage, connect, disconnect, quantize_candidates,
+                                                storage_cache)
+
+    if storage is None:
+        if address != "local":
+            raise RecipeError("--ray with a cluster needs --storage: a folder every node sees (NFS or a mounted "
+                              "bucket) for the checkpoints", field="--storage")
+        storage = runs_dir / "storage"
+    folder = check_storage(storage)
+    connect(address, progress=progress)
+    try:
+        os.environ["QUANTLAB_CACHE_DIR"] = str(storage_cache(folder))
+        quantize_candidates(recipes, folder, progress=progress)
+    finally:
+        disconnect()

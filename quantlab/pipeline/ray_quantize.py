@@ -37,8 +37,9 @@ class Quantized:
     """What one candidate's task did: where, how long, and the checkpoint's cache key."""
 
     name: str
-    node: str | None = None
-    seconds: float | None = None
+    node: str | None = None  # the node's host name and Ray node id
+    seconds: float | None = None  # the task's own wall time, on its node
+    waited_s: float | None = None  # from submitting the task to its start on a node (Ray's scheduling)
     cache_key: str | None = None
     reused: bool = False
     error: str | None = None  # set when the task failed (after Ray's retry): quantized on the driver instead
@@ -137,6 +138,7 @@ def quantize_candidates(recipes: list[Path], storage: Path, *, progress: Progres
             progress(f"ray: {lr.recipe.name} sets quantization.reuse_checkpoint: false, so it is quantized on the "
                      "driver (a checkpoint only reaches the driver through the shared cache)")
     env = {"env_vars": {"QUANTLAB_CACHE_DIR": str(cache)}}
+    submitted = time.time()
     refs = {task.options(runtime_env=env, name=f"quantize:{lr.recipe.name}", **task_resources(lr))
             .remote(str(lr.path), str(storage)): lr.recipe.name for lr in todo}
     progress(f"ray: {len(refs)} quantization task(s) submitted")
@@ -154,7 +156,7 @@ def quantize_candidates(recipes: list[Path], storage: Path, *, progress: Progres
         try:
             out = ray.get(ref)
             q = Quantized(refs[ref], node=out["node"], seconds=out["seconds"], cache_key=out["cache_key"],
-                          reused=out["reused"])
+                          reused=out["reused"], waited_s=round(out["started_at"] - submitted, 2))
             progress(f"ray: {q.name} quantized on {q.node} in {q.seconds:.0f} s"
                      + (" (from the shared cache)" if q.reused else ""))
         except Exception as err:  # noqa: BLE001 - a task's failure is reported, the others go on
@@ -170,11 +172,13 @@ def _quantize_task(recipe: str, storage: str) -> dict[str, Any]:
     in the shared cache (the scratch folder is removed; the cache entry is what stays)."""
     import socket
 
+    import ray
+
     from quantlab.core.run import RunDir
     from quantlab.pipeline.context import RunContext
     from quantlab.quantize import stage as quantize_stage
 
-    t0 = time.monotonic()
+    started_at, t0 = time.time(), time.monotonic()
     loaded = load_recipe(Path(recipe))
     run = RunDir.create(loaded, Path(storage) / SCRATCH_SUBDIR)
     try:
@@ -185,5 +189,6 @@ def _quantize_task(recipe: str, storage: str) -> dict[str, Any]:
         key = result.reused_from_cache or quantize_stage.cache_key(ctx)
     finally:
         shutil.rmtree(run.path, ignore_errors=True)
-    return {"node": socket.gethostname(), "seconds": round(time.monotonic() - t0, 1), "cache_key": key,
-            "reused": reused}
+    node = f"{socket.gethostname()}/{ray.get_runtime_context().get_node_id()[:8]}"
+    return {"node": node, "seconds": round(time.monotonic() - t0, 1), "cache_key": key, "reused": reused,
+            "started_at": started_at}

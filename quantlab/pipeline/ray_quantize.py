@@ -40,6 +40,7 @@ class Quantized:
     node: str | None = None  # the node's host name and Ray node id
     seconds: float | None = None  # the task's own wall time, on its node
     waited_s: float | None = None  # from submitting the task to its start on a node (Ray's scheduling)
+    attempts: int = 1  # 2: its first node was lost and Ray ran it again elsewhere
     cache_key: str | None = None
     reused: bool = False
     error: str | None = None  # set when the task failed (after Ray's retry): quantized on the driver instead
@@ -139,8 +140,9 @@ def quantize_candidates(recipes: list[Path], storage: Path, *, progress: Progres
                      "driver (a checkpoint only reaches the driver through the shared cache)")
     env = {"env_vars": {"QUANTLAB_CACHE_DIR": str(cache)}}
     submitted = time.time()
+    batch = f"{int(submitted)}-{os.getpid()}"  # this run's tasks count their attempts under it
     refs = {task.options(runtime_env=env, name=f"quantize:{lr.recipe.name}", **task_resources(lr))
-            .remote(str(lr.path), str(storage)): lr.recipe.name for lr in todo}
+            .remote(str(lr.path), str(storage), batch): lr.recipe.name for lr in todo}
     progress(f"ray: {len(refs)} quantization task(s) submitted")
     done: list[Quantized] = []
     deadline = time.monotonic() + TASK_DEADLINE_S
@@ -156,20 +158,24 @@ def quantize_candidates(recipes: list[Path], storage: Path, *, progress: Progres
         try:
             out = ray.get(ref)
             q = Quantized(refs[ref], node=out["node"], seconds=out["seconds"], cache_key=out["cache_key"],
-                          reused=out["reused"], waited_s=round(out["started_at"] - submitted, 2))
+                          reused=out["reused"], waited_s=round(out["started_at"] - submitted, 2),
+                          attempts=out["attempts"])
             progress(f"ray: {q.name} quantized on {q.node} in {q.seconds:.0f} s"
-                     + (" (from the shared cache)" if q.reused else ""))
+                     + (" (from the shared cache)" if q.reused else "")
+                     + (f", after {q.attempts - 1} retry: its first node was lost" if q.attempts > 1 else ""))
         except Exception as err:  # noqa: BLE001 - a task's failure is reported, the others go on
             q = Quantized(refs[ref], error=f"{type(err).__name__}: {str(err).strip().splitlines()[-1][:300]}")
             progress(f"ray: {q.name}'s quantization failed after {TASK_RETRIES} retry ({q.error}); it is quantized "
                      "on the driver instead")
         done.append(q)
+    shutil.rmtree(Path(storage) / SCRATCH_SUBDIR / "attempts" / batch, ignore_errors=True)
     return done
 
 
-def _quantize_task(recipe: str, storage: str) -> dict[str, Any]:
+def _quantize_task(recipe: str, storage: str, batch: str) -> dict[str, Any]:
     """Runs on a Ray node: the quantize stage in a scratch run folder, its checkpoint stored
-    in the shared cache (the scratch folder is removed; the cache entry is what stays)."""
+    in the shared cache (the scratch folder is removed; the cache entry is what stays).
+    Each attempt leaves a mark in the storage folder, so a retry is known and said."""
     import socket
 
     import ray
@@ -180,6 +186,10 @@ def _quantize_task(recipe: str, storage: str) -> dict[str, Any]:
 
     started_at, t0 = time.time(), time.monotonic()
     loaded = load_recipe(Path(recipe))
+    node_id = ray.get_runtime_context().get_node_id()
+    marks = Path(storage) / SCRATCH_SUBDIR / "attempts" / batch
+    marks.mkdir(parents=True, exist_ok=True)
+    (marks / f"{loaded.recipe.name}.{node_id[:8]}.{os.getpid()}").write_text(str(started_at))
     run = RunDir.create(loaded, Path(storage) / SCRATCH_SUBDIR)
     try:
         ctx = RunContext(loaded, run, progress=lambda _msg: None)
@@ -189,6 +199,6 @@ def _quantize_task(recipe: str, storage: str) -> dict[str, Any]:
         key = result.reused_from_cache or quantize_stage.cache_key(ctx)
     finally:
         shutil.rmtree(run.path, ignore_errors=True)
-    node = f"{socket.gethostname()}/{ray.get_runtime_context().get_node_id()[:8]}"
-    return {"node": node, "seconds": round(time.monotonic() - t0, 1), "cache_key": key, "reused": reused,
-            "started_at": started_at}
+    attempts = len(list(marks.glob(f"{loaded.recipe.name}.*")))
+    return {"node": f"{socket.gethostname()}/{node_id[:8]}", "seconds": round(time.monotonic() - t0, 1),
+            "cache_key": key, "reused": reused, "started_at": started_at, "attempts": attempts}

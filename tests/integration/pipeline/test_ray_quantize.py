@@ -1,14 +1,18 @@
-"""Quantization as Ray tasks on a real local Ray cluster (started in this process, both
-cores, a small object store), tiny model: two recipes quantized at once land in the
-shared cache of the storage folder, byte for byte what a local quantization writes; the
-driver's quantize stage takes them from there with every file's sha256 checked, and a
-cached checkpoint that does not match its record is refused by name."""
+"""Quantization as Ray tasks on a real Ray cluster of two nodes on this machine
+(ray.cluster_utils: a head and a worker of one CPU each, small object stores), tiny
+model: two recipes quantized at once run one on each node and land in the shared cache
+of the storage folder, byte for byte what a local quantization writes; the driver's
+quantize stage takes them from there with every file's sha256 checked, and a cached
+checkpoint that does not match its record is refused by name; a node lost mid-task makes
+Ray run that candidate again on the other node, and the run says so."""
 
 from __future__ import annotations
 
 import json
 import subprocess
 import sys
+import threading
+import time
 
 import pytest
 from conftest import REPO, quiet, tiny_variant, write_recipe
@@ -22,25 +26,43 @@ ray = pytest.importorskip("ray", reason="ray is installed by scripts/setup.sh (p
 RECIPES = ("rtn-w8a16", "gptq-w4a16")
 
 
-@pytest.fixture(scope="module")
-def on_ray(tmp_path_factory, tiny_model_dir):
-    """Both recipes quantized by Ray tasks into one storage folder: (storage, recipes, results)."""
-    from quantlab.pipeline.ray_quantize import check_storage, connect, disconnect, quantize_candidates
-
-    root = tmp_path_factory.mktemp("ray")
+def tiny_recipes(folder, tiny_model_dir):
     recipes = []
     for name in RECIPES:
         data = tiny_variant(name, tiny_model_dir)
         data["quantization"]["reuse_checkpoint"] = True  # the shared cache is how a checkpoint travels
-        recipes.append(write_recipe(root / "recipes", data, f"{name}.yaml"))
+        recipes.append(write_recipe(folder, data, f"{name}.yaml"))
+    return recipes
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    """Two Ray nodes of one CPU each on this machine (both share its cores)."""
+    from ray.cluster_utils import Cluster
+
+    c = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "include_dashboard": False,
+                                                      "object_store_memory": 96 * 2**20})
+    worker = c.add_node(num_cpus=1, object_store_memory=96 * 2**20)
+    c.wait_for_nodes()
+    yield c, worker
+    c.shutdown()
+
+
+@pytest.fixture(scope="module")
+def on_ray(tmp_path_factory, tiny_model_dir, cluster):
+    """Both recipes quantized by Ray tasks into one storage folder: (storage, recipes, results)."""
+    from quantlab.pipeline.ray_quantize import check_storage, connect, disconnect, quantize_candidates
+
+    root = tmp_path_factory.mktemp("ray")
+    recipes = tiny_recipes(root / "recipes", tiny_model_dir)
     storage = check_storage(root / "storage")
     lines: list[str] = []
-    info = connect("local", progress=lines.append)
+    info = connect(cluster[0].address, progress=lines.append)
     try:
         results = quantize_candidates(recipes, storage, progress=lines.append)
     finally:
         disconnect()
-    assert info["nodes"] == 1 and info["resources"]["CPU"] >= 1
+    assert info["nodes"] == 2 and info["resources"]["CPU"] == 2
     return storage, recipes, results, lines
 
 
@@ -51,6 +73,8 @@ def test_each_recipe_is_quantized_by_its_own_task_into_the_shared_cache(on_ray, 
     assert sorted(q.name for q in results) == sorted(load_recipe(r).recipe.name for r in recipes)
     assert all(q.error is None and q.cache_key and q.node and q.seconds > 0 for q in results), results
     assert any("2 quantization task(s) submitted" in ln for ln in lines)
+    assert len({q.node for q in results}) == 2  # one CPU a node: each candidate on a node of its own
+    assert all(q.attempts == 1 for q in results)
     root, _ = tiny_checkpoints
     for q, name in zip(sorted(results, key=lambda q: q.name), sorted(RECIPES)):
         cached = storage / "cache" / "checkpoints" / q.cache_key
@@ -97,3 +121,38 @@ def test_an_address_nobody_answers_at_is_a_clear_error_at_once(tmp_path):
                         "--ray", "auto"], capture_output=True, text=True, timeout=60, cwd=tmp_path,
                        env={**__import__("os").environ, "RAY_ADDRESS": ""})
     assert r.returncode == 2 and "needs --storage" in r.stderr, r.stderr[-2000:]
+
+
+def test_a_node_lost_mid_task_runs_that_candidate_again_on_the_other_node(tmp_path, tiny_model_dir, cluster):
+    """Runs last: it removes the cluster's worker node while both tasks run (one a node),
+    once both have started (their attempt marks are in the storage folder)."""
+    from quantlab.pipeline.ray_quantize import SCRATCH_SUBDIR, check_storage, connect, disconnect, \
+        quantize_candidates
+
+    c, worker = cluster
+    recipes = tiny_recipes(tmp_path / "recipes", tiny_model_dir)
+    storage = check_storage(tmp_path / "storage")
+    lines: list[str] = []
+    connect(c.address, progress=lines.append)
+    head = ray.get_runtime_context().get_node_id()[:8]
+    out: dict = {}
+    runner = threading.Thread(target=lambda: out.update(done=quantize_candidates(recipes, storage,
+                                                                                 progress=lines.append)))
+    try:
+        runner.start()
+        deadline = time.monotonic() + 120
+        while len(list((storage / SCRATCH_SUBDIR / "attempts").glob("*/*"))) < 2:
+            assert time.monotonic() < deadline and runner.is_alive(), lines
+            time.sleep(0.2)
+        c.remove_node(worker, allow_graceful=False)
+        runner.join(timeout=600)
+        assert not runner.is_alive()
+    finally:
+        disconnect()
+    done = out["done"]
+    assert all(q.error is None for q in done), done
+    [retried] = [q for q in done if q.attempts == 2]
+    assert retried.node.endswith(head)  # its second attempt ran on the node that was left
+    assert any(f"{retried.name} quantized on" in ln and "after 1 retry: its first node was lost" in ln
+               for ln in lines), lines
+    assert (storage / "cache" / "checkpoints" / retried.cache_key / "complete.json").is_file()

@@ -29,6 +29,7 @@ CACHE_SUBDIR = "cache"  # in the storage folder: the quantlab cache every node s
 SCRATCH_SUBDIR = "ray-quantize"  # in the storage folder: a task's throw-away run folder
 TASK_RETRIES = 1  # a task whose node is lost runs once more elsewhere (Ray's retry)
 TASK_DEADLINE_S = 12 * 3600  # the longest one quantization may take before the run gives up on it
+WAIT_STEP_S = 1.0  # how often the wait wakes (a Ctrl-C is taken between two waits)
 LOCAL_OBJECT_STORE_BYTES = 128 * 2**20  # --ray local: checkpoints go through storage, not the object store
 
 
@@ -147,29 +148,40 @@ def quantize_candidates(recipes: list[Path], storage: Path, *, progress: Progres
     done: list[Quantized] = []
     deadline = time.monotonic() + TASK_DEADLINE_S
     pending = list(refs)
-    while pending:
-        ready, pending = ray.wait(pending, num_returns=1, timeout=max(1.0, deadline - time.monotonic()))
-        if not ready:
-            for ref in pending:
-                ray.cancel(ref, force=True)
-            raise EngineError(f"ray: {len(pending)} quantization task(s) did not finish within {TASK_DEADLINE_S} s: "
-                              + ", ".join(refs[r] for r in pending))
-        ref = ready[0]
-        try:
-            out = ray.get(ref)
-            q = Quantized(refs[ref], node=out["node"], seconds=out["seconds"], cache_key=out["cache_key"],
-                          reused=out["reused"], waited_s=round(out["started_at"] - submitted, 2),
-                          attempts=out["attempts"])
-            progress(f"ray: {q.name} quantized on {q.node} in {q.seconds:.0f} s"
-                     + (" (from the shared cache)" if q.reused else "")
-                     + (f", after {q.attempts - 1} retry: its first node was lost" if q.attempts > 1 else ""))
-        except Exception as err:  # noqa: BLE001 - a task's failure is reported, the others go on
-            q = Quantized(refs[ref], error=f"{type(err).__name__}: {str(err).strip().splitlines()[-1][:300]}")
-            progress(f"ray: {q.name}'s quantization failed after {TASK_RETRIES} retry ({q.error}); it is quantized "
-                     "on the driver instead")
-        done.append(q)
-    shutil.rmtree(Path(storage) / SCRATCH_SUBDIR / "attempts" / batch, ignore_errors=True)
+    try:
+        while pending:
+            ready, pending = ray.wait(pending, num_returns=1, timeout=min(WAIT_STEP_S, max(
+                0.1, deadline - time.monotonic())))
+            if not ready:
+                if time.monotonic() >= deadline:
+                    raise EngineError(f"ray: {len(pending)} quantization task(s) did not finish within "
+                                      f"{TASK_DEADLINE_S} s: " + ", ".join(refs[r] for r in pending))
+                continue
+            done.append(_collected(ray, ready[0], refs, submitted, progress))
+    except BaseException:  # Ctrl-C, SIGTERM, the deadline: every task this run started is stopped
+        for ref in pending:
+            ray.cancel(ref, force=True)
+        raise
+    finally:
+        shutil.rmtree(Path(storage) / SCRATCH_SUBDIR / "attempts" / batch, ignore_errors=True)
     return done
+
+
+def _collected(ray, ref, refs: dict, submitted: float, progress: Progress) -> Quantized:
+    """One finished task's outcome (a failure after Ray's retry is reported, not raised)."""
+    try:
+        out = ray.get(ref)
+        q = Quantized(refs[ref], node=out["node"], seconds=out["seconds"], cache_key=out["cache_key"],
+                      reused=out["reused"], waited_s=round(out["started_at"] - submitted, 2),
+                      attempts=out["attempts"])
+        progress(f"ray: {q.name} quantized on {q.node} in {q.seconds:.0f} s"
+                 + (" (from the shared cache)" if q.reused else "")
+                 + (f", after {q.attempts - 1} retry: its first node was lost" if q.attempts > 1 else ""))
+    except Exception as err:  # noqa: BLE001 - a task's failure is reported, the others go on
+        q = Quantized(refs[ref], error=f"{type(err).__name__}: {str(err).strip().splitlines()[-1][:300]}")
+        progress(f"ray: {q.name}'s quantization failed after {TASK_RETRIES} retry ({q.error}); it is quantized "
+                 "on the driver instead")
+    return q
 
 
 def _quantize_task(recipe: str, storage: str, batch: str) -> dict[str, Any]:

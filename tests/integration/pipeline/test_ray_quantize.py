@@ -26,6 +26,40 @@ ray = pytest.importorskip("ray", reason="ray is installed by scripts/setup.sh (p
 RECIPES = ("rtn-w8a16", "gptq-w4a16")
 
 
+def ray_processes() -> list[str]:
+    ps = subprocess.run(["ps", "-eo", "args"], capture_output=True, text=True, timeout=30).stdout.splitlines()
+    return [line for line in ps if "raylet" in line or "gcs_server" in line or line.startswith("ray::")]
+
+
+def test_ctrl_c_stops_every_task_and_the_cluster_it_started(tmp_path, tiny_model_dir):
+    """Runs first (before the module's cluster exists): `--ray local` interrupted while its
+    tasks run exits 130 and leaves no Ray process behind."""
+    import signal
+
+    assert not ray_processes(), "a Ray cluster is already running on this machine"
+    recipes = tiny_recipes(tmp_path / "recipes", tiny_model_dir)
+    storage = tmp_path / "storage"
+    proc = subprocess.Popen([sys.executable, "-m", "quantlab", "run", *map(str, recipes), "--ray", "local",
+                             "--storage", str(storage), "--runs-dir", str(tmp_path / "runs")],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=tmp_path)
+    try:
+        deadline = time.monotonic() + 180
+        while not list((storage / "ray-quantize" / "attempts").glob("*/*")):
+            assert time.monotonic() < deadline and proc.poll() is None, proc.communicate(timeout=30)
+            time.sleep(0.2)
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 130, err[-3000:]
+    deadline = time.monotonic() + 30
+    while ray_processes() and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert not ray_processes(), ray_processes()
+    assert not list(storage.glob("cache/checkpoints/*.partial*"))  # nothing half-written
+
+
 def tiny_recipes(folder, tiny_model_dir):
     recipes = []
     for name in RECIPES:

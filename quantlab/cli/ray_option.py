@@ -10,7 +10,8 @@ from quantlab.core.errors import RecipeError
 from quantlab.cli.base import progress
 
 
-def quantize_on_ray(recipes: list[Path], address: str, storage: Path | None, runs_dir: Path) -> None:
+def quantize_on_ray(recipes: list[Path], address: str, storage: Path | None, runs_dir: Path, *,
+                    cpus: int = 1) -> None:
     """The recipes' quantization as Ray tasks; this process then reads the shared cache in
     the storage folder (QUANTLAB_CACHE_DIR), where the tasks left the checkpoints."""
     import os
@@ -27,6 +28,6 @@ def quantize_on_ray(recipes: list[Path], address: str, storage: Path | None, run
     connect(address, progress=progress)
     try:
         os.environ["QUANTLAB_CACHE_DIR"] = str(storage_cache(folder))
-        quantize_candidates(recipes, folder, progress=progress)
+        quantize_candidates(recipes, folder, progress=progress, cpus=cpus)
     finally:
         disconnect()

@@ -147,6 +147,8 @@ def run(
     storage: Annotated[Optional[Path], typer.Option(
         help="With --ray: a folder every node sees (NFS, a mounted bucket) for the checkpoints and the shared "
         "cache; default <runs-dir>/storage with --ray local.")] = None,
+    ray_cpus: Annotated[int, typer.Option(min=1, help="With --ray: the CPUs each quantization task asks for "
+                                          "(its torch threads).")] = 1,
 ) -> None:
     """Quantize, serve baseline and candidate, run the checks, sign the release (runs/<name>/<id>/).
 
@@ -163,7 +165,7 @@ def run(
             print_plans(recipes, runs_dir, ray=ray, storage=storage)
             return
         if ray and not dry_run:
-            quantize_on_ray(recipes, ray, storage, runs_dir)
+            quantize_on_ray(recipes, ray, storage, runs_dir, cpus=ray_cpus)
         if len(recipes) > 1 or checkpoint:
             if resume or dry_run:
                 raise RecipeError("--resume takes one recipe, and --dry-run recipes without --checkpoint; a "

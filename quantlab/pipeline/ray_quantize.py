@@ -118,14 +118,28 @@ def disconnect() -> None:
         ray.shutdown()
 
 
-def task_resources(loaded: LoadedRecipe) -> dict[str, float]:
-    """What a candidate's quantization asks of a node: one GPU where the recipe serves on
-    CUDA (llm-compressor calibrates on it), else one CPU."""
+def task_resources(loaded: LoadedRecipe, cpus: int = 1) -> dict[str, float]:
+    """What a candidate's quantization asks of a node: `cpus` CPUs (Ray runs its torch with
+    as many threads), and one GPU where the recipe serves on CUDA (llm-compressor
+    calibrates on it)."""
     device = loaded.recipe.serve.device
-    return {"num_gpus": 1.0, "num_cpus": 1.0} if device == "cuda" else {"num_cpus": 1.0}
+    return {"num_gpus": 1.0, "num_cpus": float(cpus)} if device == "cuda" else {"num_cpus": float(cpus)}
 
 
-def quantize_candidates(recipes: list[Path], storage: Path, *, progress: Progress) -> list[Quantized]:
+def check_fits(loaded: list[LoadedRecipe], cluster: dict[str, float], cpus: int) -> None:
+    """Every task must fit on the cluster at all (Ray would otherwise wait for resources
+    that never come): a clear error naming the recipe and what the cluster has."""
+    for lr in loaded:
+        for key, want in task_resources(lr, cpus).items():
+            name = {"num_cpus": "CPU", "num_gpus": "GPU"}[key]
+            if cluster.get(name, 0.0) < want:
+                raise RecipeError(f"{lr.path}: its quantization asks for {want:g} {name}(s) (serve.device "
+                                  f"{lr.recipe.serve.device}, --ray-cpus {cpus}), and the Ray cluster has "
+                                  f"{cluster.get(name, 0.0):g}; add nodes with them, or lower --ray-cpus",
+                                  file=str(lr.path), field="serve.device" if name == "GPU" else "--ray-cpus")
+
+
+def quantize_candidates(recipes: list[Path], storage: Path, *, progress: Progress, cpus: int = 1) -> list[Quantized]:
     """Every recipe's quantization as a Ray task at once; waits for all of them (each
     within TASK_DEADLINE_S). A task that still fails after Ray's retry is reported and its
     candidate quantized on the driver as a local run would."""
@@ -135,6 +149,7 @@ def quantize_candidates(recipes: list[Path], storage: Path, *, progress: Progres
     task = ray.remote(max_retries=TASK_RETRIES, retry_exceptions=False)(_quantize_task)
     loaded = [load_recipe(r) for r in recipes]
     todo = [lr for lr in loaded if lr.recipe.quantization.reuse_checkpoint]
+    check_fits(todo, ray.cluster_resources(), cpus)
     for lr in loaded:
         if lr not in todo:
             progress(f"ray: {lr.recipe.name} sets quantization.reuse_checkpoint: false, so it is quantized on the "
@@ -142,7 +157,7 @@ def quantize_candidates(recipes: list[Path], storage: Path, *, progress: Progres
     env = {"env_vars": {"QUANTLAB_CACHE_DIR": str(cache)}}
     submitted = time.time()
     batch = f"{int(submitted)}-{os.getpid()}"  # this run's tasks count their attempts under it
-    refs = {task.options(runtime_env=env, name=f"quantize:{lr.recipe.name}", **task_resources(lr))
+    refs = {task.options(runtime_env=env, name=f"quantize:{lr.recipe.name}", **task_resources(lr, cpus))
             .remote(str(lr.path), str(storage), batch): lr.recipe.name for lr in todo}
     progress(f"ray: {len(refs)} quantization task(s) submitted")
     done: list[Quantized] = []

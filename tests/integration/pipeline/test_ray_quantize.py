@@ -157,6 +157,27 @@ def test_an_address_nobody_answers_at_is_a_clear_error_at_once(tmp_path):
     assert r.returncode == 2 and "needs --storage" in r.stderr, r.stderr[-2000:]
 
 
+def test_a_task_the_cluster_cannot_hold_is_refused_before_any_work(tmp_path, tiny_model_dir, cluster):
+    """Ray would wait forever for a GPU a CPU cluster never gets: say so at once, naming the recipe."""
+    from quantlab.pipeline.ray_quantize import check_storage, connect, disconnect, quantize_candidates
+
+    data = tiny_variant("rtn-w8a16", tiny_model_dir)
+    data["quantization"]["reuse_checkpoint"] = True
+    data.setdefault("serve", {})["device"] = "cuda"
+    gpu_recipe = write_recipe(tmp_path / "r", data, "gpu.yaml")
+    storage = check_storage(tmp_path / "storage")
+    connect(cluster[0].address, progress=quiet)
+    try:
+        with pytest.raises(RecipeError, match=r"gpu.yaml: its quantization asks for 1 GPU\(s\) .* has 0"):
+            quantize_candidates([gpu_recipe], storage, progress=quiet)
+        cpu_recipe = tiny_recipes(tmp_path / "c", tiny_model_dir)[0]
+        with pytest.raises(RecipeError, match=r"asks for 3 CPU\(s\) .*--ray-cpus 3.* has 2"):
+            quantize_candidates([cpu_recipe], storage, progress=quiet, cpus=3)
+    finally:
+        disconnect()
+    assert not (storage / "cache").exists()  # nothing was submitted
+
+
 def test_a_node_lost_mid_task_runs_that_candidate_again_on_the_other_node(tmp_path, tiny_model_dir, cluster):
     """Runs last: it removes the cluster's worker node while both tasks run (one a node),
     once both have started (their attempt marks are in the storage folder)."""

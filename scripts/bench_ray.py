@@ -3,6 +3,7 @@ quantization: the same recipes quantized one after another here (as the local co
 does) and as Ray tasks on a local cluster of N nodes (ray.cluster_utils.Cluster, all on
 this machine), side by side in one run, each from an empty checkpoint cache.
 
+
 Reported: the wall time of each side and their ratio; per task, the wait from submit to
 its start on a node (Ray's scheduling and worker start, plus waiting for a free node
 when there are more tasks than nodes) and its own wall time; the cluster's start; and
@@ -34,16 +35,12 @@ sys.path.insert(0, str(REPO))
 DEFAULT_RECIPES = ("rtn-w8a16", "fp8-dynamic", "demo-gptq-w4a16")
 
 
-def fresh_cache(root: Path, name: str) -> Path:
-    """An empty quantlab cache that shares the converted default model (its conversion is
-    not what is measured)."""
-    from quantlab.core.layout import cache_dir
-
-    cache = root / name
-    (cache / "models").mkdir(parents=True)
-    for model in (cache_dir() / "models").iterdir():
-        os.symlink(model, cache / "models" / model.name)
-    return cache
+def fresh_checkpoints(root: Path, name: str) -> Path:
+    """An empty checkpoint cache (the rest of the quantlab cache, the converted default
+    model among it, is shared: its conversion is not what is measured)."""
+    folder = root / name
+    folder.mkdir(parents=True)
+    return folder
 
 
 def with_reuse(recipe: Path, folder: Path) -> Path:
@@ -58,18 +55,18 @@ def with_reuse(recipe: Path, folder: Path) -> Path:
     return out
 
 
-def local_side(recipes: list[Path], cache: Path) -> dict:
+def local_side(recipes: list[Path], checkpoints: Path) -> dict:
     from quantlab.core.run import RunDir
     from quantlab.pipeline.context import RunContext
     from quantlab.quantize import stage as quantize_stage
     from quantlab.recipe.file import load_recipe
 
-    os.environ["QUANTLAB_CACHE_DIR"] = str(cache)
+    os.environ["QUANTLAB_CHECKPOINT_CACHE"] = str(checkpoints)
     per, t0 = {}, time.monotonic()
     for r in recipes:
         t = time.monotonic()
         loaded = load_recipe(r)
-        run = RunDir.create(loaded, cache.parent / "local-runs")
+        run = RunDir.create(loaded, checkpoints.parent / "local-runs")
         ctx = RunContext(loaded, run, progress=lambda _m: None)
         quantize_stage.preflight(ctx)
         quantize_stage.run(ctx)
@@ -125,10 +122,10 @@ def main() -> None:
         files = [Path(r) if r.endswith(".yaml") else shipped / f"{r}.yaml" for r in args.recipes]
         local_recipes = [with_reuse(f, root) for f in files]
         written += local_recipes
-        local = local_side(local_recipes, fresh_cache(root, "local-cache"))
+        local = local_side(local_recipes, fresh_checkpoints(root, "local-checkpoints"))
         storage = root / "storage"
-        (storage / "cache").parent.mkdir(parents=True, exist_ok=True)
-        shutil.move(str(fresh_cache(root, "ray-cache")), str(storage / "cache"))
+        fresh_checkpoints(storage, "checkpoints")
+        os.environ.pop("QUANTLAB_CHECKPOINT_CACHE", None)
         on_ray = ray_side(local_recipes, storage, args.nodes, args.cpus_per_node)
     finally:
         for f in written:

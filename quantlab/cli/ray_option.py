@@ -4,18 +4,18 @@ from __future__ import annotations
 
 from pathlib import Path
 
-
-
 from quantlab.core.errors import RecipeError
 from quantlab.cli.base import progress
 
 
 def quantize_on_ray(recipes: list[Path], address: str, storage: Path | None, runs_dir: Path, *,
                     cpus: int = 1) -> None:
-    """The recipes' quantization as Ray tasks; this process then reads the shared cache in
-    the storage folder (QUANTLAB_CACHE_DIR), where the tasks left the checkpoints."""
+    """The recipes' quantization as Ray tasks; this process then reads the storage folder's
+    checkpoint cache (QUANTLAB_CHECKPOINT_CACHE), where the tasks left the checkpoints;
+    every other cache (results, probe, the signing key) stays this machine's."""
     import os
 
+    from quantlab.core.result_cache import CHECKPOINT_CACHE_ENV
     from quantlab.pipeline.ray_quantize import (check_storage, connect, disconnect, quantize_candidates,
                                                 storage_cache)
 
@@ -27,7 +27,7 @@ def quantize_on_ray(recipes: list[Path], address: str, storage: Path | None, run
     folder = check_storage(storage)
     connect(address, progress=progress)
     try:
-        os.environ["QUANTLAB_CACHE_DIR"] = str(storage_cache(folder))
+        os.environ[CHECKPOINT_CACHE_ENV] = str(storage_cache(folder))  # the run reads the tasks' checkpoints
         quantize_candidates(recipes, folder, progress=progress, cpus=cpus)
     finally:
         disconnect()

@@ -141,8 +141,8 @@ def run(
         "--checkpoint", help="NAME=DIR (or DIR): an existing checkpoint as one more candidate, judged by the first "
         "recipe's checks; repeatable.")] = None,
     ray: Annotated[Optional[str], typer.Option(
-        "--ray", envvar="RAY_ADDRESS", help="Quantize each recipe as a task on this Ray cluster: an address, 'auto' "
-        "(the one `ray start` made here) or 'local' (start one in this process). Serving and the checks run here.")
+        "--ray", help="Quantize each recipe as a task on this Ray cluster: host:port, 'auto' (RAY_ADDRESS, or the "
+        "one `ray start` made here) or 'local' (start one in this process). Serving and the checks run here.")
     ] = None,
     storage: Annotated[Optional[Path], typer.Option(
         help="With --ray: a folder every node sees (NFS, a mounted bucket) for the checkpoints and the shared "
@@ -161,16 +161,19 @@ def run(
     from quantlab.core.run import RunDir
 
     with exit_codes():
-        if dry_run and len(recipes) > 1 and not checkpoint and not resume:
+        if dry_run and not checkpoint and not resume and (len(recipes) > 1 or ray):
             print_plans(recipes, runs_dir, ray=ray, storage=storage)
             return
+        if (len(recipes) > 1 or checkpoint) and (resume or dry_run):  # before any work on a cluster
+            raise RecipeError("--resume takes one recipe, and --dry-run recipes without --checkpoint; a "
+                              "comparison of several starts afresh (checkpoints and baseline results still come "
+                              "from the cache)")
+        if ray and resume:
+            raise RecipeError("--ray quantizes afresh; a resumed run keeps its checkpoint: drop --ray to resume",
+                              field="--ray")
         if ray and not dry_run:
             quantize_on_ray(recipes, ray, storage, runs_dir, cpus=ray_cpus)
         if len(recipes) > 1 or checkpoint:
-            if resume or dry_run:
-                raise RecipeError("--resume takes one recipe, and --dry-run recipes without --checkpoint; a "
-                                  "comparison of several starts afresh (checkpoints and baseline results still come "
-                                  "from the cache)")
             _compare_with_summary(recipes, runs_dir, verbose=verbose, checkpoints=named_checkpoints(checkpoint))
             return
         loaded = load_recipe(recipes[0])

@@ -39,7 +39,14 @@ def cache_key(parts: dict[str, Any]) -> str:
     return json_sha256(parts)
 
 
+CHECKPOINT_CACHE_ENV = "QUANTLAB_CHECKPOINT_CACHE"  # `--ray`: the checkpoints in the shared storage only
+
+
 def cache_root(kind: str) -> Path:
+    import os
+
+    if kind == CHECKPOINTS and os.environ.get(CHECKPOINT_CACHE_ENV):
+        return Path(os.environ[CHECKPOINT_CACHE_ENV])
     return cache_dir() / kind
 
 

@@ -3,8 +3,9 @@
 `quantlab run a.yaml b.yaml --ray ADDRESS --storage DIR` quantizes every recipe candidate
 as a task on the Ray cluster (Ray places it on a node with the CPUs and GPUs it asks for
 and retries it once if its node is lost). The task runs the quantize stage itself, with
-the quantlab cache in the storage folder every node sees, so the checkpoint lands in the
-checkpoint cache atomically, keyed by everything it depends on. The run on the driver
+the checkpoint cache in the storage folder every node sees, so the checkpoint lands in the
+checkpoint cache atomically, keyed by everything it depends on (the driver's own key for
+it, which may name another CPU, is made an alias of the task's). The run on the driver
 then finds it there (each file's sha256 checked against the record the task wrote, see
 quantize/stage.py) and serves and checks as a local run does. Serving, the checks and
 the performance comparison on the nodes that hold the checkpoints are the next part.
@@ -22,10 +23,12 @@ from pathlib import Path
 from typing import Any
 
 from quantlab.core.errors import EngineError, RecipeError
+from quantlab.core.fsutil import write_text_atomic
+from quantlab.core.result_cache import CHECKPOINT_CACHE_ENV
 from quantlab.core.progress import Progress
 from quantlab.recipe.file import LoadedRecipe, load_recipe
 
-CACHE_SUBDIR = "cache"  # in the storage folder: the quantlab cache every node shares
+CHECKPOINTS_SUBDIR = "checkpoints"  # in the storage folder: the checkpoint cache every node shares
 SCRATCH_SUBDIR = "ray-quantize"  # in the storage folder: a task's throw-away run folder
 TASK_RETRIES = 1  # a task whose node is lost runs once more elsewhere (Ray's retry)
 TASK_DEADLINE_S = 12 * 3600  # the longest one quantization may take before the run gives up on it
@@ -48,7 +51,9 @@ class Quantized:
 
 
 def storage_cache(storage: Path) -> Path:
-    return Path(storage).resolve() / CACHE_SUBDIR
+    """The checkpoint cache in the storage folder (only the checkpoints travel: every
+    other cache, and the signing key, stay on each machine)."""
+    return Path(storage).resolve() / CHECKPOINTS_SUBDIR
 
 
 def check_storage(storage: Path) -> Path:
@@ -100,8 +105,12 @@ def _check_reachable(address: str) -> None:
     import socket
 
     if address == "auto":
-        return  # Ray finds the local cluster's address itself, and says at once when there is none
+        return  # Ray finds the cluster's address itself (RAY_ADDRESS, or `ray start` here), says when there is none
+    if address.startswith(("http://", "https://")):
+        raise RecipeError(f"--ray {address}: that is a dashboard or Jobs API address; give the cluster's "
+                          "host:port (its GCS, 6379 by default) or ray://host:10001", field="--ray")
     host, _, port = address.removeprefix("ray://").rpartition(":")
+    host = host.strip("[]")  # an IPv6 address in brackets
     if not host or not port.isdigit():
         raise RecipeError(f"--ray {address}: expected host:port (or 'auto', 'local')", field="--ray")
     try:
@@ -126,16 +135,17 @@ def task_resources(loaded: LoadedRecipe, cpus: int = 1) -> dict[str, float]:
     return {"num_gpus": 1.0, "num_cpus": float(cpus)} if device == "cuda" else {"num_cpus": float(cpus)}
 
 
-def check_fits(loaded: list[LoadedRecipe], cluster: dict[str, float], cpus: int) -> None:
-    """Every task must fit on the cluster at all (Ray would otherwise wait for resources
-    that never come): a clear error naming the recipe and what the cluster has."""
+def check_fits(loaded: list[LoadedRecipe], nodes: list[dict[str, float]], cpus: int) -> None:
+    """Every task must fit on one node of the cluster (Ray would otherwise wait for
+    resources that never come): a clear error naming the recipe and the largest node."""
     for lr in loaded:
         for key, want in task_resources(lr, cpus).items():
             name = {"num_cpus": "CPU", "num_gpus": "GPU"}[key]
-            if cluster.get(name, 0.0) < want:
+            most = max((n.get(name, 0.0) for n in nodes), default=0.0)
+            if most < want:
                 raise RecipeError(f"{lr.path}: its quantization asks for {want:g} {name}(s) (serve.device "
-                                  f"{lr.recipe.serve.device}, --ray-cpus {cpus}), and the Ray cluster has "
-                                  f"{cluster.get(name, 0.0):g}; add nodes with them, or lower --ray-cpus",
+                                  f"{lr.recipe.serve.device}, --ray-cpus {cpus}), and the Ray cluster's largest "
+                                  f"node has {most:g}; add nodes with them, or lower --ray-cpus",
                                   file=str(lr.path), field="serve.device" if name == "GPU" else "--ray-cpus")
 
 
@@ -149,12 +159,13 @@ def quantize_candidates(recipes: list[Path], storage: Path, *, progress: Progres
     task = ray.remote(max_retries=TASK_RETRIES, retry_exceptions=False)(_quantize_task)
     loaded = [load_recipe(r) for r in recipes]
     todo = [lr for lr in loaded if lr.recipe.quantization.reuse_checkpoint]
-    check_fits(todo, ray.cluster_resources(), cpus)
+    check_fits(todo, [n["Resources"] for n in ray.nodes() if n.get("Alive")], cpus)
     for lr in loaded:
         if lr not in todo:
             progress(f"ray: {lr.recipe.name} sets quantization.reuse_checkpoint: false, so it is quantized on the "
                      "driver (a checkpoint only reaches the driver through the shared cache)")
-    env = {"env_vars": {"QUANTLAB_CACHE_DIR": str(cache)}}
+    env = {"env_vars": {CHECKPOINT_CACHE_ENV: str(cache)}}
+    by_name = {lr.recipe.name: lr for lr in todo}
     submitted = time.time()
     batch = f"{int(submitted)}-{os.getpid()}"  # this run's tasks count their attempts under it
     refs = {task.options(runtime_env=env, name=f"quantize:{lr.recipe.name}", **task_resources(lr, cpus))
@@ -172,14 +183,34 @@ def quantize_candidates(recipes: list[Path], storage: Path, *, progress: Progres
                     raise EngineError(f"ray: {len(pending)} quantization task(s) did not finish within "
                                       f"{TASK_DEADLINE_S} s: " + ", ".join(refs[r] for r in pending))
                 continue
-            done.append(_collected(ray, ready[0], refs, submitted, progress))
+            q = _collected(ray, ready[0], refs, submitted, progress)
+            if q.error is None:
+                _alias_for_driver(by_name[q.name], q, cache)
+            done.append(q)
     except BaseException:  # Ctrl-C, SIGTERM, the deadline: every task this run started is stopped
         for ref in pending:
             ray.cancel(ref, force=True)
         raise
     finally:
-        shutil.rmtree(Path(storage) / SCRATCH_SUBDIR / "attempts" / batch, ignore_errors=True)
+        # this run's scratch: attempt marks, and the run folders of tasks a Ctrl-C killed
+        shutil.rmtree(Path(storage) / SCRATCH_SUBDIR / batch, ignore_errors=True)
     return done
+
+
+def _alias_for_driver(loaded: LoadedRecipe, q: Quantized, cache: Path) -> None:
+    """The checkpoint's key as this machine computes it leads to the task's entry: with
+    calibration_dtype auto the key names the host's CPU, which a task's node may not share."""
+    import tempfile
+
+    from quantlab.core.run import RunDir
+    from quantlab.pipeline.context import RunContext
+    from quantlab.quantize import stage as quantize_stage
+
+    with tempfile.TemporaryDirectory() as tmp:
+        ctx = RunContext(loaded, RunDir.create(loaded, Path(tmp)), progress=lambda _msg: None)
+        mine = quantize_stage.cache_key(ctx)
+    if mine and mine != q.cache_key:
+        write_text_atomic(cache / f"{mine}.alias", q.cache_key)
 
 
 def _collected(ray, ref, refs: dict, submitted: float, progress: Progress) -> Quantized:
@@ -193,7 +224,8 @@ def _collected(ray, ref, refs: dict, submitted: float, progress: Progress) -> Qu
                  + (" (from the shared cache)" if q.reused else "")
                  + (f", after {q.attempts - 1} retry: its first node was lost" if q.attempts > 1 else ""))
     except Exception as err:  # noqa: BLE001 - a task's failure is reported, the others go on
-        q = Quantized(refs[ref], error=f"{type(err).__name__}: {str(err).strip().splitlines()[-1][:300]}")
+        said = (str(err).strip().splitlines() or [""])[-1][:300]
+        q = Quantized(refs[ref], error=f"{type(err).__name__}: {said}")
         progress(f"ray: {q.name}'s quantization failed after {TASK_RETRIES} retry ({q.error}); it is quantized "
                  "on the driver instead")
     return q
@@ -214,10 +246,10 @@ def _quantize_task(recipe: str, storage: str, batch: str) -> dict[str, Any]:
     started_at, t0 = time.time(), time.monotonic()
     loaded = load_recipe(Path(recipe))
     node_id = ray.get_runtime_context().get_node_id()
-    marks = Path(storage) / SCRATCH_SUBDIR / "attempts" / batch
+    marks = Path(storage) / SCRATCH_SUBDIR / batch / "attempts" / loaded.recipe.name
     marks.mkdir(parents=True, exist_ok=True)
-    (marks / f"{loaded.recipe.name}.{node_id[:8]}.{os.getpid()}").write_text(str(started_at))
-    run = RunDir.create(loaded, Path(storage) / SCRATCH_SUBDIR)
+    (marks / f"{node_id[:8]}.{os.getpid()}").write_text(str(started_at))
+    run = RunDir.create(loaded, Path(storage) / SCRATCH_SUBDIR / batch / "runs")
     try:
         ctx = RunContext(loaded, run, progress=lambda _msg: None)
         reused = quantize_stage.reuses(ctx) is not None
@@ -226,6 +258,6 @@ def _quantize_task(recipe: str, storage: str, batch: str) -> dict[str, Any]:
         key = result.reused_from_cache or quantize_stage.cache_key(ctx)
     finally:
         shutil.rmtree(run.path, ignore_errors=True)
-    attempts = len(list(marks.glob(f"{loaded.recipe.name}.*")))
+    attempts = len(list(marks.iterdir()))
     return {"node": f"{socket.gethostname()}/{node_id[:8]}", "seconds": round(time.monotonic() - t0, 1),
             "cache_key": key, "reused": reused, "started_at": started_at, "attempts": attempts}

@@ -99,8 +99,13 @@ def run(ctx: StageContext) -> QuantizeResult:
         with atomic_directory(ctx.checkpoint_dir, replace=True) as tmp:
             shutil.copytree(cached, tmp, dirs_exist_ok=True, ignore=shutil.ignore_patterns(result_cache.COMPLETE))
         out = json.loads((ctx.checkpoint_dir / QUANTIZE_RESULT_FILE).read_text())
-        _check_digests(ctx.checkpoint_dir, out["checkpoint"]["files"], cached)
-    else:
+        wrong = _digest_problem(ctx.checkpoint_dir, out["checkpoint"]["files"])
+        if wrong:  # another node may have written it: a broken entry is replaced, never served
+            ctx.progress(f"quantize: the cached checkpoint {cached} does not match its record ({wrong}); it is "
+                         "removed and the recipe quantized again")
+            shutil.rmtree(cached, ignore_errors=True)
+            cached = None
+    if cached is None:
         out = quantize_checkpoint(ctx.loaded, ctx.baseline_model(), ctx.checkpoint_dir, overwrite=True,
                                   progress=ctx.progress, log_file=_log_file(ctx))
         if key is not None:  # before later stages add the manifest and signature to the folder
@@ -131,14 +136,14 @@ def run(ctx: StageContext) -> QuantizeResult:
     )
 
 
-def _check_digests(folder: Path, files: dict[str, Any], source: Path) -> None:
-    """A checkpoint taken from the cache (another node may have written it) is the one its
-    record describes, file by file."""
+def _digest_problem(folder: Path, files: dict[str, Any]) -> str | None:
+    """What differs between a checkpoint taken from the cache and the record its quantize.json
+    keeps, file by file (None: it is the one recorded)."""
     for name, fact in files.items():
         path = folder / name
         want = fact.get("sha256") if isinstance(fact, dict) else None
-        if want and (not path.is_file() or sha256_file(path) != want):
-            raise RecipeError(f"the cached checkpoint {source} does not match its record: {name} "
-                              f"{'is missing' if not path.is_file() else 'has another sha256'}; delete that cache "
-                              "folder (it is rebuilt) or set quantization.reuse_checkpoint: false",
-                              field="quantization.reuse_checkpoint")
+        if want and not path.is_file():
+            return f"{name} is missing"
+        if want and sha256_file(path) != want:
+            return f"{name} has another sha256"
+    return None

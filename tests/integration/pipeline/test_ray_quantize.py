@@ -3,7 +3,7 @@
 model: two recipes quantized at once run one on each node and land in the shared cache
 of the storage folder, byte for byte what a local quantization writes; the driver's
 quantize stage takes them from there with every file's sha256 checked, and a cached
-checkpoint that does not match its record is refused by name; a node lost mid-task makes
+checkpoint that does not match its record is replaced, never served; a node lost mid-task makes
 Ray run that candidate again on the other node, and the run says so."""
 
 from __future__ import annotations
@@ -44,7 +44,7 @@ def test_ctrl_c_stops_every_task_and_the_cluster_it_started(tmp_path, tiny_model
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=tmp_path)
     try:
         deadline = time.monotonic() + 180
-        while not list((storage / "ray-quantize" / "attempts").glob("*/*")):
+        while not list((storage / "ray-quantize").glob("*/attempts/*/*")):
             assert time.monotonic() < deadline and proc.poll() is None, proc.communicate(timeout=30)
             time.sleep(0.2)
         proc.send_signal(signal.SIGINT)
@@ -57,7 +57,7 @@ def test_ctrl_c_stops_every_task_and_the_cluster_it_started(tmp_path, tiny_model
     while ray_processes() and time.monotonic() < deadline:
         time.sleep(0.5)
     assert not ray_processes(), ray_processes()
-    assert not list(storage.glob("cache/checkpoints/*.partial*"))  # nothing half-written
+    assert not any((storage / "ray-quantize").iterdir())  # the killed tasks' scratch folders are gone
 
 
 def tiny_recipes(folder, tiny_model_dir):
@@ -111,7 +111,7 @@ def test_each_recipe_is_quantized_by_its_own_task_into_the_shared_cache(on_ray, 
     assert all(q.attempts == 1 for q in results)
     root, _ = tiny_checkpoints
     for q, name in zip(sorted(results, key=lambda q: q.name), sorted(RECIPES)):
-        cached = storage / "cache" / "checkpoints" / q.cache_key
+        cached = storage / "checkpoints" / q.cache_key
         assert (cached / "complete.json").is_file()
         mine = json.loads((cached / QUANTIZE_RESULT_FILE).read_text())["checkpoint"]["files"]
         local = json.loads((root / name / QUANTIZE_RESULT_FILE).read_text())["checkpoint"]["files"]
@@ -127,23 +127,25 @@ def test_the_driver_takes_the_checkpoint_from_the_shared_cache_and_checks_it(on_
     from quantlab.recipe.file import load_recipe
 
     storage, recipes, results, _ = on_ray
-    monkeypatch.setenv("QUANTLAB_CACHE_DIR", str(storage / "cache"))
+    monkeypatch.setenv("QUANTLAB_CHECKPOINT_CACHE", str(storage / "checkpoints"))
     loaded = load_recipe(recipes[0])
     key = {q.name: q.cache_key for q in results}[loaded.recipe.name]
     ctx = RunContext(loaded, RunDir.create(loaded, tmp_path / "runs"), progress=quiet)
     assert quantize_stage.reuses(ctx)
     result = quantize_stage.run(ctx)
     assert result.reused_from_cache == key
-    # a cached checkpoint that is not the one its record describes is refused, by name
-    cached = storage / "cache" / "checkpoints" / key / "model.safetensors"
-    original = cached.read_bytes()
-    try:
-        cached.write_bytes(original[:-8] + b"\0" * 8)
-        ctx2 = RunContext(loaded, RunDir.create(loaded, tmp_path / "runs"), progress=quiet)
-        with pytest.raises(RecipeError, match="model.safetensors has another sha256"):
-            quantize_stage.run(ctx2)
-    finally:
-        cached.write_bytes(original)
+    # a cached checkpoint that is not the one its record describes is never served: it is
+    # removed, said, and the recipe quantized again (its entry stored anew)
+    cached = storage / "checkpoints" / key / "model.safetensors"
+    good = json.loads((cached.parent / QUANTIZE_RESULT_FILE).read_text())["checkpoint"]["files"]
+    cached.write_bytes(cached.read_bytes()[:-8] + b"\0" * 8)
+    said: list[str] = []
+    ctx2 = RunContext(loaded, RunDir.create(loaded, tmp_path / "runs"), progress=said.append)
+    again = quantize_stage.run(ctx2)
+    assert again.reused_from_cache is None
+    assert any("does not match its record (model.safetensors has another sha256)" in s for s in said), said
+    assert again.files["model.safetensors"].sha256 == good["model.safetensors"]["sha256"]  # RTN: the same again
+    assert quantize_stage.reuses(RunContext(loaded, RunDir.create(loaded, tmp_path / "runs"), progress=quiet))
 
 
 def test_an_address_nobody_answers_at_is_a_clear_error_at_once(tmp_path):
@@ -157,6 +159,31 @@ def test_an_address_nobody_answers_at_is_a_clear_error_at_once(tmp_path):
     assert r.returncode == 2 and "needs --storage" in r.stderr, r.stderr[-2000:]
 
 
+def test_the_driver_finds_a_checkpoint_keyed_on_another_cpu(tmp_path, tiny_model_dir, cluster, monkeypatch):
+    """calibration_dtype auto puts the host's CPU in the checkpoint's key; a task's node may
+    have another one: the driver's key is an alias of the task's."""
+    from quantlab.core.run import RunDir
+    from quantlab.pipeline.context import RunContext
+    from quantlab.pipeline.ray_quantize import check_storage, connect, disconnect, quantize_candidates
+    from quantlab.quantize import stage as quantize_stage
+    from quantlab.recipe.file import load_recipe
+
+    [recipe] = tiny_recipes(tmp_path / "r", tiny_model_dir)[:1]
+    assert load_recipe(recipe).recipe.quantization.calibration_dtype == "auto"
+    storage = check_storage(tmp_path / "storage")
+    monkeypatch.setattr(quantize_stage, "host_kernel_identity", lambda: {"cpu": "the driver's own CPU"})
+    connect(cluster[0].address, progress=quiet)
+    try:
+        [q] = quantize_candidates([recipe], storage, progress=quiet)
+    finally:
+        disconnect()
+    monkeypatch.setenv("QUANTLAB_CHECKPOINT_CACHE", str(storage / "checkpoints"))
+    loaded = load_recipe(recipe)
+    ctx = RunContext(loaded, RunDir.create(loaded, tmp_path / "runs"), progress=quiet)
+    assert quantize_stage.cache_key(ctx) != q.cache_key  # the two machines name it apart
+    assert quantize_stage.run(ctx).reused_from_cache == quantize_stage.cache_key(ctx)
+
+
 def test_a_task_the_cluster_cannot_hold_is_refused_before_any_work(tmp_path, tiny_model_dir, cluster):
     """Ray would wait forever for a GPU a CPU cluster never gets: say so at once, naming the recipe."""
     from quantlab.pipeline.ray_quantize import check_storage, connect, disconnect, quantize_candidates
@@ -168,14 +195,14 @@ def test_a_task_the_cluster_cannot_hold_is_refused_before_any_work(tmp_path, tin
     storage = check_storage(tmp_path / "storage")
     connect(cluster[0].address, progress=quiet)
     try:
-        with pytest.raises(RecipeError, match=r"gpu.yaml: its quantization asks for 1 GPU\(s\) .* has 0"):
+        with pytest.raises(RecipeError, match=r"gpu.yaml: its quantization asks for 1 GPU\(s\) .* node has 0"):
             quantize_candidates([gpu_recipe], storage, progress=quiet)
         cpu_recipe = tiny_recipes(tmp_path / "c", tiny_model_dir)[0]
-        with pytest.raises(RecipeError, match=r"asks for 3 CPU\(s\) .*--ray-cpus 3.* has 2"):
+        with pytest.raises(RecipeError, match=r"asks for 3 CPU\(s\) .*--ray-cpus 3.* largest node has 1"):
             quantize_candidates([cpu_recipe], storage, progress=quiet, cpus=3)
     finally:
         disconnect()
-    assert not (storage / "cache").exists()  # nothing was submitted
+    assert not (storage / "checkpoints").exists()  # nothing was submitted
 
 
 def test_a_node_lost_mid_task_runs_that_candidate_again_on_the_other_node(tmp_path, tiny_model_dir, cluster):
@@ -196,7 +223,7 @@ def test_a_node_lost_mid_task_runs_that_candidate_again_on_the_other_node(tmp_pa
     try:
         runner.start()
         deadline = time.monotonic() + 120
-        while len(list((storage / SCRATCH_SUBDIR / "attempts").glob("*/*"))) < 2:
+        while len(list((storage / SCRATCH_SUBDIR).glob("*/attempts/*/*"))) < 2:
             assert time.monotonic() < deadline and runner.is_alive(), lines
             time.sleep(0.2)
         c.remove_node(worker, allow_graceful=False)
@@ -210,4 +237,4 @@ def test_a_node_lost_mid_task_runs_that_candidate_again_on_the_other_node(tmp_pa
     assert retried.node.endswith(head)  # its second attempt ran on the node that was left
     assert any(f"{retried.name} quantized on" in ln and "after 1 retry: its first node was lost" in ln
                for ln in lines), lines
-    assert (storage / "cache" / "checkpoints" / retried.cache_key / "complete.json").is_file()
+    assert (storage / "checkpoints" / retried.cache_key / "complete.json").is_file()

@@ -19,10 +19,9 @@ def print_plans(recipes: list[Path], runs_dir: Path, *, ray: str | None, storage
 
     loaded = [load_recipe(r) for r in recipes]  # every file valid before any plan
     if ray:
-        where = storage or (runs_dir / "storage" if ray == "local" else None)
-        if where is None:
-            raise RecipeError("--ray with a cluster needs --storage: a folder every node sees (NFS or a mounted "
-                              "bucket) for the checkpoints", field="--storage")
+        from quantlab.cli.ray_option import storage_for
+
+        where = storage_for(ray, storage, runs_dir)
         typer.echo(f"ray: would quantize {len(loaded)} recipe(s) as tasks on {ray}, storage {where} (nothing "
                    "joined or started in a dry run)")
     planned = 0

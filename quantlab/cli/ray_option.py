@@ -8,6 +8,17 @@ from quantlab.core.errors import RecipeError
 from quantlab.cli.base import progress
 
 
+def storage_for(address: str, storage: Path | None, runs_dir: Path) -> Path:
+    """--storage, or <runs-dir>/storage for a cluster started here (a cluster elsewhere
+    cannot see this machine's runs folder)."""
+    if storage is not None:
+        return storage
+    if address != "local":
+        raise RecipeError("--ray with a cluster needs --storage: a folder every node sees (NFS or a mounted "
+                          "bucket) for the checkpoints", field="--storage")
+    return runs_dir / "storage"
+
+
 def quantize_on_ray(recipes: list[Path], address: str, storage: Path | None, runs_dir: Path, *,
                     cpus: int = 1) -> None:
     """The recipes' quantization as Ray tasks; this process then reads the storage folder's
@@ -19,12 +30,7 @@ def quantize_on_ray(recipes: list[Path], address: str, storage: Path | None, run
     from quantlab.pipeline.ray_quantize import (check_storage, connect, disconnect, quantize_candidates,
                                                 storage_cache)
 
-    if storage is None:
-        if address != "local":
-            raise RecipeError("--ray with a cluster needs --storage: a folder every node sees (NFS or a mounted "
-                              "bucket) for the checkpoints", field="--storage")
-        storage = runs_dir / "storage"
-    folder = check_storage(storage)
+    folder = check_storage(storage_for(address, storage, runs_dir))
     connect(address, progress=progress)
     try:
         os.environ[CHECKPOINT_CACHE_ENV] = str(storage_cache(folder))  # the run reads the tasks' checkpoints

@@ -252,10 +252,7 @@ def run_stage(ctx: RunContext, stage: ModuleType) -> None:
         if wrapped is None:
             raise
         raise wrapped from None
-    try:
-        draw_plots(stage.NAME, ctx, result)
-    except Exception as err:  # noqa: BLE001 - a plot is a convenience: the stage's result is recorded all the same
-        result.notes.append(f"plots not drawn: {type(err).__name__}: {err}")
+    draw_plots(stage.NAME, ctx, result)
     record("ok", result=result)
 
 

@@ -14,11 +14,15 @@ from quantlab.core.stage_context import StageContext
 
 def draw(stage: str, ctx: StageContext, result: Any) -> None:
     """Draw the plots of `stage`'s result into its folder, record them as artifacts and
-    in result.plots (a stage without plots is left as it is)."""
-    if stage == "quality":
-        result.plots = _quality(ctx, result)
-    elif stage == "performance":
-        result.plots = _performance(ctx, result)
+    in result.plots (a stage without plots is left as it is). Never raises: a plot that
+    cannot be drawn is a note, and the stage's result is recorded all the same."""
+    try:
+        if stage == "quality":
+            result.plots = _quality(ctx, result)
+        elif stage == "performance":
+            result.plots = _performance(ctx, result)
+    except Exception as err:  # noqa: BLE001 - matplotlib raises more kinds than the helpers catch
+        result.notes.append(f"plots not drawn: {type(err).__name__}: {err}")
 
 
 def _quality(ctx: StageContext, result: Any) -> list[str]:

@@ -302,10 +302,7 @@ def _shared_performance(active: list[Candidate], progress: Progress) -> None:
             progress(f"performance: measuring again without {', '.join(c.name for c in dead)}")
             continue
         for c in todo:
-            try:
-                draw_plots(perf_stage.NAME, c.ctx, results[c.name])
-            except Exception as err:  # noqa: BLE001 - a plot is a convenience, never a lost result
-                results[c.name].notes.append(f"plots not drawn: {type(err).__name__}: {err}")
+            draw_plots(perf_stage.NAME, c.ctx, results[c.name])
             c.run.put_stage(StageRecord(name=perf_stage.NAME, status="ok", started_at=started, finished_at=now_iso(),
                                         duration_s=round(time.perf_counter() - t0, 3),
                                         engine_s=round(engine_seconds() - e0, 3),

@@ -22,8 +22,9 @@ def print_plans(recipes: list[Path], runs_dir: Path, *, ray: str | None, storage
         from quantlab.cli.ray_option import storage_for
 
         where = storage_for(ray, storage, runs_dir)
-        typer.echo(f"ray: would quantize {len(loaded)} recipe(s) as tasks on {ray}, storage {where} (nothing "
-                   "joined or started in a dry run)")
+        typer.echo(f"ray: would run {len(loaded)} candidate(s) as tasks on the nodes of {ray} (quantize, serve "
+                   f"and the checks there; the choice and signing here), storage {where}; nothing is joined or "
+                   "started in a dry run, and each candidate's preflights run again on its node")
     planned = 0
     for lr in loaded:
         try:

@@ -1,7 +1,10 @@
-"""`quantlab run --ray`: the recipes' quantization as Ray tasks before the run's stages."""
+"""`quantlab run --ray` and `quantlab search --ray`: every candidate (or trial) as a Ray
+task on a node of the cluster."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 from quantlab.core.errors import RecipeError
@@ -15,25 +18,28 @@ def storage_for(address: str, storage: Path | None, runs_dir: Path) -> Path:
         return storage
     if address != "local":
         raise RecipeError("--ray with a cluster needs --storage: a folder every node sees (NFS or a mounted "
-                          "bucket) for the checkpoints", field="--storage")
+                          "bucket) for the checkpoints, the shared cache and the run folders", field="--storage")
     return runs_dir / "storage"
 
 
-def quantize_on_ray(recipes: list[Path], address: str, storage: Path | None, runs_dir: Path, *,
-                    cpus: int = 1) -> None:
-    """The recipes' quantization as Ray tasks; this process then reads the storage folder's
-    checkpoint cache (QUANTLAB_CHECKPOINT_CACHE), where the tasks left the checkpoints;
-    every other cache (results, probe, the signing key) stays this machine's."""
-    import os
-
-    from quantlab.core.result_cache import CHECKPOINT_CACHE_ENV
-    from quantlab.pipeline.ray_quantize import (check_storage, connect, disconnect, quantize_candidates,
-                                                storage_cache)
+@contextmanager
+def on_ray(address: str, storage: Path | None, runs_dir: Path) -> Iterator[Path]:
+    """Joined to the cluster (or one started here) for the block; yields the storage
+    folder, checked writable first. The run folders go there (<storage>/runs/compare/<id>/)."""
+    from quantlab.pipeline.ray_cluster import check_storage, connect, disconnect
 
     folder = check_storage(storage_for(address, storage, runs_dir))
     connect(address, progress=progress)
     try:
-        os.environ[CHECKPOINT_CACHE_ENV] = str(storage_cache(folder))  # the run reads the tasks' checkpoints
-        quantize_candidates(recipes, folder, progress=progress, cpus=cpus)
+        yield folder
     finally:
         disconnect()
+
+
+def compare_on_ray(recipes: list[Path], address: str, storage: Path | None, runs_dir: Path, *, cpus: int = 1,
+                   verbose: bool = False):
+    """The candidates' stages on the cluster's nodes, their release and the choice here."""
+    from quantlab.pipeline.ray_candidates import run_comparison_on_ray
+
+    with on_ray(address, storage, runs_dir) as folder:
+        return run_comparison_on_ray(recipes, folder, progress=progress, cpus=cpus, verbose=verbose)

@@ -14,7 +14,7 @@ from rich.markup import escape
 from quantlab.core.errors import QuantlabError, RecipeError
 from quantlab.cli.base import app, err, exit_codes, progress
 from quantlab.cli.plans import print_plan, print_plans
-from quantlab.cli.ray_option import quantize_on_ray
+from quantlab.cli.ray_option import compare_on_ray, on_ray
 
 
 @app.command()
@@ -103,6 +103,11 @@ def search(
         "any layer is kept (e.g. quantization.group_size=128,64,32); repeatable.")] = None,
     runs_dir: Annotated[Path, typer.Option(help="Root folder for outputs (search/<recipe>/<id>/).")] = Path("runs"),
     verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Show the engines' own output here.")] = False,
+    ray: Annotated[Optional[str], typer.Option(
+        "--ray", help="Run each round's trials as tasks on this Ray cluster (as `quantlab run --ray`); the "
+        "sensitivity ranking is computed here.")] = None,
+    storage: Annotated[Optional[Path], typer.Option(
+        help="With --ray: a folder every node sees; default <runs-dir>/storage with --ray local.")] = None,
 ) -> None:
     """Find the fewest of the most sensitive layers to keep unquantized so that every
     required gate of the recipe passes: bisection over how many, each round a comparison
@@ -115,9 +120,14 @@ def search(
     with exit_codes():
         if width < 1 or max_trials < 1:
             raise RecipeError("--width and --max-trials must be at least 1", field="--width")
-        result = run_search(load_recipe(recipe), runs_dir, sensitivity=sensitivity, max_layers=max_layers,
-                            width=width, max_trials=max_trials, time_budget_s=time_budget_s,
-                            knobs=tuple(knob or ()), progress=progress, verbose=verbose)
+        loaded = load_recipe(recipe)
+        settings = dict(sensitivity=sensitivity, max_layers=max_layers, width=width, max_trials=max_trials,
+                        time_budget_s=time_budget_s, knobs=tuple(knob or ()), progress=progress, verbose=verbose)
+        if ray:
+            with on_ray(ray, storage, runs_dir) as folder:
+                result = run_search(loaded, runs_dir, ray_storage=folder, **settings)
+        else:
+            result = run_search(loaded, runs_dir, **settings)
         err.print("[bold]search[/]", highlight=False)
         for line in search_markdown(result).splitlines():
             err.print(f"  {escape(line)}", highlight=False, soft_wrap=True)
@@ -141,14 +151,15 @@ def run(
         "--checkpoint", help="NAME=DIR (or DIR): an existing checkpoint as one more candidate, judged by the first "
         "recipe's checks; repeatable.")] = None,
     ray: Annotated[Optional[str], typer.Option(
-        "--ray", help="Quantize each recipe as a task on this Ray cluster: host:port, 'auto' (RAY_ADDRESS, or the "
-        "one `ray start` made here) or 'local' (start one in this process). Serving and the checks run here.")
+        "--ray", help="Run each recipe as a task on a node of this Ray cluster (quantize, serve, checks there; "
+        "the choice and signing here): host:port, 'auto' (RAY_ADDRESS, or the one `ray start` made here) or "
+        "'local' (start one in this process).")
     ] = None,
     storage: Annotated[Optional[Path], typer.Option(
-        help="With --ray: a folder every node sees (NFS, a mounted bucket) for the checkpoints and the shared "
-        "cache; default <runs-dir>/storage with --ray local.")] = None,
-    ray_cpus: Annotated[int, typer.Option(min=1, help="With --ray: the CPUs each quantization task asks for "
-                                          "(its torch threads).")] = 1,
+        help="With --ray: a folder every node sees (NFS, a mounted bucket) for the checkpoints, the shared "
+        "cache and the run folders; default <runs-dir>/storage with --ray local.")] = None,
+    ray_cpus: Annotated[int, typer.Option(min=1, help="With --ray: the CPUs each candidate's task asks for "
+                                          "of its node.")] = 1,
 ) -> None:
     """Quantize, serve baseline and candidate, run the checks, sign the release (runs/<name>/<id>/).
 
@@ -168,11 +179,12 @@ def run(
             raise RecipeError("--resume takes one recipe, and --dry-run recipes without --checkpoint; a "
                               "comparison of several starts afresh (checkpoints and baseline results still come "
                               "from the cache)")
-        if ray and resume:
-            raise RecipeError("--ray quantizes afresh; a resumed run keeps its checkpoint: drop --ray to resume",
-                              field="--ray")
+        if ray and (resume or checkpoint):
+            raise RecipeError("--ray runs recipes afresh on the cluster's nodes: drop --resume and --checkpoint "
+                              "(or drop --ray to resume, or to judge an existing checkpoint here)", field="--ray")
         if ray and not dry_run:
-            quantize_on_ray(recipes, ray, storage, runs_dir, cpus=ray_cpus)
+            _show_comparison(compare_on_ray(recipes, ray, storage, runs_dir, cpus=ray_cpus, verbose=verbose))
+            return
         if len(recipes) > 1 or checkpoint:
             _compare_with_summary(recipes, runs_dir, verbose=verbose, checkpoints=named_checkpoints(checkpoint))
             return
@@ -213,8 +225,11 @@ def _compare_with_summary(files: list[Path], runs_dir: Path, *, verbose: bool,
     """Several candidates, one baseline: the comparison, its table, then one line on the choice."""
     from quantlab.pipeline.candidates.run import run_comparison
 
-    result = run_comparison(files, runs_dir, checkpoints=checkpoints, judge_by=judge_by, progress=progress,
-                            verbose=verbose)
+    _show_comparison(run_comparison(files, runs_dir, checkpoints=checkpoints, judge_by=judge_by,
+                                    progress=progress, verbose=verbose))
+
+
+def _show_comparison(result) -> None:
     err.print("[bold]comparison[/]", highlight=False)
     for line in result.table_md.rstrip().splitlines():
         err.print(f"  {escape(line)}", highlight=False, soft_wrap=True)

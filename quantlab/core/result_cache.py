@@ -39,14 +39,17 @@ def cache_key(parts: dict[str, Any]) -> str:
     return json_sha256(parts)
 
 
-CHECKPOINT_CACHE_ENV = "QUANTLAB_CHECKPOINT_CACHE"  # `--ray`: the checkpoints in the shared storage only
+# `--ray`: the checkpoints and the baseline's results in the storage folder every node sees
+# (<folder>/<kind>/); the probe cache and the signing key stay each machine's own
+SHARED_CACHE_ENV = "QUANTLAB_SHARED_CACHE"
+SHARED_KINDS = (CHECKPOINTS, QUALITY, STABILITY)
 
 
 def cache_root(kind: str) -> Path:
     import os
 
-    if kind == CHECKPOINTS and os.environ.get(CHECKPOINT_CACHE_ENV):
-        return Path(os.environ[CHECKPOINT_CACHE_ENV])
+    if kind in SHARED_KINDS and os.environ.get(SHARED_CACHE_ENV):
+        return Path(os.environ[SHARED_CACHE_ENV]) / kind
     return cache_dir() / kind
 
 
@@ -74,7 +77,9 @@ def lookup(kind: str, key: str) -> Path | None:
 
 def store(kind: str, key: str, source: Path, parts: dict[str, Any], *, aliases: tuple[str, ...] = ()) -> Path:
     """Copy a finished result folder into the cache atomically (a reader never sees a
-    half-copied entry; a concurrent writer of the same key loses harmlessly).
+    half-copied entry). Two writers of one key (two nodes computing the same baseline at
+    once): the first rename wins and the second's copy is dropped, never the entry a
+    reader may be using.
 
     `aliases`: keys computed before the servers ran, from what the recipe says (e.g. no
     max_model_len, so no task skipped yet), that lead to this entry: the early question
@@ -87,12 +92,13 @@ def store(kind: str, key: str, source: Path, parts: dict[str, Any], *, aliases: 
         try:
             shutil.copytree(source, tmp, dirs_exist_ok=True)
             (tmp / COMPLETE).write_text(json.dumps(parts, indent=2, sort_keys=True, default=str))
-            if final.exists():
-                shutil.rmtree(final)
+            if final.exists() and not (final / COMPLETE).is_file():
+                shutil.rmtree(final, ignore_errors=True)  # a left-over without its completion mark
             tmp.rename(final)
         except OSError:
             shutil.rmtree(tmp, ignore_errors=True)
-            raise
+            if not (final / COMPLETE).is_file():  # not another writer's finished entry: a real failure
+                raise
     for alias in aliases:
         if alias != key:
             write_text_atomic(root / f"{alias}.alias", key)

@@ -85,6 +85,10 @@ class RunRecord(BaseModel):
     # sha256 of each recipe this run was resumed with after the first (edits between tries)
     recipe_history: list[str] = Field(default_factory=list)
     stages: dict[str, StageRecord] = Field(default_factory=dict)
+    placement: dict[str, Any] | None = Field(None, description="`--ray`: where the candidate's stages ran "
+                                             "(node, Ray node and job id, attempt); None on this machine.")
+    stopped_early: str | None = Field(None, description="`--ray` racing: the failed required gate that ended "
+                                      "the candidate's checks after its quality stage.")
     attempt: AttemptTime | None = Field(None, description="Wall and engine time of the latest run/validate "
                                         "call on this record, preflights and reports included.")
 

@@ -191,7 +191,7 @@ def _run_stages(loaded: LoadedRecipe, run: RunDir, progress: Progress, verbose: 
         head = (f"release blocked: {len(failed)} gate(s) failed" if failed else "release not shown: "
                 f"{len(unshown)} required gate(s) could not decide") + (
             f" and {len(unshown)} could not decide" if failed and unshown else "")
-        lines = [_blocking_line(v) for v in by_importance(failed) + by_importance(unshown)]
+        lines = [blocking_line(v) for v in by_importance(failed) + by_importance(unshown)]
         more = f"\n  ... and {len(lines) - MAX_LISTED} more in the report" if len(lines) > MAX_LISTED else ""
         raise GateFailure(f"{head}{fallback}; each gate's figures and interval: {run.path / 'report.md'}:\n  - "
                           + "\n  - ".join(lines[:MAX_LISTED]) + more)
@@ -205,7 +205,7 @@ def by_importance(verdicts: list) -> list:
     return sorted(verdicts, key=lambda v: importance(gate_id(v)))
 
 
-def _blocking_line(v) -> str:
+def blocking_line(v) -> str:
     """One short line a gate: its finding up to the first '; ' (the intervals and sample
     counts that follow are in run.json and the report)."""
     line = f"{v.check} {v.gate} at {v.scope}: {v.evidence.split('; ')[0]}"

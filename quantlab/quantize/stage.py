@@ -42,6 +42,11 @@ def preflight(ctx: StageContext) -> None:
 
     if reuses(ctx):  # these inputs passed this check and quantized before: skip llm-compressor's import
         return
+    distributed = ctx.recipe.quantization.distributed
+    if distributed is not None:
+        from quantlab.quantize.distributed import check_devices
+
+        check_devices(distributed.nproc_per_node, ctx.loaded.path)
     with llmcompressor_log(_log_file(ctx)):
         check_layout(ctx.loaded, ctx.baseline_model())
 
@@ -90,8 +95,6 @@ def _cache_parts(ctx: StageContext) -> dict[str, Any]:
 
 
 def run(ctx: StageContext) -> QuantizeResult:
-    from quantlab.quantize.llmcompressor import quantize_checkpoint
-
     parts, key, cached = _cache_hit(ctx)
     if cached is not None:
         ctx.progress(f"quantize: reusing the checkpoint quantized earlier from the same inputs ({key[:12]}; "
@@ -106,8 +109,7 @@ def run(ctx: StageContext) -> QuantizeResult:
             shutil.rmtree(cached, ignore_errors=True)
             cached = None
     if cached is None:
-        out = quantize_checkpoint(ctx.loaded, ctx.baseline_model(), ctx.checkpoint_dir, overwrite=True,
-                                  progress=ctx.progress, log_file=_log_file(ctx))
+        out = _quantize(ctx)
         if key is not None:  # before later stages add the manifest and signature to the folder
             result_cache.store(result_cache.CHECKPOINTS, key, ctx.checkpoint_dir, parts)
     ckpt = out["checkpoint"]
@@ -134,6 +136,25 @@ def run(ctx: StageContext) -> QuantizeResult:
         shims=out["shims"],
         reused_from_cache=key if cached is not None else None,
     )
+
+
+def _quantize(ctx: StageContext) -> dict[str, Any]:
+    """In this process, or with quantization.distributed one process per GPU under torchrun."""
+    from quantlab.quantize.llmcompressor import quantize_checkpoint
+
+    distributed = ctx.recipe.quantization.distributed
+    if distributed is None:
+        return quantize_checkpoint(ctx.loaded, ctx.baseline_model(), ctx.checkpoint_dir, overwrite=True,
+                                   progress=ctx.progress, log_file=_log_file(ctx))
+    from quantlab.quantize.distributed import run_distributed, write_rank_recipe
+
+    ctx.baseline_model()  # resolved (and converted) once here, not by every rank
+    log = _log_file(ctx) or ctx.run.path / LOG_DIR / "llmcompressor.log"
+    log.parent.mkdir(parents=True, exist_ok=True)
+    ctx.progress(f"quantize: {distributed.nproc_per_node} processes under torchrun (llm-compressor's distributed "
+                 f"oneshot; its output: {log})")
+    return run_distributed(write_rank_recipe(ctx.loaded, log.parent), ctx.checkpoint_dir,
+                           distributed.nproc_per_node, log_file=log)
 
 
 def _digest_problem(folder: Path, files: dict[str, Any]) -> str | None:

@@ -69,6 +69,14 @@ class KVCacheSpec(_Strict):
     dtype: Literal["fp8"] = Field("fp8", description="KV cache storage type.")
 
 
+class DistributedSpec(_Strict):
+    """llm-compressor's distributed oneshot under torchrun on one node (quantize/distributed.py)."""
+
+    nproc_per_node: int = Field(ge=2, le=64, description="Processes, one per accelerator of the node; "
+                                "llm-compressor splits the calibration samples across them. Needs that many "
+                                "GPUs: refused by the preflight on a host without them.")
+
+
 class QuantizationSpec(_Strict):
     method: Method
     scheme: Scheme | None = Field(None, description="Quantization scheme (required unless method is 'raw').")
@@ -95,6 +103,8 @@ class QuantizationSpec(_Strict):
     reuse_checkpoint: bool = Field(True, description="Reuse a checkpoint quantized earlier (on this machine) from "
                                    "the same model files, quantization and calibration sections, calibration data "
                                    "and library versions, instead of quantizing again.")
+    distributed: DistributedSpec | None = Field(None, description="Calibrate with one process per GPU of the "
+                                                "node under torchrun; null: one process.")
     raw_recipe: dict[str, Any] | str | None = Field(
         None,
         description="Escape hatch (method 'raw'): an llm-compressor recipe, as a YAML string or "

@@ -48,7 +48,8 @@ class Manifest(_M):
     manifest_version: Literal[1] = MANIFEST_VERSION
     quantlab: dict[str, Any]
     created_at: str
-    run: dict[str, Any] = Field(description="Run id, status, stage timestamps and durations.")
+    run: dict[str, Any] = Field(description="Run id, status, stage timestamps and durations; with --ray the "
+                                "node and Ray job the checks ran on (placement) and a racing stop.")
     recipe: dict[str, Any] = Field(description="The resolved recipe and its sha256.")
     model: dict[str, Any] = Field(description="The unquantized source: kind, provenance, file hashes.")
     calibration: dict[str, Any] | None

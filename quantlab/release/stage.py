@@ -150,7 +150,8 @@ def build_manifest(ctx: StageContext, results: dict[str, Any], verdicts, decisio
     return Manifest(
         quantlab=quantlab_identity(),
         created_at=now_iso(),
-        run={"run_id": record.run_id, "recipe_history": record.recipe_history,
+        run={"run_id": record.run_id, "recipe_history": record.recipe_history, "placement": record.placement,
+             "stopped_early": record.stopped_early,
              "stages": {n: {"status": r.status, "started_at": r.started_at, "finished_at": r.finished_at,
                             "duration_s": r.duration_s} for n, r in record.stages.items() if n != NAME}},
         recipe={"name": record.recipe_name, "sha256": record.recipe_sha256, "content": record.recipe},

@@ -24,7 +24,10 @@ ENGINE_IMPORTS = {
     "quantlab.quantize.llmcompressor": {"torch", "transformers", "llmcompressor"},
     "quantlab.quantize.shims": {"torch", "llmcompressor"},
     "quantlab.quantize.engine_output": {"llmcompressor"},
-    "quantlab.pipeline.ray_quantize": {"ray"},  # only when --ray is given
+    "quantlab.quantize.distributed": {"torch"},  # the preflight counts the accelerators
+    "quantlab.quantize.distributed_rank": {"torch", "compressed_tensors"},  # one torchrun rank
+    "quantlab.pipeline.ray_cluster": {"ray"},  # only when --ray is given
+    "quantlab.pipeline.ray_candidates": {"ray"},
     "quantlab.quantize.dtype_speed": {"torch"},
     "quantlab.search.measure": {"torch", "transformers", "llmcompressor", "compressed_tensors"},
     "quantlab.models.default_model": {"torch", "transformers"},

@@ -75,8 +75,11 @@ def conclude(folder: Path, cands: list[Candidate], selection: SelectionSpec, pro
 
 
 def _served_at(c: Candidate) -> str:
-    """Where its server ran: launched on this host, or the endpoint it was given."""
+    """Where its server ran: launched on this host (or a Ray node), or the endpoint it was given."""
     spec = c.loaded.recipe.serve
+    placement = c.run.record.placement if c.run is not None else None
+    if placement and spec.mode == "launch":
+        return f"Ray node {placement['node']}"
     if spec.mode == "endpoint":
         return spec.candidate_endpoint or spec.endpoint or "endpoint"
     return "this host" if spec.mode == "launch" else "its serve.command"

@@ -97,9 +97,9 @@ def run_comparison(recipes: list[Path | LoadedRecipe], runs_root: Path, *,
                 c.ctx.close_engines()
         if baseline is not None:
             baseline.stop()
-    _choose_then_release(cands, selection)
+    choose_then_release(cands, selection)
     for c in cands:
-        _finish(c, clock, progress)
+        finish_candidate(c, clock, progress)
     return conclude(folder, cands, selection, progress)
 
 
@@ -322,7 +322,7 @@ def _record_failed(c: Candidate, name: str, started: str, t0: float, e0: float, 
                                 error=error))
 
 
-def _choose_then_release(cands: list[Candidate], selection: SelectionSpec) -> None:
+def choose_then_release(cands: list[Candidate], selection: SelectionSpec) -> None:
     """Each candidate's decision, the choice among them, then each one's release stage:
     its signed manifest records whether it was chosen, why, and every candidate's row."""
     judged = [c for c in cands if c.run is not None and c.refused is None]
@@ -338,7 +338,7 @@ def _choose_then_release(cands: list[Candidate], selection: SelectionSpec) -> No
         _each([c], release_stage)
 
 
-def _finish(c: Candidate, clock: tuple[float, float], progress: Progress) -> None:
+def finish_candidate(c: Candidate, clock: tuple[float, float], progress: Progress) -> None:
     """The candidate's record status and reports, as a single run leaves them."""
     if c.run is None:
         return

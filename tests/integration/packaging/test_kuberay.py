@@ -80,6 +80,6 @@ def test_the_entrypoint_parses_and_plans_as_a_dry_run(tmp_path):
     r = subprocess.run([sys.executable, "-m", *mapped, "--dry-run"], capture_output=True, text=True, timeout=300,
                        env=env, cwd=tmp_path)
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-3000:]
-    assert "ray: would quantize 2 recipe(s) as tasks on auto" in r.stdout
+    assert "ray: would run 2 candidate(s) as tasks on the nodes of auto" in r.stdout
     assert r.stdout.count("preflights passed") + r.stdout.count("would be left out") == 2
     assert not (tmp_path / "storage").exists()  # a dry run writes nothing

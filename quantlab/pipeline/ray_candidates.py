@@ -1,0 +1,279 @@
+"""Past one machine: `quantlab run a.yaml b.yaml ... --ray ADDRESS --storage DIR`.
+
+Each candidate is one Ray task, placed by Ray on a node that holds what it asks for
+(ray_cluster.task_resources) and run again once elsewhere if that node is lost (Ray's
+retry). The task runs the candidate's stages on its node as a single run does: quantize
+(the checkpoint cache in the storage folder, so a checkpoint made once is found by every
+node), serve the baseline and the candidate there, quality, performance (baseline and
+candidate interleaved on that node, the load generated there), stability and targets. Its
+run folder is in the storage folder, so its records, plots and engine logs are where the
+driver reads them; the baseline's quality and stability results go through the shared
+cache, so a second node of the same kind takes them instead of evaluating them again.
+
+The driver never serves: it checks before any task starts (the cluster can hold every
+task, the storage folder is writable, the signing key is there), then takes each task's
+run folder as it finishes, makes every candidate's decision, the recipes' choice, and
+runs each release stage itself (only the driver signs), then the comparison's files, as
+the local comparison does. The manifest names the node the checks ran on (its hardware
+from that node's own probe, in the serve result) and the Ray job.
+
+Racing: with `quality.samples: auto`, a candidate that has failed a required gate after
+its quality stage stops there (its servers stopped, its node free for the next task) and
+is recorded as stopped early, with the gate that stopped it.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from quantlab.core.errors import EngineError, QuantlabError, RecipeError
+from quantlab.core.fsutil import write_text_atomic
+from quantlab.core.progress import Progress
+from quantlab.core.result_cache import SHARED_CACHE_ENV
+from quantlab.core.run import RunDir
+from quantlab.pipeline.candidates.members import (CANDIDATES_DIR, Candidate, Comparison, candidates_of,
+                                                  check_comparable, create_folder, selection_of)
+from quantlab.core.engine_time import engine_seconds
+from quantlab.pipeline.candidates.conclusion import conclude
+from quantlab.pipeline.candidates.run import choose_then_release, finish_candidate
+from quantlab.pipeline.context import RunContext
+from quantlab.pipeline.loop import STAGES, baseline_needed, blocking_line, enabled, run_stage, stages_to_run
+from quantlab.pipeline.ray_cluster import (RUNS_SUBDIR, check_fits, check_storage, check_storage_on_nodes,
+                                           shared_cache, task_resources)
+from quantlab.recipe.file import LoadedRecipe
+from quantlab.release import stage as release_stage
+
+TASK_RETRIES = 1  # a task whose node is lost runs once more elsewhere (Ray's retry)
+TASK_DEADLINE_S = 24 * 3600  # the longest one candidate may take before the run gives up on it
+WAIT_STEP_S = 1.0  # how often the wait wakes (a Ctrl-C is taken between two waits)
+CANCEL_GRACE_S = 30.0  # a cancelled task's stages stop their servers within this, then it is killed
+ATTEMPTS_DIR = "ray-attempts"  # in a candidate's run folder: one mark per attempt (node, pid)
+NODE_LOG = "logs/node-progress.log"  # in a candidate's run folder: what its task said, on its node
+NODE_STAGES = [s for s in STAGES if s is not release_stage]  # the driver releases: only it signs
+
+
+@dataclass
+class NodeOutcome:
+    """What one candidate's task did: where, how long, and how it ended."""
+
+    name: str
+    node: str | None = None  # host name / Ray node id
+    seconds: float | None = None  # the task's own wall time, on its node
+    waited_s: float | None = None  # from submitting the task to its start on a node (Ray's scheduling)
+    attempts: int = 1  # 2: its first node was lost and Ray ran it again elsewhere
+    refused: str | None = None  # by a preflight on its node, before any work
+    failed: str | None = None  # a stage failed, or the task itself (after Ray's retry)
+    stopped_early: str | None = None  # racing: the required gate that failed, and where
+
+
+def run_comparison_on_ray(recipes: list[Path | LoadedRecipe], storage: Path, *, progress: Progress = print,
+                          cpus: int = 1, verbose: bool = False) -> Comparison:
+    """The candidates as Ray tasks (connected already: ray_cluster.connect), then the
+    choice and every release on this machine. One recipe is a comparison of one; a recipe
+    may be one in memory (a search's trial), which travels to its node whole."""
+    import ray
+
+    clock = (time.perf_counter(), engine_seconds())
+    cands = candidates_of(recipes)
+    check_comparable(cands, minimum=1)
+    selection = selection_of([c.loaded for c in cands])
+    check_fits([c.loaded for c in cands], [n["Resources"] for n in ray.nodes() if n.get("Alive")], cpus)
+    storage = check_storage(storage)  # here first, then from every node
+    check_storage_on_nodes(storage)
+    folder = create_folder(Path(storage) / RUNS_SUBDIR, cands)
+    progress(f"comparison of {len(cands)} candidate(s) on the Ray cluster: {folder}")
+    for c in cands:
+        c.run = RunDir.create(c.loaded, folder / CANDIDATES_DIR)
+        c.ctx = RunContext(c.loaded, c.run, progress, verbose=verbose, stages=STAGES)
+        stages_to_run(c.ctx)  # a recipe without any check is refused here, before any task
+        release_stage.preflight(c.ctx)  # the signing key: on this machine, which signs
+    outcomes = run_tasks(cands, storage, progress=progress, cpus=cpus, stop_on_refusal=selection.unservable == "stop")
+    write_placement(folder, outcomes)
+    for c in cands:
+        _adopt(c, outcomes[c.name], progress, verbose)
+    choose_then_release(cands, selection)
+    for c in cands:
+        finish_candidate(c, clock, progress)
+    return conclude(folder, cands, selection, progress)
+
+
+def run_tasks(cands: list[Candidate], storage: Path, *, progress: Progress, cpus: int = 1,
+              stop_on_refusal: bool = False) -> dict[str, NodeOutcome]:
+    """Every candidate's task at once (Ray queues those no node can take yet); waits for
+    all of them within TASK_DEADLINE_S. On Ctrl-C, SIGTERM or the deadline every task is
+    cancelled: its stages stop their servers (within CANCEL_GRACE_S), then it is killed."""
+    import ray
+
+    task = ray.remote(max_retries=TASK_RETRIES, retry_exceptions=False)(_candidate_task)
+    env = {"env_vars": {SHARED_CACHE_ENV: str(shared_cache(storage))}}
+    job = ray.get_runtime_context().get_job_id()
+    submitted = time.time()
+    refs = {task.options(runtime_env=env, name=f"candidate:{c.name}", **task_resources(c.loaded, cpus))
+            .remote(c.loaded, str(c.run.path), job): c.name for c in cands}
+    progress(f"ray: {len(refs)} candidate task(s) submitted (job {job})")
+    outcomes: dict[str, NodeOutcome] = {}
+    deadline = time.monotonic() + TASK_DEADLINE_S
+    pending = list(refs)
+    try:
+        while pending:
+            ready, pending = ray.wait(pending, num_returns=1, timeout=min(WAIT_STEP_S, max(
+                0.1, deadline - time.monotonic())))
+            if not ready:
+                if time.monotonic() >= deadline:
+                    raise EngineError(f"ray: {len(pending)} candidate task(s) did not finish within "
+                                      f"{TASK_DEADLINE_S} s: " + ", ".join(refs[r] for r in pending))
+                continue
+            out = _collected(ray, ready[0], refs[ready[0]], submitted, progress)
+            outcomes[out.name] = out
+            if out.refused and stop_on_refusal:
+                raise RecipeError(f"candidate {out.name}: {out.refused} (selection.unservable: stop)",
+                                  field="selection.unservable")
+    except BaseException:
+        _cancel(ray, pending, progress)
+        raise
+    return outcomes
+
+
+def _cancel(ray, pending: list, progress: Progress) -> None:
+    """Ask each task to stop (a KeyboardInterrupt in it: its stages stop their servers and
+    record the interruption), then kill what is still running after CANCEL_GRACE_S."""
+    if not pending:
+        return
+    progress(f"ray: stopping {len(pending)} candidate task(s)")
+    for ref in pending:
+        ray.cancel(ref, force=False)
+    _, left = ray.wait(pending, num_returns=len(pending), timeout=CANCEL_GRACE_S)
+    for ref in left:
+        ray.cancel(ref, force=True)  # its servers die with it (they follow their parent's death)
+
+
+def _collected(ray, ref, name: str, submitted: float, progress: Progress) -> NodeOutcome:
+    """One finished task's outcome (a task that still failed after Ray's retry is reported)."""
+    try:
+        done = ray.get(ref)
+        out = NodeOutcome(name, waited_s=round(done.pop("started_at") - submitted, 2), **done)
+    except Exception as err:  # noqa: BLE001 - one candidate's failure is said, the others go on
+        said = (str(err).strip().splitlines() or [""])[-1][:300]
+        out = NodeOutcome(name, failed=f"its Ray task failed after {TASK_RETRIES} retry: {type(err).__name__}: "
+                                       f"{said}")
+        progress(f"ray: candidate {name}: {out.failed}")
+        return out
+    how = (f"refused: {out.refused}" if out.refused else f"failed: {out.failed}" if out.failed else
+           f"stopped early: {out.stopped_early}" if out.stopped_early else "checked")
+    progress(f"ray: candidate {name} on {out.node} in {out.seconds:.0f} s: {how}"
+             + (f" (after {out.attempts - 1} retry: its first node was lost)" if out.attempts > 1 else ""))
+    return out
+
+
+def _adopt(c: Candidate, out: NodeOutcome, progress: Progress, verbose: bool) -> None:
+    """The candidate's run folder as its task left it, ready for the driver's release."""
+    c.run = RunDir.open(c.run.path)
+    c.ctx = RunContext(c.loaded, c.run, progress, verbose=verbose, stages=STAGES)
+    c.ctx.enabled_stages = {s.NAME for s in STAGES if enabled(s, c.ctx)}
+    c.todo = {release_stage.NAME: f"the checks ran on {out.node}"}
+    c.ctx.will_run = set(c.todo)
+    if out.refused:
+        c.refused = out.refused
+    elif out.failed:
+        c.failed = out.failed
+    if c.refused or c.failed:
+        if c.run.record.status == "running":
+            c.run.record.status = "failed"
+        c.run.save()
+
+
+def _candidate_task(loaded: LoadedRecipe, run_path: str, job: str) -> dict[str, Any]:
+    """Runs on a Ray node: the candidate's stages but release, in its run folder in the
+    storage folder (a retry resumes there: the stages already done with the same inputs
+    are kept). Each attempt leaves a mark, so a retry is known and said."""
+    import ray
+
+    started_at, t0 = time.time(), time.monotonic()
+    node_id = ray.get_runtime_context().get_node_id()
+    node = f"{socket.gethostname()}/{node_id[:8]}"
+    run = RunDir.open(Path(run_path))
+    marks = run.path / ATTEMPTS_DIR
+    marks.mkdir(exist_ok=True)
+    (marks / f"{node_id[:8]}.{os.getpid()}").write_text(str(started_at))
+    attempts = len(list(marks.iterdir()))
+    run.record.placement = {"node": node, "ray_node_id": node_id, "ray_job_id": job, "attempt": attempts}
+    if attempts > 1:  # what the lost node served and measured is redone here; a finished checkpoint is kept
+        run.record.stages = {n: r for n, r in run.record.stages.items() if n in ("quantize", "checkpoint")}
+        for partial in [*run.path.glob(".*.partial"), *run.path.glob(".*.old-*")]:
+            shutil.rmtree(partial, ignore_errors=True)  # what the lost attempt was writing
+    run.record.status = "running"
+    run.save()
+    said = _node_log(run.path / NODE_LOG)
+    out: dict[str, Any] = {"node": node, "started_at": started_at, "attempts": attempts}
+    ctx = RunContext(loaded, run, progress=said, stages=NODE_STAGES)
+    try:
+        try:
+            todo = stages_to_run(ctx)
+            ctx.will_run = set(todo)
+            for stage in ctx.stages:
+                if stage.NAME in todo:
+                    stage.preflight(ctx)
+        except RecipeError as err:
+            out["refused"] = f"refused by its preflight on {node}: {err}"
+            return out
+        ctx.needs_baseline = lambda: baseline_needed(ctx)
+        for stage in ctx.stages:
+            if not enabled(stage, ctx) or stage.NAME not in todo:
+                continue
+            said(f"stage {stage.NAME}: {todo[stage.NAME]}")
+            try:
+                run_stage(ctx, stage)
+            except QuantlabError as err:
+                out["failed"] = f"stage {stage.NAME} failed on {node}: {err}"
+                return out
+            stop = _stopped_early(ctx, stage.NAME)
+            if stop:
+                out["stopped_early"] = run.record.stopped_early = stop
+                said(f"stopped early: {stop}")
+                return out
+        return out
+    finally:
+        ctx.close_engines()
+        run.save()
+        out["seconds"] = round(time.monotonic() - t0, 1)
+
+
+def _stopped_early(ctx: RunContext, stage: str) -> str | None:
+    """Racing (quality.samples auto): after the quality stage, a required gate that
+    failed ends the candidate's checks (nothing later can undo a failed gate)."""
+    q = ctx.recipe.quality
+    if stage != "quality" or q is None or q.samples != "auto":
+        return None
+    failed = [v for v in release_stage.decide_run(ctx).blocking if v.verdict == "fail"]
+    if not failed:
+        return None
+    return f"blocked at its quality stage: {blocking_line(failed[0])}"
+
+
+def _node_log(path: Path) -> Progress:
+    """Progress of a task on its node, appended to a file in its run folder (the driver
+    prints its own lines; this one is read afterwards)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+
+    def said(msg: str) -> None:
+        with path.open("a") as f:
+            f.write(f"{time.strftime('%H:%M:%S')} {msg}\n")
+
+    return said
+
+
+PLACEMENT_FILE = "placement.json"
+
+
+def write_placement(folder: Path, outcomes: dict[str, NodeOutcome]) -> None:
+    """Where each candidate ran, how long it waited for a node and took there, beside the
+    comparison's files."""
+    import json
+
+    write_text_atomic(folder / PLACEMENT_FILE, json.dumps({n: o.__dict__ for n, o in outcomes.items()}, indent=2))

@@ -1,0 +1,173 @@
+"""Past one machine: joining a Ray cluster, and what a candidate's task asks of it.
+
+`quantlab run a.yaml b.yaml --ray ADDRESS --storage DIR` runs each candidate as a Ray task
+(pipeline/ray_candidates.py); this module is the cluster's side of it: join or start the
+cluster (an unreachable address is said within seconds, not after Ray's minutes of
+retries), check the storage folder every node writes to, and refuse at once a task no
+node can hold (Ray would otherwise wait for resources that never come).
+
+Ray is imported only here and in ray_candidates, and only when `--ray` is given: the CLI
+starts as fast as ever.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+from quantlab.core.errors import RecipeError
+from quantlab.core.progress import Progress
+from quantlab.recipe.file import LoadedRecipe
+
+CACHE_SUBDIR = "cache"  # in the storage folder: the checkpoints and baseline results every node shares
+RUNS_SUBDIR = "runs"  # in the storage folder: the comparison's run folders, written by the nodes
+LOCAL_OBJECT_STORE_BYTES = 128 * 2**20  # --ray local: checkpoints go through storage, not the object store
+
+
+def shared_cache(storage: Path) -> Path:
+    """The caches every node shares in the storage folder: checkpoints and the baseline's
+    quality and stability results (core.result_cache.SHARED_KINDS). The probe cache and the
+    signing key stay each machine's own."""
+    return Path(storage).resolve() / CACHE_SUBDIR
+
+
+def check_storage(storage: Path) -> Path:
+    """The storage folder, created and written to once (a folder no process can write is a
+    clear error before any work, naming it)."""
+    folder = Path(storage).expanduser().resolve()
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        probe = folder / f".quantlab-write-check-{os.getpid()}"
+        probe.write_text("ok")
+        probe.unlink()
+    except OSError as err:
+        raise RecipeError(f"--storage {storage}: cannot write there ({err}); give a folder every Ray node can "
+                          "write (NFS or a mounted bucket)", field="--storage") from None
+    return folder
+
+
+def connect(address: str, *, progress: Progress) -> dict[str, Any]:
+    """Join the cluster at `address` ('auto': the one `ray start` made here; 'local': start
+    one in this process). Returns what the cluster has (its nodes and resources)."""
+    try:
+        import ray
+    except ImportError:
+        raise RecipeError("--ray needs the `ray` package in quantlab's environment: pip install ray==2.60.0 "
+                          "(scripts/setup.sh installs it)", field="--ray") from None
+    kwargs: dict[str, Any] = {"include_dashboard": False, "log_to_driver": False, "configure_logging": False}
+    if address == "local":
+        kwargs.update(num_cpus=os.cpu_count() or 1, object_store_memory=LOCAL_OBJECT_STORE_BYTES)
+    else:
+        _check_reachable(address)
+        kwargs["address"] = address
+    progress(f"ray: joining the cluster at {address}")
+    try:
+        ray.init(**kwargs)
+    except Exception as err:  # noqa: BLE001 - Ray raises several kinds here; each is the same bad address
+        raise RecipeError(f"--ray {address}: no Ray cluster could be joined there ({type(err).__name__}: "
+                          f"{str(err).splitlines()[0] if str(err) else ''}); start one with `ray start --head`, "
+                          "pass its address (or RAY_ADDRESS), or use --ray local", field="--ray") from None
+    nodes = [n for n in ray.nodes() if n.get("Alive")]
+    return {"nodes": len(nodes), "resources": ray.cluster_resources()}
+
+
+CONNECT_DEADLINE_S = 10.0  # Ray itself retries an unreachable head for minutes
+
+
+def _check_reachable(address: str) -> None:
+    """An explicit host:port must answer a TCP connect within CONNECT_DEADLINE_S: Ray's own
+    join waits minutes on an address nobody listens at."""
+    import socket
+
+    if address == "auto":
+        return  # Ray finds the cluster's address itself (RAY_ADDRESS, or `ray start` here), says when there is none
+    if address.startswith(("http://", "https://")):
+        raise RecipeError(f"--ray {address}: that is a dashboard or Jobs API address; give the cluster's "
+                          "host:port (its GCS, 6379 by default) or ray://host:10001", field="--ray")
+    host, _, port = address.removeprefix("ray://").rpartition(":")
+    host = host.strip("[]")  # an IPv6 address in brackets
+    if not host or not port.isdigit():
+        raise RecipeError(f"--ray {address}: expected host:port (or 'auto', 'local')", field="--ray")
+    try:
+        socket.create_connection((host, int(port)), timeout=CONNECT_DEADLINE_S).close()
+    except OSError as err:
+        raise RecipeError(f"--ray {address}: nothing answers there ({err}); start a cluster with `ray start "
+                          "--head`, pass its address (or RAY_ADDRESS), or use --ray local", field="--ray") from None
+
+
+NODE_CHECK_DEADLINE_S = 60.0  # a node that cannot start a task in this long is named as not answering
+
+
+def check_storage_on_nodes(storage: Path) -> None:
+    """Every alive node writes and removes a file in the storage folder (a task of no CPU
+    pinned to each node): a node where the folder is not mounted, or read-only, is named
+    before any candidate's task starts."""
+    import ray
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    probe = ray.remote(num_cpus=0, max_retries=0)(_write_probe)
+    nodes = [n for n in ray.nodes() if n.get("Alive")]
+    refs = {probe.options(scheduling_strategy=NodeAffinitySchedulingStrategy(n["NodeID"], soft=False))
+            .remote(str(storage)): n for n in nodes}
+    ready, pending = ray.wait(list(refs), num_returns=len(refs), timeout=NODE_CHECK_DEADLINE_S)
+    problems = [(refs[r], ray.get(r)) for r in ready] + [(refs[r], f"no answer within {NODE_CHECK_DEADLINE_S:.0f} s")
+                                                          for r in pending]
+    for ref in pending:
+        ray.cancel(ref, force=True)
+    problems = [f"node {n.get('NodeManagerHostname')}/{n['NodeID'][:8]}: {why}" for n, why in problems if why]
+    if problems:
+        raise RecipeError(f"--storage {storage}: not writable from {len(problems)} of {len(nodes)} Ray node(s) ("
+                          + "; ".join(problems) + "); mount the same folder at the same path on every node (NFS "
+                          "or a mounted bucket)", field="--storage")
+
+
+def _write_probe(storage: str) -> str | None:
+    """Runs on one node: None where it can write in `storage`, else why not."""
+    import socket
+
+    folder = Path(storage)
+    if not folder.is_dir():
+        return f"{storage} does not exist there"
+    probe = folder / f".quantlab-node-check-{socket.gethostname()}-{os.getpid()}"
+    try:
+        probe.write_text("ok")
+        probe.unlink()
+    except OSError as err:
+        return f"cannot write there ({err})"
+    return None
+
+
+def disconnect() -> None:
+    import ray
+
+    if ray.is_initialized():
+        ray.shutdown()
+
+
+def task_resources(loaded: LoadedRecipe, cpus: int = 1) -> dict[str, float]:
+    """What a candidate's task asks of one node: `cpus` CPUs (its torch threads and the
+    engines' own), and on CUDA the GPUs its server spans (tensor x pipeline parallel size
+    from serve.engine_args; llm-compressor calibrates on the first). A server across nodes
+    is vLLM's own (`distributed_executor_backend: ray`), not a task's."""
+    spec = loaded.recipe.serve
+    if spec.device != "cuda":
+        return {"num_cpus": float(cpus)}
+    args = spec.engine_args or {}
+    gpus = int(args.get("tensor_parallel_size", 1) or 1) * int(args.get("pipeline_parallel_size", 1) or 1)
+    return {"num_gpus": float(gpus), "num_cpus": float(cpus)}
+
+
+def check_fits(loaded: list[LoadedRecipe], nodes: list[dict[str, float]], cpus: int) -> None:
+    """Every task must fit on one node of the cluster (Ray would otherwise wait for
+    resources that never come): a clear error naming the recipe and the largest node."""
+    for lr in loaded:
+        for key, want in task_resources(lr, cpus).items():
+            name = {"num_cpus": "CPU", "num_gpus": "GPU"}[key]
+            most = max((n.get(name, 0.0) for n in nodes), default=0.0)
+            if most < want:
+                raise RecipeError(f"{lr.path}: its task asks for {want:g} {name}(s) on one node (serve.device "
+                                  f"{lr.recipe.serve.device}, serve.engine_args tensor x pipeline parallel size, "
+                                  f"--ray-cpus {cpus}), and the Ray cluster's largest "
+                                  f"node has {most:g}; add nodes with them, or lower --ray-cpus",
+                                  file=str(lr.path), field="serve.engine_args" if name == "GPU" else "--ray-cpus")

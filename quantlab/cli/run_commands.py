@@ -108,6 +108,8 @@ def search(
         "sensitivity ranking is computed here.")] = None,
     storage: Annotated[Optional[Path], typer.Option(
         help="With --ray: a folder every node sees; default <runs-dir>/storage with --ray local.")] = None,
+    ray_cpus: Annotated[int, typer.Option(min=1, help="With --ray: the CPUs each trial's task asks of its "
+                                          "node.")] = 1,
 ) -> None:
     """Find the fewest of the most sensitive layers to keep unquantized so that every
     required gate of the recipe passes: bisection over how many, each round a comparison
@@ -125,7 +127,7 @@ def search(
                         time_budget_s=time_budget_s, knobs=tuple(knob or ()), progress=progress, verbose=verbose)
         if ray:
             with on_ray(ray, storage, runs_dir) as folder:
-                result = run_search(loaded, runs_dir, ray_storage=folder, **settings)
+                result = run_search(loaded, runs_dir, ray_storage=folder, ray_cpus=ray_cpus, **settings)
         else:
             result = run_search(loaded, runs_dir, **settings)
         err.print("[bold]search[/]", highlight=False)

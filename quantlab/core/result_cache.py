@@ -6,8 +6,8 @@ started) and quantized checkpoints. One folder per kind and key: `<cache>/<kind>
 Each stage's key holds everything that can change the baseline's results there. Quality:
 its weights (or, for an external endpoint, its URL and served name), the suite files,
 the tasks and their sample limit, the engine version and arguments, lm-eval's version,
-the seed and the request concurrency (batching can change greedy outputs), and the KL
-settings. Stability: the weights, the probe settings (not the gates), the prompts, the
+the seed and the request concurrency (batching can change greedy outputs), the KL
+settings, and the hardware (a cache shared by `--ray` nodes spans CPU and GPU kinds). Stability: the weights, the probe settings (not the gates), the prompts, the
 served max_model_len, the engine version and arguments, and the hardware. Checkpoints:
 the quantize stage's inputs (model files, quantization and calibration sections,
 calibration data), quantlab's code (a hash of its sources) and the quantization
@@ -97,9 +97,28 @@ def store(kind: str, key: str, source: Path, parts: dict[str, Any], *, aliases: 
             tmp.rename(final)
         except OSError:
             shutil.rmtree(tmp, ignore_errors=True)
-            if not (final / COMPLETE).is_file():  # not another writer's finished entry: a real failure
+            if not _finished_by_another(final):  # not another writer's finished entry: a real failure
                 raise
+        except BaseException:  # Ctrl-C, a cancelled Ray task: no half-copied folder stays in the cache
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
     for alias in aliases:
         if alias != key:
             write_text_atomic(root / f"{alias}.alias", key)
     return final
+
+
+def _finished_by_another(final: Path, tries: int = 5) -> bool:
+    """Whether a concurrent writer's entry is there, complete. Listed afresh a few times: on
+    NFS a just-renamed folder can be missing from a cached lookup for a moment."""
+    import os
+    import time
+
+    for _ in range(tries):
+        try:
+            if COMPLETE in os.listdir(final):
+                return True
+        except OSError:
+            pass
+        time.sleep(0.2)
+    return False

@@ -50,7 +50,7 @@ from quantlab.recipe.file import LoadedRecipe
 from quantlab.release import stage as release_stage
 
 TASK_RETRIES = 1  # a task whose node is lost runs once more elsewhere (Ray's retry)
-TASK_DEADLINE_S = 24 * 3600  # the longest one candidate may take before the run gives up on it
+COMPARISON_DEADLINE_S = 24 * 3600  # the longest the candidates' tasks may take, queued ones included
 WAIT_STEP_S = 1.0  # how often the wait wakes (a Ctrl-C is taken between two waits)
 CANCEL_GRACE_S = 30.0  # a cancelled task's stages stop their servers within this, then it is killed
 ATTEMPTS_DIR = "ray-attempts"  # in a candidate's run folder: one mark per attempt (node, pid)
@@ -93,7 +93,17 @@ def run_comparison_on_ray(recipes: list[Path | LoadedRecipe], storage: Path, *, 
         c.ctx = RunContext(c.loaded, c.run, progress, verbose=verbose, stages=STAGES)
         stages_to_run(c.ctx)  # a recipe without any check is refused here, before any task
         release_stage.preflight(c.ctx)  # the signing key: on this machine, which signs
-    outcomes = run_tasks(cands, storage, progress=progress, cpus=cpus, stop_on_refusal=selection.unservable == "stop")
+        c.ctx.baseline_model()  # the release here hashes the baseline's files: it must resolve here too
+    try:
+        outcomes = run_tasks(cands, storage, progress=progress, cpus=cpus,
+                             stop_on_refusal=selection.unservable == "stop")
+    except BaseException as err:  # Ctrl-C, the deadline, a refusal that stops all: no record stays "running"
+        for c in cands:
+            run = RunDir.open(c.run.path)
+            if run.record.status == "running":
+                run.record.status = "interrupted" if isinstance(err, KeyboardInterrupt) else "failed"
+                run.save()
+        raise
     write_placement(folder, outcomes)
     for c in cands:
         _adopt(c, outcomes[c.name], progress, verbose)
@@ -106,7 +116,7 @@ def run_comparison_on_ray(recipes: list[Path | LoadedRecipe], storage: Path, *, 
 def run_tasks(cands: list[Candidate], storage: Path, *, progress: Progress, cpus: int = 1,
               stop_on_refusal: bool = False) -> dict[str, NodeOutcome]:
     """Every candidate's task at once (Ray queues those no node can take yet); waits for
-    all of them within TASK_DEADLINE_S. On Ctrl-C, SIGTERM or the deadline every task is
+    all of them within COMPARISON_DEADLINE_S. On Ctrl-C, SIGTERM or the deadline every task is
     cancelled: its stages stop their servers (within CANCEL_GRACE_S), then it is killed."""
     import ray
 
@@ -118,7 +128,7 @@ def run_tasks(cands: list[Candidate], storage: Path, *, progress: Progress, cpus
             .remote(c.loaded, str(c.run.path), job): c.name for c in cands}
     progress(f"ray: {len(refs)} candidate task(s) submitted (job {job})")
     outcomes: dict[str, NodeOutcome] = {}
-    deadline = time.monotonic() + TASK_DEADLINE_S
+    deadline = time.monotonic() + COMPARISON_DEADLINE_S
     pending = list(refs)
     try:
         while pending:
@@ -127,7 +137,7 @@ def run_tasks(cands: list[Candidate], storage: Path, *, progress: Progress, cpus
             if not ready:
                 if time.monotonic() >= deadline:
                     raise EngineError(f"ray: {len(pending)} candidate task(s) did not finish within "
-                                      f"{TASK_DEADLINE_S} s: " + ", ".join(refs[r] for r in pending))
+                                      f"{COMPARISON_DEADLINE_S} s: " + ", ".join(refs[r] for r in pending))
                 continue
             out = _collected(ray, ready[0], refs[ready[0]], submitted, progress)
             outcomes[out.name] = out
@@ -160,8 +170,8 @@ def _collected(ray, ref, name: str, submitted: float, progress: Progress) -> Nod
         out = NodeOutcome(name, waited_s=round(done.pop("started_at") - submitted, 2), **done)
     except Exception as err:  # noqa: BLE001 - one candidate's failure is said, the others go on
         said = (str(err).strip().splitlines() or [""])[-1][:300]
-        out = NodeOutcome(name, failed=f"its Ray task failed after {TASK_RETRIES} retry: {type(err).__name__}: "
-                                       f"{said}")
+        out = NodeOutcome(name, failed=f"its Ray task failed ({type(err).__name__}: {said}; a task whose node "
+                                       f"is lost is run {TASK_RETRIES} more time, an error in it is not)")
         progress(f"ray: candidate {name}: {out.failed}")
         return out
     how = (f"refused: {out.refused}" if out.refused else f"failed: {out.failed}" if out.failed else

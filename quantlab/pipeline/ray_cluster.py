@@ -148,13 +148,15 @@ def disconnect() -> None:
 def task_resources(loaded: LoadedRecipe, cpus: int = 1) -> dict[str, float]:
     """What a candidate's task asks of one node: `cpus` CPUs (its torch threads and the
     engines' own), and on CUDA the GPUs its server spans (tensor x pipeline parallel size
-    from serve.engine_args; llm-compressor calibrates on the first). A server across nodes
+    from serve.engine_args) or its calibration ranks (quantization.distributed), the more. A server across nodes
     is vLLM's own (`distributed_executor_backend: ray`), not a task's."""
     spec = loaded.recipe.serve
     if spec.device != "cuda":
         return {"num_cpus": float(cpus)}
     args = spec.engine_args or {}
     gpus = int(args.get("tensor_parallel_size", 1) or 1) * int(args.get("pipeline_parallel_size", 1) or 1)
+    distributed = loaded.recipe.quantization.distributed  # one GPU a calibration rank, on the same node
+    gpus = max(gpus, distributed.nproc_per_node if distributed is not None else 1)
     return {"num_gpus": float(gpus), "num_cpus": float(cpus)}
 
 

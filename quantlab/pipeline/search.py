@@ -44,7 +44,7 @@ def run_search(loaded: LoadedRecipe, runs_root: Path, *, sensitivity: Path | Non
                max_layers: int | None = None,
                width: int = 2, max_trials: int = 8, time_budget_s: float | None = None,
                knobs: tuple[str, ...] = (), progress: Progress = print, verbose: bool = False,
-               ray_storage: Path | None = None) -> dict[str, Any]:
+               ray_storage: Path | None = None, ray_cpus: int = 1) -> dict[str, Any]:
     """The search; returns its result (also written as search.json beside search.md and
     the chosen recipe file). `ray_storage`: connected to a Ray cluster (ray_cluster.connect),
     each round's trials run as Ray tasks, their run folders in that storage folder."""
@@ -83,7 +83,7 @@ def run_search(loaded: LoadedRecipe, runs_root: Path, *, sensitivity: Path | Non
         trials = [loaded.variant(trial_name(f"{recipe.name}-k{n}c{i}", 0), {**settings, field: v})
                   for i, v in enumerate(choices, 1)]
         progress(f"search: knob {field}, choices {choices} in this order")
-        outcomes, info = _compare(trials, folder, progress, verbose, ray_storage)
+        outcomes, info = _compare(trials, folder, progress, verbose, (ray_storage, ray_cpus))
         rounds.append({**info, "knob": field, "choices": choices})
         knob_trials += [{"knob": field, "value": v, "settings": {**settings, field: v}, **o}
                         for v, o in zip(choices, outcomes)]
@@ -106,7 +106,7 @@ def run_search(loaded: LoadedRecipe, runs_root: Path, *, sensitivity: Path | Non
         if _past_budget(rounds, estimate, t0, time_budget_s):
             stopped = "time budget"
             break
-        rounds.append(_round(base, todo, ranking, folder, state, progress, verbose, ray_storage))
+        rounds.append(_round(base, todo, ranking, folder, state, progress, verbose, (ray_storage, ray_cpus)))
     note = state.monotonic_note()
     if note:
         state.notes.append(note)
@@ -186,25 +186,27 @@ def trial_recipe(loaded: LoadedRecipe, ranking: list[dict[str, Any]], k: int) ->
 
 
 def _round(loaded: LoadedRecipe, ks: list[int], ranking: list[dict[str, Any]], folder: Path, state: SearchState,
-           progress: Progress, verbose: bool, ray_storage: Path | None) -> dict[str, Any]:
+           progress: Progress, verbose: bool, on_ray: tuple[Path | None, int]) -> dict[str, Any]:
     """One round of layer trials; each trial's outcome recorded in the state."""
     progress(f"search: trials keeping {', '.join(map(str, ks))} of the most sensitive layer groups unquantized")
     outcomes, info = _compare([trial_recipe(loaded, ranking, k) for k in ks], folder, progress, verbose,
-                              ray_storage)
+                              on_ray)
     for k, outcome in zip(ks, outcomes):
         state.record(k, outcome)
     return {**info, "ks": ks}
 
 
 def _compare(trials: list[LoadedRecipe], folder: Path, progress: Progress, verbose: bool,
-             ray_storage: Path | None = None) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+             on_ray: tuple[Path | None, int] = (None, 1)) -> tuple[list[dict[str, Any]], dict[str, Any]]:
     """One comparison of these trials (a lone trial is a comparison of one), here or as Ray
-    tasks; each trial's decision, failed gates, worst recovery, weights and throughput, in order."""
+    tasks (`on_ray`: the storage folder, None here, and the CPUs a task asks for); each trial's
+    decision, failed gates, worst recovery, weights and throughput, in order."""
     t0 = time.perf_counter()
-    if ray_storage is not None:
+    storage, cpus = on_ray
+    if storage is not None:
         from quantlab.pipeline.ray_candidates import run_comparison_on_ray
 
-        comparison = run_comparison_on_ray(trials, ray_storage, progress=progress, verbose=verbose)
+        comparison = run_comparison_on_ray(trials, storage, progress=progress, verbose=verbose, cpus=cpus)
     else:
         comparison = run_comparison(trials, folder / "rounds", progress=progress, verbose=verbose,
                                     allow_single=True)

@@ -57,7 +57,8 @@ def paired_values(task: str, metric: str, filt: str | None, base_rows: list[dict
                          "that both use the same tokenizer, chat template and task version")
     values = {role: [_value(rows[i], metric) for i in ids] for role, rows in (("baseline", base), ("candidate", cand))}
     for role, vs in values.items():
-        bad = [(i, v) for i, v in zip(ids, vs) if not all(math.isfinite(x) for x in (v if isinstance(v, tuple) else (v,)))]
+        bad = [(i, v) for i, v in zip(ids, vs)
+               if not all(math.isfinite(x) for x in (v if isinstance(v, tuple) else (v,)))]
         if bad:  # one NaN would silently become "recovery undefined" or drop out of the bootstrap
             raise CheckError(f"task '{task}': the {role}'s '{metric}' is not a finite number for {len(bad)} "
                              f"sample(s) (doc id {bad[0][0]}: {bad[0][1]}); a score that is not a number cannot "

@@ -52,6 +52,8 @@ def cache_parts(ctx: StageContext, suites: list[Suite], tasks: list[str], plan) 
             "limit": spec.limit, "seed": spec.seed, "num_concurrent": spec.num_concurrent,
             "engine": (plan.probe.get("versions") or {}).get("vllm"), "engine_args": plan.engine_args,
             "device": plan.device, "lm_eval": lm_eval_version(),
+            # the shared cache of --ray spans machines: a baseline's answers on one CPU or GPU kind are not another's
+            "hardware": {"cpu": plan.probe.get("cpu"), "gpus": plan.probe.get("gpus")},
             "kl": spec.kl.model_dump(mode="json", include={"enabled", "texts", "max_texts", "max_tokens", "top_k"}),
             "format": 1}
 

@@ -29,6 +29,7 @@ from typing import Any
 
 from quantlab.core.errors import EngineError, RecipeError
 from quantlab.core.layout import QUANTIZE_RESULT_FILE
+from quantlab.core.process_death import die_with_parent
 
 RANK_MODULE = "quantlab.quantize.distributed_rank"
 DEADLINE_S = 12 * 3600  # the longest one distributed quantization may take
@@ -76,7 +77,8 @@ def run_distributed(rank_recipe: Path, output: Path, nproc: int, *, log_file: Pa
     log = open(log_file, "a") if log_file else None  # noqa: SIM115 - closed below
     try:
         proc = subprocess.Popen(argv, stdout=log or subprocess.DEVNULL, stderr=subprocess.STDOUT,
-                                stdin=subprocess.DEVNULL, start_new_session=True, env=dict(os.environ))
+                                stdin=subprocess.DEVNULL, start_new_session=True, env=dict(os.environ),
+                                preexec_fn=die_with_parent if os.name == "posix" else None)  # never orphaned
         try:
             rc = proc.wait(timeout=deadline_s)
         except subprocess.TimeoutExpired:

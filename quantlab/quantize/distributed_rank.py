@@ -14,7 +14,6 @@ needed; what the tests run on a CPU).
 from __future__ import annotations
 
 import json
-import shutil
 import sys
 from pathlib import Path
 
@@ -37,7 +36,7 @@ def quantize(rank_recipe: Path, output: Path) -> int:
     from compressed_tensors.distributed import init_dist
 
     from quantlab.models.source import resolve_recipe_model
-    from quantlab.quantize.llmcompressor import quantize_checkpoint
+    from quantlab.quantize.llmcompressor import calibrate_as_rank, quantize_checkpoint
     from quantlab.recipe.file import LoadedRecipe, Recipe
 
     init_dist()
@@ -46,14 +45,13 @@ def quantize(rank_recipe: Path, output: Path) -> int:
     loaded = LoadedRecipe(recipe=Recipe.model_validate(data["recipe"]), path=Path(data["path"]))
     said = print if rank == 0 else (lambda _msg: None)
     model_ref = resolve_recipe_model(loaded, progress=said)
-    # every rank calibrates; only rank 0's export is the checkpoint (the others' are dropped)
-    target = output if rank == 0 else output.with_name(f".{output.name}.rank{rank}")
-    try:
-        quantize_checkpoint(loaded, model_ref, target, overwrite=True, progress=said, log_file=None)
+    try:  # every rank calibrates its share of the samples; rank 0 exports the checkpoint
+        if rank == 0:
+            quantize_checkpoint(loaded, model_ref, output, overwrite=True, progress=said, log_file=None)
+        else:
+            calibrate_as_rank(loaded, model_ref)
         dist.barrier()
     finally:
-        if rank != 0:
-            shutil.rmtree(target, ignore_errors=True)
         dist.destroy_process_group()
     return 0
 

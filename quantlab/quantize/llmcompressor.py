@@ -175,12 +175,20 @@ def quantize_checkpoint(loaded: LoadedRecipe, model_ref: ResolvedModel, output: 
                                     log_file=log_file)
 
 
-def _quantize_checkpoint(loaded: LoadedRecipe, model_ref: ResolvedModel, output: Path, *, overwrite: bool,
+def calibrate_as_rank(loaded: LoadedRecipe, model_ref: ResolvedModel, *, log_file: Path | None = None) -> None:
+    """quantization.distributed, a rank other than 0: the same calibration and oneshot as
+    rank 0 (llm-compressor combines the ranks' observations), no export (llm-compressor's
+    save writes on the source process only)."""
+    with llmcompressor_log(log_file):
+        _quantize_checkpoint(loaded, model_ref, None, overwrite=True, progress=lambda _msg: None, log_file=log_file)
+
+
+def _quantize_checkpoint(loaded: LoadedRecipe, model_ref: ResolvedModel, output: Path | None, *, overwrite: bool,
                          progress: Progress, log_file: Path | None) -> dict[str, Any]:
+    """output None: calibrate and quantize without exporting (a distributed rank but 0)."""
     recipe = loaded.recipe
     q = recipe.quantization
-    output = Path(output)
-    if output.exists() and not overwrite:
+    if output is not None and output.exists() and not overwrite:
         raise RecipeError(
             f"output folder {output} already exists; pass --overwrite to replace it or choose another --output"
         )
@@ -214,6 +222,9 @@ def _quantize_checkpoint(loaded: LoadedRecipe, model_ref: ResolvedModel, output:
     model = load_model(recipe, model_ref, compute, log_file)
     t = lap("load_model_s", t)
     plan, modifiers, shims = _modifiers(q)
+    if output is None:
+        _oneshot(recipe, model, tokenizer, modifiers, calib, None, progress=progress, log_file=log_file)
+        return {}
 
     with atomic_directory(output, replace=overwrite) as tmp:
         warnings, losses = _oneshot(recipe, model, tokenizer, modifiers, calib, tmp, progress=progress,
@@ -254,10 +265,17 @@ def load_model(recipe: Recipe, model_ref: ResolvedModel, compute: DtypeChoice, l
         import torch
         from transformers import AutoModelForCausalLM
 
-    with output_to_file(log_file), engine_busy():  # transformers' loading bar
+    import contextlib
+
+    distributed = torch.distributed.is_available() and torch.distributed.is_initialized()
+    if distributed:  # rank 0 loads the weights, the others the meta device; the offload is shared
+        from compressed_tensors.offload import load_offloaded_model
+    with output_to_file(log_file), engine_busy(), (load_offloaded_model() if distributed
+                                                    else contextlib.nullcontext()):  # transformers' loading bar
         return AutoModelForCausalLM.from_pretrained(
             model_ref.path, dtype=getattr(torch, compute.dtype),
             trust_remote_code=recipe.model.trust_remote_code, use_safetensors=True,
+            **({"device_map": "auto_offload"} if distributed else {}),
         )
 
 
@@ -276,10 +294,10 @@ def _modifiers(q: QuantizationSpec) -> tuple[Any, Any, list[str]]:
     return plan, instantiate(plan), shims
 
 
-def _oneshot(recipe: Recipe, model, tokenizer, modifiers, calib, tmp: Path, *, progress: Progress,
+def _oneshot(recipe: Recipe, model, tokenizer, modifiers, calib, tmp: Path | None, *, progress: Progress,
              log_file: Path | None) -> tuple[list[str], dict[str, float]]:
-    """llm-compressor's oneshot into `tmp`, with a bar per calibrated layer; returns the
-    engine's warnings and GPTQ's loss per layer (empty where its hook is not available)."""
+    """llm-compressor's oneshot into `tmp` (None: no export), with a bar per calibrated layer;
+    returns the engine's warnings and GPTQ's loss per layer (empty where its hook is not available)."""
     with engine_busy():
         import torch
         from llmcompressor import oneshot
@@ -306,13 +324,14 @@ def _oneshot(recipe: Recipe, model, tokenizer, modifiers, calib, tmp: Path, *, p
                 step(progress, f"oneshot {q.method}", total=len(layers) if calibrating else None,
                      unit="layers calibrated", announce=False) as bar, \
                 _layer_progress(layers if calibrating else None, bar):
-            oneshot(model=model, tokenizer=tokenizer, recipe=modifiers, output_dir=str(tmp),
-                    save_compressed=True, **kwargs)
+            if tmp is not None:
+                kwargs.update(output_dir=str(tmp), save_compressed=True)
+            oneshot(model=model, tokenizer=tokenizer, recipe=modifiers, **kwargs)
     except (ValueError, RuntimeError, TypeError, KeyError) as err:
         where_log = f" (its output: {log_file})" if log_file else ""
         raise EngineError(f"llm-compressor oneshot failed for recipe '{recipe.name}': "
                           f"{type(err).__name__}: {err}{where_log}") from err
-    if not (tmp / "config.json").is_file():
+    if tmp is not None and not (tmp / "config.json").is_file():
         raise EngineError(f"llm-compressor wrote no config.json into the checkpoint for '{recipe.name}'")
     return warnings, losses
 

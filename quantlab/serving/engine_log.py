@@ -184,7 +184,8 @@ FAILURE_CAUSES: tuple[tuple[re.Pattern[str], str], ...] = (
     (re.compile(r"max_model_len.{0,80}(?:greater than|exceeds).{0,80}"),
      "max_model_len is larger than the model's context length (max_position_embeddings)"),
     (re.compile(r"(?:[Aa]ddress already in use|Errno 98)"), "the port is already in use"),
-    (re.compile(r"pass the argument .?trust_remote_code=True"), "the model needs trust_remote_code, which the recipe does not allow"),
+    (re.compile(r"pass the argument .?trust_remote_code=True"),
+     "the model needs trust_remote_code, which the recipe does not allow"),
     (re.compile(r"There is no module or parameter named '([\w.]+)'"),
      "the checkpoint has a tensor the architecture does not know ('{0}'): not a checkpoint of this model"),
 )

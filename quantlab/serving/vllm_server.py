@@ -25,6 +25,7 @@ import httpx
 from quantlab.core import cpu_emulation
 from quantlab.serving.engine_log import diagnose_failure, startup_phase
 from quantlab.core.engine_time import engine_busy
+from quantlab.core.process_death import die_with_parent
 from quantlab.serving.vllm_probe import serving_python
 from quantlab.core.errors import EngineError, RecipeError
 from quantlab.core.layout import cache_dir
@@ -135,7 +136,7 @@ class VLLMServer:
                 self.proc = subprocess.Popen(self.plan.argv, stdout=log, stderr=subprocess.STDOUT,
                                              stdin=subprocess.DEVNULL, env=self.plan.env,
                                              start_new_session=True,  # own process group: stop kills all
-                                             preexec_fn=_die_with_parent if os.name == "posix" else None)
+                                             preexec_fn=die_with_parent if os.name == "posix" else None)
             except OSError as err:
                 raise EngineError(f"cannot start the {self.role} server ({self.plan.argv[0]}): {err}") from None
 
@@ -220,18 +221,6 @@ class VLLMServer:
             return self.log_path.read_text(errors="replace")
         except OSError:
             return ""
-
-
-def _die_with_parent() -> None:
-    """preexec_fn: on Linux, SIGTERM the server if the quantlab process dies (even by
-    SIGKILL), so an engine is never orphaned; vLLM then stops its own children."""
-    try:
-        import ctypes
-
-        libc = ctypes.CDLL("libc.so.6", use_errno=True)
-        libc.prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
-    except OSError:
-        pass  # not Linux: the context manager and the CLI's SIGTERM handler still stop it
 
 
 def _group_alive(pgid: int) -> bool:

@@ -21,7 +21,7 @@ HEAVY = {"torch", "transformers", "llmcompressor", "lm_eval", "vllm", "compresse
 
 # module -> the heavy libraries it may import (always inside functions, see the last test)
 ENGINE_IMPORTS = {
-    "quantlab.quantize.llmcompressor": {"torch", "transformers", "llmcompressor"},
+    "quantlab.quantize.llmcompressor": {"torch", "transformers", "llmcompressor", "compressed_tensors"},
     "quantlab.quantize.shims": {"torch", "llmcompressor"},
     "quantlab.quantize.engine_output": {"llmcompressor"},
     "quantlab.quantize.distributed": {"torch"},  # the preflight counts the accelerators

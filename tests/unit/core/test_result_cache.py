@@ -20,3 +20,40 @@ def test_store_lookup_and_aliases(tmp_path, monkeypatch):
     assert result_cache.lookup(result_cache.QUALITY, key) is None  # kinds do not mix
     assert result_cache.lookup(result_cache.STABILITY, result_cache.cache_key({"max_model_len": 2048})) is None
     assert not list((tmp_path / "cache" / result_cache.STABILITY).glob(".*"))  # no temp folder left
+
+
+def test_a_writer_that_loses_the_race_for_a_key_keeps_the_winners_entry(tmp_path, monkeypatch):
+    """Two nodes storing the same baseline at once (the shared cache of --ray): the second
+    finds the first's finished entry when its rename fails, drops its own copy, and the
+    entry a reader may be using is never removed."""
+    monkeypatch.setenv("QUANTLAB_SHARED_CACHE", str(tmp_path / "shared"))
+    key = result_cache.cache_key({"n": 1})
+    first, second = tmp_path / "a", tmp_path / "b"
+    for folder, text in ((first, "first"), (second, "second")):
+        folder.mkdir()
+        (folder / "baseline.json").write_text(text)
+    entry = result_cache.store(result_cache.QUALITY, key, first, {"n": 1})
+    assert entry.parent == tmp_path / "shared" / result_cache.QUALITY  # the shared kinds live there
+    monkeypatch.setattr(result_cache, "lookup", lambda kind, k: None)  # it looked before the first finished
+    assert result_cache.store(result_cache.QUALITY, key, second, {"n": 1}) == entry
+    assert (entry / "baseline.json").read_text() == "first"
+    assert not list(entry.parent.glob(".*"))  # its own copy is gone
+
+
+def test_an_interrupted_store_leaves_no_half_copied_folder(tmp_path, monkeypatch):
+    import shutil
+
+    import pytest
+
+    monkeypatch.setenv("QUANTLAB_CACHE_DIR", str(tmp_path / "cache"))
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "x.json").write_text("{}")
+
+    def interrupted(*_a, **_k):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(shutil, "copytree", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        result_cache.store(result_cache.STABILITY, "k", src, {})
+    assert not list((tmp_path / "cache" / result_cache.STABILITY).iterdir())

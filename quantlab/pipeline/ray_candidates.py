@@ -34,6 +34,7 @@ from typing import Any
 
 from quantlab.core.errors import EngineError, QuantlabError, RecipeError
 from quantlab.core.fsutil import write_text_atomic
+from quantlab.core.layout import QUALITY_DIR
 from quantlab.core.progress import Progress
 from quantlab.core.result_cache import SHARED_CACHE_ENV
 from quantlab.core.run import RunDir
@@ -263,7 +264,8 @@ def _stopped_early(ctx: RunContext, stage: str) -> str | None:
     failed = [v for v in release_stage.decide_run(ctx).blocking if v.verdict == "fail"]
     if not failed:
         return None
-    return f"blocked at its quality stage: {blocking_line(failed[0])}"
+    looks = len(list((ctx.run.path / QUALITY_DIR / "candidate").glob("look-*")))  # quality/stage.py's folders
+    return f"blocked at look {looks} of its quality stage: {blocking_line(failed[0])}"
 
 
 def _node_log(path: Path) -> Progress:

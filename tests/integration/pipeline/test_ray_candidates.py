@@ -241,6 +241,7 @@ def test_a_candidate_that_failed_a_required_gate_is_stopped_after_quality(local_
     local, on_ray, _, _ = local_and_ray
     broken = {c.name: c.run for c in on_ray.candidates}["broken"]
     assert broken.record.stopped_early and "kl" in broken.record.stopped_early.lower(), broken.record.stopped_early
+    assert broken.record.stopped_early.startswith("blocked at look 1 of its quality stage: ")
     assert "performance" not in broken.record.stages and "stability" not in broken.record.stages
     good = {c.name: c.run for c in on_ray.candidates}["good"]
     assert good.record.stopped_early is None and "stability" in good.record.stages

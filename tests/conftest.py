@@ -89,6 +89,18 @@ def tiny_variant(name: str, model_dir: Path, *, samples: int = 8, seq: int = 128
     return data
 
 
+# a load for comparisons of tiny-model candidates (several served at once, locally or on Ray)
+COMPARISON_PERF = {
+    "workloads": [{"name": "short", "prompt_tokens": 32, "output_tokens": 8, "concurrency": [2],
+                   "num_requests": 4, "warmup_requests": 1}],
+    "repeats": 2,
+    "client_check": False,
+    # ratios between servers of a random tiny model are noise: only errors are gated here
+    "gates": {"min_throughput_ratio": None, "max_p99_ttft_ratio": None, "max_p99_tpot_ratio": None,
+              "max_error_rate": 0.0},
+}
+
+
 # The shipped recipes the tiny model is quantized with once per test session.
 TINY_RECIPES = ("rtn-w8a16", "gptq-w4a16", "awq-w4a16", "smoothquant-gptq-w8a8", "fp8-dynamic", "fp8-kv-cache")
 

@@ -20,21 +20,11 @@ from pathlib import Path
 import psutil
 
 import pytest
-from conftest import REPO, tiny_variant, write_recipe
+from conftest import COMPARISON_PERF as TINY_PERF, REPO, tiny_variant, write_recipe
 
 from quantlab.serving.cpu_cores import physical_cores
 
 pytestmark = pytest.mark.slow
-
-TINY_PERF = {
-    "workloads": [{"name": "short", "prompt_tokens": 32, "output_tokens": 8, "concurrency": [2],
-                   "num_requests": 4, "warmup_requests": 1}],
-    "repeats": 2,
-    "client_check": False,
-    # ratios between servers of a random tiny model are noise: only errors are gated here
-    "gates": {"min_throughput_ratio": None, "max_p99_ttft_ratio": None, "max_p99_tpot_ratio": None,
-              "max_error_rate": 0.0},
-}
 
 
 def candidate(name: str, recipe: str, model_dir, *, max_mean_kl: float) -> dict:

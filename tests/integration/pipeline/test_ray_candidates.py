@@ -17,23 +17,13 @@ import threading
 import time
 
 import pytest
-from conftest import REPO, quiet, tiny_variant, write_recipe
+from conftest import COMPARISON_PERF as TINY_PERF, REPO, quiet, tiny_variant, write_recipe
 
 from quantlab.core.errors import RecipeError
 from quantlab.core.layout import MANIFEST_FILE, cache_dir
 
 pytestmark = pytest.mark.slow
 ray = pytest.importorskip("ray", reason="ray is installed by scripts/setup.sh (pyproject's dependencies)")
-
-TINY_PERF = {
-    "workloads": [{"name": "short", "prompt_tokens": 32, "output_tokens": 8, "concurrency": [2],
-                   "num_requests": 4, "warmup_requests": 1}],
-    "repeats": 2,
-    "client_check": False,
-    # ratios between servers of a random tiny model are noise: only errors are gated here
-    "gates": {"min_throughput_ratio": None, "max_p99_ttft_ratio": None, "max_p99_tpot_ratio": None,
-              "max_error_rate": 0.0},
-}
 
 
 def ray_processes() -> list[str]:

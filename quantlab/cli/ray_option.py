@@ -37,9 +37,9 @@ def on_ray(address: str, storage: Path | None, runs_dir: Path) -> Iterator[Path]
 
 
 def compare_on_ray(recipes: list[Path], address: str, storage: Path | None, runs_dir: Path, *, cpus: int = 1,
-                   verbose: bool = False):
+                   verbose: bool = False, family=None):
     """The candidates' stages on the cluster's nodes, their release and the choice here."""
     from quantlab.pipeline.ray_candidates import run_comparison_on_ray
 
     with on_ray(address, storage, runs_dir) as folder:
-        return run_comparison_on_ray(recipes, folder, progress=progress, cpus=cpus, verbose=verbose)
+        return run_comparison_on_ray(recipes, folder, progress=progress, cpus=cpus, verbose=verbose, family=family)

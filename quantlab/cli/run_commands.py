@@ -162,6 +162,11 @@ def run(
         "cache and the run folders; default <runs-dir>/storage with --ray local.")] = None,
     ray_cpus: Annotated[int, typer.Option(min=1, help="With --ray: the CPUs each candidate's task asks for "
                                           "of its node.")] = 1,
+    family: Annotated[Optional[str], typer.Option(
+        help="Judge these candidates as members of a family declared across runs (with --family-size): every "
+        "member, in any run, at confidence 1 - (1 - c) / N, and at most N members.")] = None,
+    family_size: Annotated[Optional[int], typer.Option(
+        help="With --family: the most candidates the family will judge, fixed by its first run.")] = None,
 ) -> None:
     """Quantize, serve baseline and candidate, run the checks, sign the release (runs/<name>/<id>/).
 
@@ -184,11 +189,18 @@ def run(
         if ray and (resume or checkpoint):
             raise RecipeError("--ray runs recipes afresh on the cluster's nodes: drop --resume and --checkpoint "
                               "(or drop --ray to resume, or to judge an existing checkpoint here)", field="--ray")
+        if (family is None) != (family_size is None):
+            raise RecipeError("--family and --family-size go together: the family's name and the most candidates "
+                              "it will judge", field="--family" if family is None else "--family-size")
+        declared = declared_family(family, family_size, recipes, named_checkpoints(checkpoint)) \
+            if family and not dry_run else None
         if ray and not dry_run:
-            _show_comparison(compare_on_ray(recipes, ray, storage, runs_dir, cpus=ray_cpus, verbose=verbose))
+            _show_comparison(compare_on_ray(recipes, ray, storage, runs_dir, cpus=ray_cpus, verbose=verbose,
+                                            family=declared))
             return
         if len(recipes) > 1 or checkpoint:
-            _compare_with_summary(recipes, runs_dir, verbose=verbose, checkpoints=named_checkpoints(checkpoint))
+            _compare_with_summary(recipes, runs_dir, verbose=verbose, checkpoints=named_checkpoints(checkpoint),
+                                  family=declared)
             return
         loaded = load_recipe(recipes[0])
         if dry_run:
@@ -201,7 +213,21 @@ def run(
                 raise RecipeError(f"no earlier run of '{loaded.recipe.name}' under {runs_dir} to resume")
         elif resume:
             resume_path = Path(resume)
-        _run_with_summary(loaded, runs_dir, resume=resume_path, verbose=verbose)
+        _run_with_summary(loaded, runs_dir, resume=resume_path, verbose=verbose, family=declared)
+
+
+def declared_family(name: str, size: int, recipes: list[Path], checkpoints: dict[str, Path]):
+    """--family NAME --family-size N: these candidates joined to the family (before any work)."""
+    from quantlab.pipeline.families import join_family
+    from quantlab.recipe.file import load_recipe
+
+    members = {}
+    for path in recipes:
+        loaded = load_recipe(path)
+        members[loaded.recipe.name] = {"recipe_sha256": loaded.content_hash}
+    for cand, folder in checkpoints.items():
+        members[cand] = {"checkpoint": str(Path(folder).resolve())}
+    return join_family(name, size, members)
 
 
 def named_checkpoints(values: list[str] | None) -> dict[str, Path]:
@@ -223,12 +249,13 @@ def named_checkpoints(values: list[str] | None) -> dict[str, Path]:
 
 
 def _compare_with_summary(files: list[Path], runs_dir: Path, *, verbose: bool,
-                          checkpoints: dict[str, Path] | None = None, judge_by: Path | None = None) -> None:
+                          checkpoints: dict[str, Path] | None = None, judge_by: Path | None = None,
+                          family=None) -> None:
     """Several candidates, one baseline: the comparison, its table, then one line on the choice."""
     from quantlab.pipeline.candidates.run import run_comparison
 
     _show_comparison(run_comparison(files, runs_dir, checkpoints=checkpoints, judge_by=judge_by,
-                                    progress=progress, verbose=verbose))
+                                    progress=progress, verbose=verbose, family=family))
 
 
 def _show_comparison(result) -> None:

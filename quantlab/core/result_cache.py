@@ -33,6 +33,7 @@ STABILITY = "stability-baselines"
 CHECKPOINTS = "checkpoints"
 
 COMPLETE = "complete.json"
+JUDGED = ".judged"  # <key>.judged/<candidate>.json: the candidates judged against an entry's answers
 
 
 def cache_key(parts: dict[str, Any]) -> str:
@@ -106,6 +107,19 @@ def store(kind: str, key: str, source: Path, parts: dict[str, Any], *, aliases: 
         if alias != key:
             write_text_atomic(root / f"{alias}.alias", key)
     return final
+
+
+def mark_judged(kind: str, key: str, candidate: str, info: dict[str, Any]) -> int:
+    """Record that `candidate` (a digest of its weights) was judged against the entry's
+    answers; returns how many distinct candidates have been (this one included). Beside
+    the entry, not in it: a run's copy of the entry stays what was compared. One file a
+    candidate, so writers on several nodes never rewrite each other's."""
+    folder = cache_root(kind) / f"{key}{JUDGED}"
+    folder.mkdir(parents=True, exist_ok=True)
+    mine = folder / f"{candidate}.json"
+    if not mine.is_file():
+        write_text_atomic(mine, json.dumps(info, sort_keys=True, default=str))
+    return sum(1 for p in folder.glob("*.json"))
 
 
 def _finished_by_another(final: Path, tries: int = 5) -> bool:

@@ -185,6 +185,8 @@ class QualityResult(_Result):
     kl: dict[str, Any] | None = Field(None, description="Next-token KL(baseline || candidate) summary.")
     baseline_cached: bool = Field(description="The baseline's results came from the baseline cache.")
     baseline_cache_key: str | None = None
+    judged_on_these_items: int | None = Field(None, description="Distinct candidates (by weights) judged against "
+                                              "these cached baseline answers so far, this one included.")
     skipped: list[str] = Field(default_factory=list, description="Tasks not run, with why.")
     seconds: dict[str, float] = Field(default_factory=dict, description="Wall time per role's evaluation.")
     lm_eval_version: str | None = None

@@ -26,6 +26,7 @@ class StageContext(Protocol):
     will_run: set[str]  # the stages this invocation runs
     enabled_stages: set[str]  # the stages the recipe asks for
     comparison: dict[str, Any] | None  # several candidates: the choice
+    family: Any  # recipe.family.Family: the candidates judged on the same items (None: this one alone)
     memo: dict[str, Any]  # what is built once per run (once() below)
 
     @property

@@ -26,6 +26,7 @@ from quantlab.core.engine_time import engine_seconds
 from quantlab.core.errors import EngineError, GateFailure, QuantlabError, RecipeError
 from quantlab.core.fsutil import write_text_atomic
 from quantlab.core.layout import ERROR_DIR
+from quantlab.recipe.family import Family
 from quantlab.recipe.file import LoadedRecipe
 from quantlab.core.run import AttemptTime, RunDir, StageRecord, now_iso
 from quantlab.quantize import checkpoint_stage
@@ -118,14 +119,16 @@ def open_run(loaded: LoadedRecipe, runs_root: Path, resume: Path | None) -> RunD
 
 
 def run_pipeline(loaded: LoadedRecipe, runs_root: Path, *, resume: Path | None = None,
-                 progress: Progress = print, verbose: bool = False, checkpoint: Path | None = None) -> RunDir:
+                 progress: Progress = print, verbose: bool = False, checkpoint: Path | None = None,
+                 family: Family | None = None) -> RunDir:
     """Run (or resume) the pipeline; with `checkpoint`, validate that existing checkpoint
-    instead of quantizing. Any error raised after the run folder exists carries it as
+    instead of quantizing; `family`: judged as a member of a declared family
+    (pipeline/families.py). Any error raised after the run folder exists carries it as
     `.run_dir`, so the caller can summarise the run whatever its outcome."""
     clock = (time.perf_counter(), engine_seconds())
     run = open_run(loaded, runs_root, resume)
     try:
-        return _run_stages(loaded, run, progress, verbose, checkpoint, clock)
+        return _run_stages(loaded, run, progress, verbose, checkpoint, clock, family)
     except BaseException as err:
         err.run_dir = run.path  # type: ignore[attr-defined]
         raise
@@ -145,10 +148,13 @@ def save_with_time(run: RunDir, clock: tuple[float, float], progress: Progress) 
 
 
 def _run_stages(loaded: LoadedRecipe, run: RunDir, progress: Progress, verbose: bool,
-                checkpoint: Path | None, clock: tuple[float, float]) -> RunDir:
-    ctx = RunContext(loaded, run, progress, verbose=verbose, import_from=checkpoint,
+                checkpoint: Path | None, clock: tuple[float, float], family: Family | None = None) -> RunDir:
+    ctx = RunContext(loaded, run, progress, verbose=verbose, import_from=checkpoint, family=family,
                      stages=VALIDATE_STAGES if checkpoint is not None else STAGES)
     progress(f"run directory: {run.path}")
+    if family is not None:
+        progress(f"family '{family.id}': member {family.joined} of at most {family.size}, every interval gate at "
+                 f"confidence 1 - (1 - c) / {family.size}")
     try:
         todo = stages_to_run(ctx)
         ctx.will_run = set(todo)

@@ -42,11 +42,12 @@ from quantlab.pipeline.candidates.members import (CANDIDATES_DIR, Candidate, Com
                                                   check_comparable, create_folder, selection_of)
 from quantlab.core.engine_time import engine_seconds
 from quantlab.pipeline.candidates.conclusion import conclude
-from quantlab.pipeline.candidates.run import choose_then_release, finish_candidate
+from quantlab.pipeline.candidates.run import choose_then_release, comparison_family, finish_candidate
 from quantlab.pipeline.context import RunContext
 from quantlab.pipeline.loop import STAGES, baseline_needed, blocking_line, enabled, run_stage, stages_to_run
 from quantlab.pipeline.ray_cluster import (RUNS_SUBDIR, check_fits, check_storage, check_storage_on_nodes,
                                            shared_cache, task_resources)
+from quantlab.recipe.family import Family
 from quantlab.recipe.file import LoadedRecipe
 from quantlab.release import stage as release_stage
 
@@ -74,10 +75,12 @@ class NodeOutcome:
 
 
 def run_comparison_on_ray(recipes: list[Path | LoadedRecipe], storage: Path, *, progress: Progress = print,
-                          cpus: int = 1, verbose: bool = False) -> Comparison:
+                          cpus: int = 1, verbose: bool = False, family: Family | None = None) -> Comparison:
     """The candidates as Ray tasks (connected already: ray_cluster.connect), then the
     choice and every release on this machine. One recipe is a comparison of one; a recipe
-    may be one in memory (a search's trial), which travels to its node whole."""
+    may be one in memory (a search's trial), which travels to its node whole. The family
+    (recipe/family.py; by default the candidates given) travels with each task: a
+    candidate refused by its node's preflight still counts in it (known only there)."""
     import ray
 
     clock = (time.perf_counter(), engine_seconds())
@@ -88,16 +91,17 @@ def run_comparison_on_ray(recipes: list[Path | LoadedRecipe], storage: Path, *, 
     storage = check_storage(storage)  # here first, then from every node
     check_storage_on_nodes(storage)
     folder = create_folder(Path(storage) / RUNS_SUBDIR, cands)
+    family = family or comparison_family(cands, folder)
     progress(f"comparison of {len(cands)} candidate(s) on the Ray cluster: {folder}")
     for c in cands:
         c.run = RunDir.create(c.loaded, folder / CANDIDATES_DIR)
-        c.ctx = RunContext(c.loaded, c.run, progress, verbose=verbose, stages=STAGES)
+        c.ctx = RunContext(c.loaded, c.run, progress, verbose=verbose, stages=STAGES, family=family)
         stages_to_run(c.ctx)  # a recipe without any check is refused here, before any task
         release_stage.preflight(c.ctx)  # the signing key: on this machine, which signs
         c.ctx.baseline_model()  # the release here hashes the baseline's files: it must resolve here too
     try:
         outcomes = run_tasks(cands, storage, progress=progress, cpus=cpus,
-                             stop_on_refusal=selection.unservable == "stop")
+                             stop_on_refusal=selection.unservable == "stop", family=family)
     except BaseException as err:  # Ctrl-C, the deadline, a refusal that stops all: no record stays "running"
         for c in cands:
             run = RunDir.open(c.run.path)
@@ -107,7 +111,7 @@ def run_comparison_on_ray(recipes: list[Path | LoadedRecipe], storage: Path, *, 
         raise
     write_placement(folder, outcomes)
     for c in cands:
-        _adopt(c, outcomes[c.name], progress, verbose)
+        _adopt(c, outcomes[c.name], progress, verbose, family)
     choose_then_release(cands, selection)
     for c in cands:
         finish_candidate(c, clock, progress)
@@ -115,7 +119,7 @@ def run_comparison_on_ray(recipes: list[Path | LoadedRecipe], storage: Path, *, 
 
 
 def run_tasks(cands: list[Candidate], storage: Path, *, progress: Progress, cpus: int = 1,
-              stop_on_refusal: bool = False) -> dict[str, NodeOutcome]:
+              stop_on_refusal: bool = False, family: Family | None = None) -> dict[str, NodeOutcome]:
     """Every candidate's task at once (Ray queues those no node can take yet); waits for
     all of them within COMPARISON_DEADLINE_S. On Ctrl-C, SIGTERM or the deadline every task is
     cancelled: its stages stop their servers (within CANCEL_GRACE_S), then it is killed."""
@@ -126,7 +130,7 @@ def run_tasks(cands: list[Candidate], storage: Path, *, progress: Progress, cpus
     job = ray.get_runtime_context().get_job_id()
     submitted = time.time()
     refs = {task.options(runtime_env=env, name=f"candidate:{c.name}", **task_resources(c.loaded, cpus))
-            .remote(c.loaded, str(c.run.path), job): c.name for c in cands}
+            .remote(c.loaded, str(c.run.path), job, family): c.name for c in cands}
     progress(f"ray: {len(refs)} candidate task(s) submitted (job {job})")
     outcomes: dict[str, NodeOutcome] = {}
     deadline = time.monotonic() + COMPARISON_DEADLINE_S
@@ -182,10 +186,10 @@ def _collected(ray, ref, name: str, submitted: float, progress: Progress) -> Nod
     return out
 
 
-def _adopt(c: Candidate, out: NodeOutcome, progress: Progress, verbose: bool) -> None:
+def _adopt(c: Candidate, out: NodeOutcome, progress: Progress, verbose: bool, family: Family) -> None:
     """The candidate's run folder as its task left it, ready for the driver's release."""
     c.run = RunDir.open(c.run.path)
-    c.ctx = RunContext(c.loaded, c.run, progress, verbose=verbose, stages=STAGES)
+    c.ctx = RunContext(c.loaded, c.run, progress, verbose=verbose, stages=STAGES, family=family)
     c.ctx.enabled_stages = {s.NAME for s in STAGES if enabled(s, c.ctx)}
     c.todo = {release_stage.NAME: f"the checks ran on {out.node}"}
     c.ctx.will_run = set(c.todo)
@@ -199,7 +203,7 @@ def _adopt(c: Candidate, out: NodeOutcome, progress: Progress, verbose: bool) ->
         c.run.save()
 
 
-def _candidate_task(loaded: LoadedRecipe, run_path: str, job: str) -> dict[str, Any]:
+def _candidate_task(loaded: LoadedRecipe, run_path: str, job: str, family: Family | None = None) -> dict[str, Any]:
     """Runs on a Ray node: the candidate's stages but release, in its run folder in the
     storage folder (a retry resumes there: the stages already done with the same inputs
     are kept). Each attempt leaves a mark, so a retry is known and said."""
@@ -222,7 +226,7 @@ def _candidate_task(loaded: LoadedRecipe, run_path: str, job: str) -> dict[str, 
     run.save()
     said = _node_log(run.path / NODE_LOG)
     out: dict[str, Any] = {"node": node, "started_at": started_at, "attempts": attempts}
-    ctx = RunContext(loaded, run, progress=said, stages=NODE_STAGES)
+    ctx = RunContext(loaded, run, progress=said, stages=NODE_STAGES, family=family)
     try:
         try:
             todo = stages_to_run(ctx)

@@ -33,6 +33,7 @@ from quantlab.core.fsutil import write_json_atomic, write_text_atomic
 from quantlab.search.sensitivity import run_sensitivity
 from quantlab.pipeline.commands import dry_run
 from quantlab.core.fsutil import safetensors_bytes
+from quantlab.recipe.family import Family
 from quantlab.recipe.file import LoadedRecipe, read_recipe_data, rebased, set_field
 from quantlab.core.run import new_run_folder
 from quantlab.search.state import SearchState, ignore_for, knob_pick, parse_knob, trial_name
@@ -72,6 +73,8 @@ def run_search(loaded: LoadedRecipe, runs_root: Path, *, sensitivity: Path | Non
     progress(f"search: keep up to {limit} of {len(ranking)} groups unquantized, {width} trials a round, "
              f"at most {max_trials} trials (ranking {ranking_file})")
     state = SearchState(max_layers=limit, width=width)
+    # every trial the search may try is one family, fixed before the first (recipe/family.py)
+    family = Family(size=max_trials, kind="search", id=folder.name)
     stopped, rounds, knob_trials, settings = "found", [], [], {}
     for n, (field, choices) in enumerate(knob_choices, 1):
         if len(knob_trials) + len(choices) > max_trials:
@@ -83,7 +86,7 @@ def run_search(loaded: LoadedRecipe, runs_root: Path, *, sensitivity: Path | Non
         trials = [loaded.variant(trial_name(f"{recipe.name}-k{n}c{i}", 0), {**settings, field: v})
                   for i, v in enumerate(choices, 1)]
         progress(f"search: knob {field}, choices {choices} in this order")
-        outcomes, info = _compare(trials, folder, progress, verbose, (ray_storage, ray_cpus))
+        outcomes, info = _compare(trials, folder, progress, verbose, (ray_storage, ray_cpus), family)
         rounds.append({**info, "knob": field, "choices": choices})
         knob_trials += [{"knob": field, "value": v, "settings": {**settings, field: v}, **o}
                         for v, o in zip(choices, outcomes)]
@@ -106,7 +109,8 @@ def run_search(loaded: LoadedRecipe, runs_root: Path, *, sensitivity: Path | Non
         if _past_budget(rounds, estimate, t0, time_budget_s):
             stopped = "time budget"
             break
-        rounds.append(_round(base, todo, ranking, folder, state, progress, verbose, (ray_storage, ray_cpus)))
+        rounds.append(_round(base, todo, ranking, folder, state, progress, verbose, (ray_storage, ray_cpus),
+                             family))
     note = state.monotonic_note()
     if note:
         state.notes.append(note)
@@ -186,18 +190,19 @@ def trial_recipe(loaded: LoadedRecipe, ranking: list[dict[str, Any]], k: int) ->
 
 
 def _round(loaded: LoadedRecipe, ks: list[int], ranking: list[dict[str, Any]], folder: Path, state: SearchState,
-           progress: Progress, verbose: bool, on_ray: tuple[Path | None, int]) -> dict[str, Any]:
+           progress: Progress, verbose: bool, on_ray: tuple[Path | None, int], family: Family) -> dict[str, Any]:
     """One round of layer trials; each trial's outcome recorded in the state."""
     progress(f"search: trials keeping {', '.join(map(str, ks))} of the most sensitive layer groups unquantized")
     outcomes, info = _compare([trial_recipe(loaded, ranking, k) for k in ks], folder, progress, verbose,
-                              on_ray)
+                              on_ray, family)
     for k, outcome in zip(ks, outcomes):
         state.record(k, outcome)
     return {**info, "ks": ks}
 
 
 def _compare(trials: list[LoadedRecipe], folder: Path, progress: Progress, verbose: bool,
-             on_ray: tuple[Path | None, int] = (None, 1)) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+             on_ray: tuple[Path | None, int] = (None, 1), family: Family | None = None
+             ) -> tuple[list[dict[str, Any]], dict[str, Any]]:
     """One comparison of these trials (a lone trial is a comparison of one), here or as Ray
     tasks (`on_ray`: the storage folder, None here, and the CPUs a task asks for); each trial's
     decision, failed gates, worst recovery, weights and throughput, in order."""
@@ -206,10 +211,11 @@ def _compare(trials: list[LoadedRecipe], folder: Path, progress: Progress, verbo
     if storage is not None:
         from quantlab.pipeline.ray_candidates import run_comparison_on_ray
 
-        comparison = run_comparison_on_ray(trials, storage, progress=progress, verbose=verbose, cpus=cpus)
+        comparison = run_comparison_on_ray(trials, storage, progress=progress, verbose=verbose, cpus=cpus,
+                                           family=family)
     else:
         comparison = run_comparison(trials, folder / "rounds", progress=progress, verbose=verbose,
-                                    allow_single=True)
+                                    allow_single=True, family=family)
     rows = {row["name"]: row for row in comparison.data["candidates"]}
     refused = comparison.data.get("refused") or {}
     outcomes = []

@@ -25,7 +25,7 @@ from quantlab.quality import gates as quality_gates
 from quantlab.recipe.quality import QualitySpec
 from quantlab.core.results import QualityResult
 from quantlab.serving import stage as serve_stage
-from quantlab.quality.work import cache_parts, runnable, suites_of, task_limit
+from quantlab.quality.work import cache_parts, mark_judged, runnable, suites_of, task_limit
 from quantlab.quality.gate_plan import gate_plans, plan, plan_summary
 from quantlab.quality.kl_run import kl_dists, kl_of_candidate, kl_prompt_ids
 from quantlab.quality.pairing import compare_tasks, pool_everything, pool_slices
@@ -206,6 +206,7 @@ def run(ctx: StageContext) -> QualityResult:
         alongside = lambda stop: _evaluate(ctx, "candidate", work, cand_dir, stop=stop)  # noqa: E731
     cached, key = _baseline(ctx, suites, work, kl_token_ids, base_dir, seconds, alongside)
     notes: list[str] = []
+    judged = mark_judged(ctx, key, notes) if spec.baseline_cache else None
     looks: dict[str, int] = {}
     plans: dict[str, list[int]] = {}
     if spec.samples == "auto":
@@ -238,7 +239,8 @@ def run(ctx: StageContext) -> QualityResult:
         notes.append(f"baseline results from the cache ({cached}); no baseline evaluation ran")
     return QualityResult(
         tasks=comparisons, slices=slice_comparisons, kl=kl_result, baseline_cached=bool(cached),
-        baseline_cache_key=key, skipped=[f"{t.task}: {why}" for t, why in skipped], seconds=seconds,
+        baseline_cache_key=key, judged_on_these_items=judged, skipped=[f"{t.task}: {why}" for t, why in skipped],
+        seconds=seconds,
         lm_eval_version=lm_eval_version,
         suites=[{"name": s.name, "folder": str(s.folder) if s.folder else None, "sha256": s.sha256} for s in suites],
         raw_files=raw, flips_file=f"{OUT_DIR}/flips.jsonl", plots=[], gates=gates, notes=notes, traffic=traffic,

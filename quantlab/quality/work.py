@@ -1,10 +1,13 @@
 """What a quality stage runs: the recipe's suites (traffic files as generated suites), the
-tasks that fit the served length, how many samples each takes, and the baseline cache's key parts."""
+tasks that fit the served length, how many samples each takes, the baseline cache's key parts,
+and the candidates judged against its cached answers."""
 
 from __future__ import annotations
 
 from typing import Any
 
+from quantlab.core import result_cache
+from quantlab.core.digest import json_sha256
 from quantlab.core.stage_context import StageContext, once
 from quantlab.core.errors import RecipeError
 from quantlab.quality.suites import Suite, load_suites
@@ -80,3 +83,21 @@ def runnable(suites: list[Suite], max_len: int | None) -> tuple[list[tuple[Suite
             else:
                 run.append((s, t))
     return run, skipped
+
+
+def mark_judged(ctx: StageContext, key: str, notes: list[str]) -> int | None:
+    """This candidate counted among those judged against the cached baseline answers (by
+    its weights: the same checkpoint judged again counts once); a reuse said in the notes."""
+    q = ctx.run.record.result("quantize") or ctx.run.record.result("checkpoint")
+    weights = getattr(q, "weights_sha256", None)
+    if not weights:
+        return None
+    n = result_cache.mark_judged(result_cache.QUALITY, key, json_sha256(weights)[:32],
+                                 {"recipe": ctx.recipe.name, "run": str(ctx.run.path)})
+    if n > 1:
+        family = getattr(ctx, "family", None)
+        notes.append(f"these baseline answers have judged {n} distinct candidates (this one included); "
+                     + (f"this one was judged in a family of {family.size}" if family and family.size > 1 else
+                        "this one was judged alone") + ": a choice among runs judged separately reuses the items "
+                     "(quantlab run --family NAME --family-size N judges them as one family)")
+    return n

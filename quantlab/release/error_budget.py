@@ -10,6 +10,9 @@ Two errors, two rules:
   alpha and the run's is the largest of them.
 Fixed thresholds (stability, KL, a critical row, a count) are not judged on an
 interval: they are listed, with their false-block rate not controlled by the ledger.
+Several candidates judged on the same items (a comparison, a search) are one family
+(recipe/family.py): each candidate's alphas above are already divided by its size, and
+the `family` entry says so, with the family's bounds (the size times the candidate's).
 """
 
 from __future__ import annotations
@@ -24,9 +27,10 @@ INTERVAL_TESTS = ("tango-score", "bca-bootstrap", "hierarchical-bootstrap")
 FIXED_TESTS = ("threshold", "count")
 
 
-def ledger(verdicts: list[GateVerdict], *, rule_version: int, quality: Any = None, performance: Any = None
-           ) -> dict[str, Any]:
-    """The ledger of one run: per check its tests, looks and alphas; then the run's."""
+def ledger(verdicts: list[GateVerdict], *, rule_version: int, quality: Any = None, performance: Any = None,
+           family: Any = None, judged_on_these_items: int | None = None) -> dict[str, Any]:
+    """The ledger of one run: per check its tests, looks and alphas; then the run's (and
+    its family's, when it was judged among several candidates: a recipe.family.Family)."""
     checks: dict[str, Any] = {}
     q = [v for v in verdicts if v.check == "quality" and v.test in INTERVAL_TESTS]
     if q:
@@ -35,7 +39,7 @@ def ledger(verdicts: list[GateVerdict], *, rule_version: int, quality: Any = Non
     if p:
         checks["performance"] = _performance(p, performance)
     fixed = sorted(gate_id(v) for v in verdicts if v.test in FIXED_TESTS)
-    return {
+    out = {
         "ledger_version": LEDGER_VERSION,
         "rule_version": rule_version,
         "checks": checks,
@@ -48,6 +52,19 @@ def ledger(verdicts: list[GateVerdict], *, rule_version: int, quality: Any = Non
             "tests": sum(c["tests"] for c in checks.values()),
         },
     }
+    if judged_on_these_items is not None:  # the cached baseline answers' uses, by separate runs too
+        out["baseline_answers"] = {
+            "candidates_judged": judged_on_these_items,
+            "rule": "distinct candidates (by weights) judged against the same cached baseline answers, this one "
+                    "included; only a family (a comparison, a search, --family) splits the alpha over them"}
+    if family is not None:
+        run = out["run"]
+        out["family"] = {**family.as_dict(),
+                         "false_release_bound": None if run["false_release_bound"] is None else
+                         round(run["false_release_bound"] * family.size, 6),
+                         "false_release_rule": "union bound over the family's candidates: a wrong release of any "
+                                               "of them, each candidate's own bound times the family's size"}
+    return out
 
 
 def _quality(vs: list[GateVerdict], spec: Any) -> dict[str, Any]:

@@ -12,6 +12,7 @@ from quantlab.core.layout import CHECKPOINT_DIR, SERVE_LOG_DIR
 from quantlab.core.progress import Progress
 from quantlab.core.run import RunDir
 from quantlab.models.source import ResolvedModel, model_files_identity, resolve_recipe_model
+from quantlab.recipe.family import Family, for_family
 from quantlab.recipe.file import LoadedRecipe, Recipe
 from quantlab.recipe.serve import PRIMARY_TARGET
 
@@ -24,6 +25,8 @@ class EngineSession:
     verbose: bool = False  # engines print to the terminal instead of log files in the run folder
     import_from: Path | None = None  # quantlab validate: the existing checkpoint to validate
     memo: dict[str, Any] = field(default_factory=dict)  # core.stage_context.once: built once per run
+    # several candidates judged on the same items: the recipe's confidences adjusted for them (recipe/family.py)
+    family: Family | None = None
     _baseline: ResolvedModel | None = None
     _probe: dict[str, Any] | None = None
     _plan: Any = None  # ServingPlan, built once
@@ -34,7 +37,13 @@ class EngineSession:
 
     @property
     def recipe(self) -> Recipe:
-        return self.loaded.recipe
+        """The recipe the stages judge by: the file's, or its family-adjusted copy."""
+        if self.family is None or self.family.size <= 1:
+            return self.loaded.recipe
+        key = ("family-recipe", self.family.size)
+        if key not in self.memo:
+            self.memo[key] = for_family(self.loaded.recipe, self.family.size)
+        return self.memo[key]
 
     @property
     def checkpoint_dir(self) -> Path:

@@ -62,6 +62,10 @@ def conclude(folder: Path, cands: list[Candidate], selection: SelectionSpec, pro
     data = {**(as_json(baseline_row, rows, choice) if choice else {"candidates": rows, "chosen": None}),
             "refused": refused, "selection": selection.model_dump(mode="json"),
             "runs": {c.name: str(c.run.path.relative_to(folder)) for c in cands if c.run is not None}}
+    family = next((c.ctx.family for c in judged if c.ctx is not None and c.ctx.family is not None), None)
+    if family is not None:
+        data["family"] = family.as_dict()
+        table += f"\nJudged as a family of {family.size} ({family.kind}): {family.as_dict()['why']}.\n"
     write_json_atomic(folder / RESULT_FILE, data)
     write_text_atomic(folder / "comparison.md", "# Comparison\n\n" + table)
     plot = _pareto(folder, baseline_row, rows, progress)

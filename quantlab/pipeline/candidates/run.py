@@ -33,6 +33,7 @@ from pathlib import Path
 from types import ModuleType
 
 from quantlab.pipeline.candidates.select import choose
+from quantlab.recipe.family import Family
 from quantlab.recipe.selection import SelectionSpec
 from quantlab.core.digest import inputs_hash
 from quantlab.core.progress import Progress
@@ -60,10 +61,12 @@ from quantlab.pipeline.candidates.conclusion import conclude, summary_rows
 
 def run_comparison(recipes: list[Path | LoadedRecipe], runs_root: Path, *,
                    checkpoints: dict[str, Path] | None = None, judge_by: Path | None = None,
-                   progress: Progress = print, verbose: bool = False, allow_single: bool = False) -> Comparison:
+                   progress: Progress = print, verbose: bool = False, allow_single: bool = False,
+                   family: Family | None = None) -> Comparison:
     """`recipes` and the existing `checkpoints` (name -> folder, judged by `judge_by` or the
     first recipe) as candidates against one baseline. `allow_single`: one candidate is a
-    comparison too (a search's last rounds)."""
+    comparison too (a search's last rounds). `family`: the candidates' alpha is spent over
+    it (a search's trials); by default over this comparison's candidates."""
     clock = (time.perf_counter(), engine_seconds())
     cands = candidates_of(recipes, checkpoints, judge_by)
     check_comparable(cands, minimum=1 if allow_single else 2)
@@ -71,9 +74,10 @@ def run_comparison(recipes: list[Path | LoadedRecipe], runs_root: Path, *,
     selection = selection_of(loaded)
     folder = create_folder(runs_root, cands)
     progress(f"comparison of {len(cands)} candidates: {folder}")
-    for c in cands:
-        _prepare(c, folder, progress, verbose, selection)
+    for c in cands:  # preflights judge by the whole comparison's family (a refused one shrinks it below)
+        _prepare(c, folder, progress, verbose, selection, family or comparison_family(cands, folder))
     active = [c for c in cands if c.active]
+    judged_together(active, family or comparison_family(active, folder), progress)
     _check_one_baseline(active)
     baseline = None
     try:
@@ -179,11 +183,29 @@ def _memory_fit(active: list[Candidate]) -> tuple[int | None, str]:
     return max(0, int((available - baseline) // candidate)), note
 
 
-def _prepare(c: Candidate, folder: Path, progress: Progress, verbose: bool, selection: SelectionSpec) -> None:
+def comparison_family(cands: list[Candidate], folder: Path) -> Family:
+    """A comparison's candidates as one family (recipe/family.py)."""
+    return Family(size=max(1, len(cands)), members=tuple(c.name for c in cands), kind="comparison", id=folder.name)
+
+
+def judged_together(active: list[Candidate], family: Family, progress: Progress) -> None:
+    """Every candidate judged as a member of `family`, said once."""
+    for c in active:
+        c.ctx.family = family
+    if family.size > 1 and active:
+        q = active[0].ctx.recipe.quality
+        progress(f"family of {family.size} {'trials' if family.kind == 'search' else 'candidates'} judged on the "
+                 f"same items: every interval gate at confidence 1 - (1 - c) / {family.size}"
+                 + (f" (quality's {q.gates.confidence:.4f})" if q is not None else ""))
+
+
+def _prepare(c: Candidate, folder: Path, progress: Progress, verbose: bool, selection: SelectionSpec,
+             family: Family) -> None:
     """Its run folder, then every preflight of its stages (before any work starts)."""
     c.run = RunDir.create(c.loaded, folder / CANDIDATES_DIR)
     stages = VALIDATE_STAGES if c.checkpoint is not None else STAGES
-    c.ctx = RunContext(c.loaded, c.run, progress, verbose=verbose, stages=stages, import_from=c.checkpoint)
+    c.ctx = RunContext(c.loaded, c.run, progress, verbose=verbose, stages=stages, import_from=c.checkpoint,
+                       family=family)
     try:
         c.todo = stages_to_run(c.ctx)
         c.ctx.will_run = set(c.todo)

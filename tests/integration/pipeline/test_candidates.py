@@ -159,8 +159,14 @@ def test_four_candidates_one_baseline_one_choice(tmp_path, tiny_model_dir, serve
         assert manifest["comparison"]["chosen_candidate"] == "good"
         assert {row["name"] for row in manifest["comparison"]["candidates"]} == {"good", "broken", "existing"}
         assert "unservable" in manifest["comparison"]["refused"]
+        # judged as a family of the three candidates that could be judged (the refused one is not counted)
+        assert manifest["error_budget"]["family"]["size"] == 3
+        assert manifest["error_budget"]["baseline_answers"]["candidates_judged"] >= 1
     assert "blocked by" in json.loads((broken_dir / "checkpoint" / "quantlab-manifest.json").read_text())[
         "comparison"]["lost"]
+
+    assert result["family"]["size"] == 3 and set(result["family"]["members"]) == {"good", "broken", "existing"}
+    assert "family of 3 candidates judged on the same items" in r.stderr
 
     # the comparison's table and JUnit (a suite per candidate)
     assert (folder / "pareto.png").is_file() and "good (chosen)" in (folder / "comparison.html").read_text()

@@ -34,3 +34,19 @@ def test_the_ledger_spends_each_checks_alpha_and_bounds_the_run():
     assert book["run"]["false_release_bound"] == pytest.approx(0.05)
     assert book["fixed_thresholds"]["gates"] == ["stability.max_server_errors@bad_requests"]
     assert book["rule_version"] == 2 and book["ledger_version"] == 1
+
+
+def test_a_candidate_judged_in_a_family_records_it_and_the_familys_bound():
+    from quantlab.recipe.family import Family, for_family
+    from quantlab.recipe.file import Recipe
+
+    recipe = Recipe.model_validate({"name": "r", "model": {"source": "default"}, "quantization": {"method": "rtn", "scheme": "W8A16"},
+                                    "quality": {}})
+    three = for_family(recipe, 3)
+    verdict = q("a").model_copy(update={"confidence": three.quality.gates.confidence})
+    book = ledger([verdict], rule_version=2, quality=three.quality,
+                  family=Family(size=3, members=("a", "b", "c"), id="cmp"))
+    assert book["checks"]["quality"]["pass_alpha"] == pytest.approx(0.025 / 3, abs=1e-6)
+    assert book["family"]["size"] == 3 and book["family"]["rule"] == "bonferroni"
+    assert book["family"]["false_release_bound"] == pytest.approx(0.025, abs=1e-5)  # the recipe's, over all three
+    assert "family" not in ledger([q("a")], rule_version=2, quality=QualitySpec())

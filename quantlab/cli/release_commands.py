@@ -31,7 +31,8 @@ def verify(
     linked, the signer the manifest names, and that the decision follows from the gate
     verdicts. Exit 0 verified and released, 1 not verified (or verified but blocked, unless
     --allow-blocked), 2 bad input."""
-    from quantlab.release.manifest import read_manifest, verify_folder
+    from quantlab.release.manifest import read_manifest
+    from quantlab.release.verify import verify_release
 
     with exit_codes():
         if not folder.is_dir():
@@ -39,7 +40,7 @@ def verify(
         for p in [public_key, *(certificate_chain or [])]:
             if p is not None and not p.is_file():
                 raise RecipeError(f"key or certificate file not found: {p}")
-        problems = verify_folder(folder, public_key=public_key, certificate_chain=certificate_chain,
+        problems = verify_release(folder, public_key=public_key, certificate_chain=certificate_chain,
                                  sigstore_identity=sigstore_identity, sigstore_issuer=sigstore_issuer)
         if problems:
             err.print(f"[bold red]NOT VERIFIED[/] {escape(str(folder))}: {len(problems)} problem(s)", highlight=False,
@@ -50,6 +51,12 @@ def verify(
         m = read_manifest(folder)
         typer.echo(f"verified {folder}: {len(m.checkpoint_files)} files and the manifest match the signature; "
                    f"decision '{m.decision.decision}' ({m.decision.why})")
+        if m.registration is not None:
+            r = m.registration
+            typer.echo(f"registered {r['created_at']} before any engine started ("
+                       + (f"signed, {r['signing_method']}" if r["signed"] else "unsigned")
+                       + (f", log time {r['log_time']}" if r.get("log_time") else "")
+                       + f"); decided under that gate set ({r['gates_sha256'][:12]})")
         if m.signer is not None and m.signer.key_fingerprint:
             typer.echo(f"signed by key {m.signer.key_fingerprint}"
                        + (" (quantlab's local development key: not for shipping)" if m.signer.development_key

@@ -22,6 +22,8 @@ KL_FILE = "kl-topk.json"  # in quality/<role>/: next-token distributions
 # in a released folder
 MANIFEST_FILE = "quantlab-manifest.json"
 SIGNATURE_FILE = "quantlab-manifest.sig"
+REGISTRATION_FILE = "quantlab-registration.json"  # the gate set registered before any engine (release/registration)
+REGISTRATION_SIG = "quantlab-registration.sig"  # its signature, as copied into a released folder
 PROVENANCE_FILE = "quantlab-provenance.json"  # in a converted model folder
 # under the runs root, beside <recipe>/<run id>/
 COMPARE_DIR = "compare"  # compare/<id>/: several candidates

@@ -87,6 +87,8 @@ class RunRecord(BaseModel):
     stages: dict[str, StageRecord] = Field(default_factory=dict)
     placement: dict[str, Any] | None = Field(None, description="`--ray`: where the candidate's stages ran "
                                              "(node, Ray node and job id, attempt); None on this machine.")
+    registration: dict[str, Any] | None = Field(None, description="The gate set registered before any engine "
+                                                "started (release/registration.py): its file, digests, signing.")
     stopped_early: str | None = Field(None, description="`--ray` racing: the failed required gate that ended "
                                       "the candidate's checks after its quality stage.")
     attempt: AttemptTime | None = Field(None, description="Wall and engine time of the latest run/validate "

@@ -27,6 +27,7 @@ from quantlab.core.errors import EngineError, GateFailure, QuantlabError, Recipe
 from quantlab.core.fsutil import write_text_atomic
 from quantlab.core.layout import ERROR_DIR
 from quantlab.recipe.family import Family
+from quantlab.release.registration import register
 from quantlab.recipe.file import LoadedRecipe
 from quantlab.core.run import AttemptTime, RunDir, StageRecord, now_iso
 from quantlab.quantize import checkpoint_stage
@@ -165,6 +166,8 @@ def _run_stages(loaded: LoadedRecipe, run: RunDir, progress: Progress, verbose: 
             if stage.NAME in todo:
                 stage.preflight(ctx)
         ctx.needs_baseline = lambda: baseline_needed(ctx)
+        run.record.registration = register(ctx)  # the gate set, signed before any engine starts
+        run.save()
     except BaseException as err:
         run.record.attempt = _attempt_time(clock)
         _finish(run, err)

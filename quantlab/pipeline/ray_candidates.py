@@ -50,6 +50,7 @@ from quantlab.pipeline.ray_cluster import (RUNS_SUBDIR, check_fits, check_storag
 from quantlab.recipe.family import Family
 from quantlab.recipe.file import LoadedRecipe
 from quantlab.release import stage as release_stage
+from quantlab.release.registration import register
 
 TASK_RETRIES = 1  # a task whose node is lost runs once more elsewhere (Ray's retry)
 COMPARISON_DEADLINE_S = 24 * 3600  # the longest the candidates' tasks may take, queued ones included
@@ -99,6 +100,8 @@ def run_comparison_on_ray(recipes: list[Path | LoadedRecipe], storage: Path, *, 
         stages_to_run(c.ctx)  # a recipe without any check is refused here, before any task
         release_stage.preflight(c.ctx)  # the signing key: on this machine, which signs
         c.ctx.baseline_model()  # the release here hashes the baseline's files: it must resolve here too
+        c.run.record.registration = register(c.ctx)  # signed here, before any task starts an engine
+        c.run.save()
     try:
         outcomes = run_tasks(cands, storage, progress=progress, cpus=cpus,
                              stop_on_refusal=selection.unservable == "stop", family=family)

@@ -72,6 +72,11 @@ class Manifest(_M):
                                                 "None: a manifest from before the ledger.")
     signer: Signer | None = Field(None, description="Who signs it; None: unsigned (signing.method none), or a "
                                   "manifest written before quantlab recorded the signer.")
+    registration: dict[str, Any] | None = Field(None, description="The gate set registered before any engine "
+                                                "started: the statement's sha256 (its copy and signature are in "
+                                                "the folder), its gate set's digest and the one decided under, "
+                                                "when and how it was signed (release/registration.py); None: a "
+                                                "manifest from before registrations.")
 
 
 def policy_of_manifest(manifest: Manifest) -> DecisionPolicy:

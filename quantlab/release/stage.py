@@ -26,7 +26,8 @@ from quantlab.release.manifest import (
     public_pem_of,
     sign_folder,
 )
-from quantlab.core.layout import cache_dir
+from quantlab.release.registration import copy_into
+from quantlab.release.signing_key import signing_args, signing_key
 from quantlab.core.results import (
     CheckpointResult,
     PerfResult,
@@ -40,7 +41,6 @@ from quantlab.core.results import (
 from quantlab.core.run import now_iso
 
 NAME = "release"
-LOCAL_KEY = "keys/quantlab-local-signing.pem"
 
 
 def inputs(ctx: StageContext) -> dict[str, Any]:
@@ -63,21 +63,6 @@ def preflight(ctx: StageContext) -> None:
                           file=str(ctx.loaded.path), field="signing.identity_token_env")
 
 
-def _key(ctx: StageContext) -> tuple[Any, bool]:
-    """The private key path and whether it is the local development key."""
-    from quantlab.release.manifest import generate_keypair
-
-    s = ctx.recipe.signing
-    if s.private_key:
-        return ctx.loaded.resolve(s.private_key), False
-    key = cache_dir() / LOCAL_KEY
-    if not key.is_file():
-        generate_keypair(key, key.with_suffix(".pub.pem"))
-        ctx.progress(f"created a local development signing key (public half: {key.with_suffix('.pub.pem')}); "
-                     "set signing.private_key to sign with a key of your own")
-    return key, True
-
-
 def check_results(ctx: StageContext) -> dict[str, Any]:
     """The results the decision is made on: every enabled stage's but the release's own."""
     record = ctx.run.record
@@ -98,24 +83,22 @@ def run(ctx: StageContext) -> ReleaseResult:
     if targets:
         ctx.progress(f"release: {targets_line(targets)}")
     s = ctx.recipe.signing
-    password = os.environ.get(s.password_env) if s.password_env else None
-    key, local_key = _key(ctx) if s.method in ("key", "certificate") else (None, False)
-    fingerprint = public_key_fingerprint(public_pem_of(key, password)) if key is not None else None
+    args = signing_args(ctx)
+    key, local_key = signing_key(ctx) if s.method in ("key", "certificate") else (None, False)
+    fingerprint = public_key_fingerprint(public_pem_of(key, args["password"])) if key is not None else None
     signer = Signer(method=s.method, key_fingerprint=fingerprint, development_key=local_key) \
         if s.method != "none" else None
-    manifest = build_manifest(ctx, results, verdicts, decision, targets).model_copy(update={"signer": signer})
     folder = ctx.checkpoint_dir
     (folder / SIGNATURE_FILE).unlink(missing_ok=True)  # never leave an old signature next to a new manifest
+    registered = copy_into(ctx, folder)  # before the manifest lists the folder's files
+    manifest = build_manifest(ctx, results, verdicts, decision, targets).model_copy(
+        update={"signer": signer, "registration": registered})
     write_json_atomic(folder / MANIFEST_FILE, manifest.model_dump(mode="json"))
     signed = False
     if s.method != "none":
         ctx.progress(f"release: signing {folder.name} ({len(manifest.checkpoint_files)} files + manifest) "
                      f"with method '{s.method}'")
-        sign_folder(folder, method=s.method, private_key=key, password=password,
-                    signing_certificate=ctx.loaded.resolve(s.signing_certificate) if s.signing_certificate else None,
-                    certificate_chain=[ctx.loaded.resolve(c) for c in s.certificate_chain],
-                    use_staging=s.sigstore_staging,
-                    identity_token=os.environ.get(s.identity_token_env) if s.identity_token_env else None)
+        sign_folder(folder, method=s.method, **args)
         signed = True
     # a copy beside the run record, so reports need not open the checkpoint
     shutil.copyfile(folder / MANIFEST_FILE, ctx.run.path / MANIFEST_FILE)

@@ -50,6 +50,7 @@ from quantlab.core.run import RunDir, StageRecord, now_iso
 from quantlab.performance import stage as perf_stage
 from quantlab.quality import stage as quality_stage
 from quantlab.release import stage as release_stage
+from quantlab.release.registration import register
 from quantlab.serving import stage as serve_stage
 from quantlab.serving.cpu_cores import engine_bind
 from quantlab.stability import stage as stability_stage
@@ -189,9 +190,12 @@ def comparison_family(cands: list[Candidate], folder: Path) -> Family:
 
 
 def judged_together(active: list[Candidate], family: Family, progress: Progress) -> None:
-    """Every candidate judged as a member of `family`, said once."""
+    """Every candidate judged as a member of `family`, said once; then each one's gate set
+    registered and signed (release/registration.py), before any engine starts."""
     for c in active:
         c.ctx.family = family
+        c.run.record.registration = register(c.ctx)
+        c.run.save()
     if family.size > 1 and active:
         q = active[0].ctx.recipe.quality
         progress(f"family of {family.size} {'trials' if family.kind == 'search' else 'candidates'} judged on the "

@@ -129,6 +129,12 @@ def test_failed_serve_then_resume_with_an_edited_serve_section(tmp_path, tiny_mo
     assert {f["role"] for f in manifest["raw_files"]} >= {"perf-requests", "baseline-server-log"}
     ok = ql("verify", ckpt, "--public-key", keys / "release.pub.pem")
     assert ok.returncode == 0 and "verified" in ok.stdout, ok.stderr
+    # the gate set was registered and signed before any engine started, and decided under
+    registered = manifest["registration"]
+    assert registered["signed"] and registered["gates_sha256"] == registered["gates_sha256_at_decision"]
+    assert (ckpt / "quantlab-registration.json").is_file() and "quantlab-registration.sig" in manifest[
+        "checkpoint_files"]
+    assert "registered" in ok.stdout and "decided under that gate set" in ok.stdout
     tampered = tmp_path / "tampered"
     shutil.copytree(ckpt, tampered)
     with open(tampered / "model.safetensors", "r+b") as f:
@@ -148,6 +154,7 @@ def test_failed_serve_then_resume_with_an_edited_serve_section(tmp_path, tiny_mo
     assert blocked.returncode == 1, blocked.stderr[-3000:]
     assert blocked.stderr.count("done earlier with the same inputs, skipped") == 2
     assert "stage performance: its inputs changed" in blocked.stderr
+    assert "registered anew" in blocked.stderr  # performance is measured again under the new gates
     assert "max_p99_ttft_ms at short/c" in blocked.stderr
     record = json.loads((run_dir / "run.json").read_text())
     assert record["status"] == "blocked"
@@ -186,6 +193,14 @@ def test_failed_serve_then_resume_with_an_edited_serve_section(tmp_path, tiny_mo
     not_released = ql("verify", ckpt, "--public-key", keys / "release.pub.pem")
     assert not_released.returncode == 1 and "NOT RELEASED" in not_released.stderr, not_released.stderr
     assert ql("verify", ckpt, "--public-key", keys / "release.pub.pem", "--allow-blocked").returncode == 0
+    assert json.loads((run_dir / "run.json").read_text())["registration"]["registrations"] == 2
+
+    # the policy loosened after the evidence was seen: refused, nothing re-judged
+    data["release"] = {"policy": {"not_shown": "warn"}}
+    write_recipe(tmp_path, data)
+    loosened = ql("run", recipe, "--runs-dir", tmp_path / "runs", "--resume", run_dir)
+    assert loosened.returncode == 2 and "policy changed after this run's evidence" in loosened.stderr, \
+        loosened.stderr[-2000:]
 
 
 def test_unservable_recipe_fails_before_quantizing(tmp_path, tiny_model_dir):

@@ -40,8 +40,8 @@ def test_a_candidate_judged_in_a_family_records_it_and_the_familys_bound():
     from quantlab.recipe.family import Family, for_family
     from quantlab.recipe.file import Recipe
 
-    recipe = Recipe.model_validate({"name": "r", "model": {"source": "default"}, "quantization": {"method": "rtn", "scheme": "W8A16"},
-                                    "quality": {}})
+    recipe = Recipe.model_validate({"name": "r", "model": {"source": "default"},
+                                    "quantization": {"method": "rtn", "scheme": "W8A16"}, "quality": {}})
     three = for_family(recipe, 3)
     verdict = q("a").model_copy(update={"confidence": three.quality.gates.confidence})
     book = ledger([verdict], rule_version=2, quality=three.quality,

@@ -25,10 +25,17 @@ def print_plans(recipes: list[Path], runs_dir: Path, *, ray: str | None, storage
         typer.echo(f"ray: would run {len(loaded)} candidate(s) as tasks on the nodes of {ray} (quantize, serve "
                    f"and the checks there; the choice and signing here), storage {where}; nothing is joined or "
                    "started in a dry run, and each candidate's preflights run again on its node")
+    from quantlab.recipe.family import Family
+
+    # the plans at the confidences the comparison judges by (a candidate refused below shrinks the family)
+    family = Family(size=len(loaded), members=tuple(lr.recipe.name for lr in loaded)) if len(loaded) > 1 else None
+    if family is not None:
+        typer.echo(f"family of {family.size} candidates judged on the same items: every interval gate at confidence "
+                   f"1 - (1 - c) / {family.size}; each plan below is at those confidences")
     planned = 0
     for lr in loaded:
         try:
-            print_plan(lr, runs_dir)
+            print_plan(lr, runs_dir, family=family)
             planned += 1
         except RecipeError as err:
             typer.echo(f"candidate {lr.recipe.name} ({lr.path}) would be left out: {err.message}")
@@ -36,10 +43,10 @@ def print_plans(recipes: list[Path], runs_dir: Path, *, ray: str | None, storage
         raise RecipeError("no candidate of the comparison passes its preflights: nothing would run")
 
 
-def print_plan(loaded, runs_dir: Path, checkpoint: Path | None = None) -> None:
+def print_plan(loaded, runs_dir: Path, checkpoint: Path | None = None, family=None) -> None:
     from quantlab.pipeline.commands import dry_run
 
-    plan = dry_run(loaded, runs_dir, progress=progress, checkpoint=checkpoint)
+    plan = dry_run(loaded, runs_dir, progress=progress, checkpoint=checkpoint, family=family)
     typer.echo(f"plan for {loaded.recipe.name} (preflights passed; nothing was started):")
     total, unknown = 0.0, []
     for step in plan:

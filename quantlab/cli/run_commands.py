@@ -101,6 +101,10 @@ def search(
     knob: Annotated[Optional[list[str]], typer.Option(
         help="SECTION.FIELD=V1,V2,...: the recipe's own setting, choices in order of preference, tried before "
         "any layer is kept (e.g. quantization.group_size=128,64,32); repeatable.")] = None,
+    schemes: Annotated[Optional[str], typer.Option(
+        help="Other methods and schemes, tried first and cheapest first (predicted weight bytes): shipped recipe "
+        "names or recipe files, comma-separated, or 'auto' (gptq-w4a16, awq-w4a16, smoothquant-gptq-w8a8, "
+        "rtn-w8a16, fp8-dynamic); a scheme the preflight refuses uses no trial.")] = None,
     runs_dir: Annotated[Path, typer.Option(help="Root folder for outputs (search/<recipe>/<id>/).")] = Path("runs"),
     verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Show the engines' own output here.")] = False,
     ray: Annotated[Optional[str], typer.Option(
@@ -111,20 +115,24 @@ def search(
     ray_cpus: Annotated[int, typer.Option(min=1, help="With --ray: the CPUs each trial's task asks of its "
                                           "node.")] = 1,
 ) -> None:
-    """Find the fewest of the most sensitive layers to keep unquantized so that every
-    required gate of the recipe passes: bisection over how many, each round a comparison
-    of trials against one baseline. Writes the recipe to commit (the original plus the
+    """Find the cheapest variant of the recipe that passes every required gate: with
+    --schemes, other methods and schemes first (cheapest first); then --knob choices; then
+    the fewest of the most sensitive layers kept unquantized (bisection over how many).
+    Each round is a comparison of trials against one baseline server, kept up across
+    rounds. Writes the recipe to commit (the original plus the scheme's sections or the
     ignore list), search.json, search.md and search.png; the passing trial is released.
     Exit 0 one passed, 1 none passed within the budget, 2 bad input, 3 run failure."""
     from quantlab.recipe.file import load_recipe
-    from quantlab.pipeline.search import markdown as search_markdown, run_search
+    from quantlab.pipeline.search import run_search
+    from quantlab.pipeline.search_report import markdown as search_markdown
 
     with exit_codes():
         if width < 1 or max_trials < 1:
             raise RecipeError("--width and --max-trials must be at least 1", field="--width")
         loaded = load_recipe(recipe)
         settings = dict(sensitivity=sensitivity, max_layers=max_layers, width=width, max_trials=max_trials,
-                        time_budget_s=time_budget_s, knobs=tuple(knob or ()), progress=progress, verbose=verbose)
+                        time_budget_s=time_budget_s, knobs=tuple(knob or ()), progress=progress, verbose=verbose,
+                        schemes=tuple(x.strip() for x in schemes.split(",") if x.strip()) if schemes else ())
         if ray:
             with on_ray(ray, storage, runs_dir) as folder:
                 result = run_search(loaded, runs_dir, ray_storage=folder, ray_cpus=ray_cpus, **settings)

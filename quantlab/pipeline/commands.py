@@ -15,12 +15,13 @@ from quantlab.core.progress import Progress
 from quantlab.core.run import RunDir
 from quantlab.pipeline.context import RunContext
 from quantlab.pipeline.loop import STAGES, VALIDATE_STAGES, stages_to_run
+from quantlab.recipe.family import Family
 from quantlab.recipe.file import LoadedRecipe
 from quantlab.recipe.serve import ServeSpec
 
 
 def dry_run(loaded: LoadedRecipe, runs_root: Path, *, progress: Progress,
-            checkpoint: Path | None = None) -> list[dict[str, Any]]:
+            checkpoint: Path | None = None, family: Family | None = None) -> list[dict[str, Any]]:
     """`quantlab run --dry-run`: validate, run every stage's preflight (model layout,
     serving compatibility of the scheme the recipe will export, suites, data files) in
     a throw-away run folder, and return the plan: each stage, why it would run, what it
@@ -33,7 +34,7 @@ def dry_run(loaded: LoadedRecipe, runs_root: Path, *, progress: Progress,
     tmp = Path(tempfile.mkdtemp(prefix="quantlab-dry-run-"))
     try:
         run = RunDir.create(loaded, tmp)
-        ctx = RunContext(loaded, run, progress, import_from=checkpoint,
+        ctx = RunContext(loaded, run, progress, import_from=checkpoint, family=family,
                          stages=VALIDATE_STAGES if checkpoint is not None else STAGES)
         todo = stages_to_run(ctx)
         ctx.will_run = set(todo)

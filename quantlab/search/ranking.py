@@ -38,8 +38,23 @@ def rank_agreement(proxy: dict[str, float], truth: dict[str, float]) -> dict[str
         return {"groups": len(common), "spearman": None, "kendall": None,
                 "note": "fewer than 3 groups scored by both: no rank agreement"}
     a, b = [proxy[g] for g in common], [truth[g] for g in common]
-    return {"groups": len(common), "spearman": float(spearmanr(a, b).statistic),
+    rho = float(spearmanr(a, b).statistic)
+    return {"groups": len(common), "spearman": rho, "spearman_95": spearman_interval(rho, len(common)),
             "kendall": float(kendalltau(a, b).statistic)}
+
+
+def spearman_interval(rho: float, n: int, confidence: float = 0.95) -> list[float] | None:
+    """Spearman's rho's interval: Fisher's z with Bonett and Wright's variance,
+    (1 + rho^2 / 2) / (n - 3); None below 4 groups (or an undefined rho)."""
+    import math
+
+    from scipy.stats import norm
+
+    if n < 4 or rho != rho:
+        return None
+    z = math.atanh(max(-0.999999, min(0.999999, rho)))
+    half = norm.ppf(0.5 + confidence / 2) * math.sqrt((1 + rho * rho / 2) / (n - 3))
+    return [round(math.tanh(z - half), 4), round(math.tanh(z + half), 4)]
 
 
 def markdown(result: dict[str, Any], top: int | None = None) -> str:

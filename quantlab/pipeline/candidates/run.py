@@ -42,7 +42,6 @@ from quantlab.reports.stage_plots import draw as draw_plots
 from quantlab.core.engine_time import engine_seconds
 from quantlab.core.errors import EngineError, QuantlabError, RecipeError
 from quantlab.core.fsutil import safetensors_bytes
-from quantlab.core.layout import SERVE_LOG_DIR
 from quantlab.pipeline.loop import (STAGES, VALIDATE_STAGES, run_stage, save_with_time, enabled,
                                     stages_to_run)
 from quantlab.recipe.file import LoadedRecipe
@@ -52,22 +51,23 @@ from quantlab.quality import stage as quality_stage
 from quantlab.release import stage as release_stage
 from quantlab.release.registration import register
 from quantlab.serving import stage as serve_stage
-from quantlab.serving.cpu_cores import engine_bind
 from quantlab.stability import stage as stability_stage
 from quantlab.targets import stage as targets_stage
 from quantlab.pipeline.candidates.members import (CANDIDATES_DIR, Candidate, Comparison, candidates_of,
                                                   check_comparable, create_folder, selection_of)
 from quantlab.pipeline.candidates.conclusion import conclude, summary_rows
+from quantlab.pipeline.candidates.servers import HeldBaseline, start_baseline, start_candidates
 
 
 def run_comparison(recipes: list[Path | LoadedRecipe], runs_root: Path, *,
                    checkpoints: dict[str, Path] | None = None, judge_by: Path | None = None,
                    progress: Progress = print, verbose: bool = False, allow_single: bool = False,
-                   family: Family | None = None) -> Comparison:
+                   family: Family | None = None, held: HeldBaseline | None = None) -> Comparison:
     """`recipes` and the existing `checkpoints` (name -> folder, judged by `judge_by` or the
     first recipe) as candidates against one baseline. `allow_single`: one candidate is a
     comparison too (a search's last rounds). `family`: the candidates' alpha is spent over
-    it (a search's trials); by default over this comparison's candidates."""
+    it (a search's trials); by default over this comparison's candidates. `held`: a baseline
+    server kept up across comparisons (a search's rounds): reused when up, left up at the end."""
     clock = (time.perf_counter(), engine_seconds())
     cands = candidates_of(recipes, checkpoints, judge_by)
     check_comparable(cands, minimum=1 if allow_single else 2)
@@ -89,7 +89,7 @@ def run_comparison(recipes: list[Path | LoadedRecipe], runs_root: Path, *,
             if still and not still[0].loaded.recipe.serve.side_by_side:
                 _in_turn(still)
             elif still:
-                baseline = _in_groups(folder, still, selection, progress)
+                baseline = _in_groups(folder, still, selection, progress, held)
     except BaseException as err:  # the baseline failed, or Ctrl-C: no candidate can be judged
         for c in cands:
             if c.run is not None and c.run.record.status == "running":
@@ -100,7 +100,7 @@ def run_comparison(recipes: list[Path | LoadedRecipe], runs_root: Path, *,
         for c in cands:
             if c.ctx is not None:
                 c.ctx.close_engines()
-        if baseline is not None:
+        if baseline is not None and held is None:
             baseline.stop()
     choose_then_release(cands, selection)
     for c in cands:
@@ -108,18 +108,30 @@ def run_comparison(recipes: list[Path | LoadedRecipe], runs_root: Path, *,
     return conclude(folder, cands, selection, progress)
 
 
-def _in_groups(folder: Path, active: list[Candidate], selection: SelectionSpec, progress: Progress):
+def _in_groups(folder: Path, active: list[Candidate], selection: SelectionSpec, progress: Progress,
+               held: HeldBaseline | None = None):
     """The baseline up throughout; the candidates in groups as many as may be up beside
     it, each group's checks and one interleaved load. Returns the baseline server."""
     groups = _groups(active, selection, progress)
     slots = 1 + max(len(g) for g in groups)  # engines up at once: the baseline and a group
-    baseline = _start_baseline(folder, active[0], progress, slots)
+    if held is not None:
+        slots = max(slots, held.at_least)
+    reused = held is not None and held.usable(slots)
+    if reused:
+        baseline, slots = held.server, held.slots  # the candidates bound beside it as it was bound
+        progress("the baseline server of the previous round is still up: reused (its answers cached)")
+    else:
+        if held is not None:
+            held.stop()  # gone, or bound for fewer engines than this round's
+        baseline = start_baseline(folder, active[0], progress, slots)
+        if held is not None:
+            held.server, held.slots = baseline, slots
     try:
         for n, group in enumerate(groups, 1):
             if len(groups) > 1:
                 progress(f"candidates group {n} of {len(groups)}: {', '.join(c.name for c in group)} "
                          "(beside the baseline)")
-            _start_candidates(baseline, group, progress, slots, first=n == 1)
+            start_candidates(baseline, group, progress, slots, first=n == 1 and not reused)
             group = [c for c in group if c.active]
             _each(group, serve_stage, quality_stage)
             _shared_performance([c for c in group if c.active], progress)
@@ -129,6 +141,8 @@ def _in_groups(folder: Path, active: list[Candidate], selection: SelectionSpec, 
                     c.ctx.close_engines()  # its own server; the baseline stays up for the next group
     except BaseException:
         baseline.stop()  # the caller never got it to stop
+        if held is not None:
+            held.server = None
         raise
     return baseline
 
@@ -251,55 +265,6 @@ def _fail(c: Candidate, why: str) -> None:
     c.failed = why
     c.ctx.progress(f"candidate {c.name}: {why.splitlines()[0]}; the others go on")
     c.ctx.close_engines()  # its own server; the shared baseline is not its to stop
-
-
-def _start_baseline(folder: Path, first: Candidate, progress: Progress, slots: int):
-    """The shared baseline server (its log in the comparison's folder), started but not
-    waited for: the first group's servers start beside it and all load at once. Each of
-    the `slots` engines up at once computes on cores of its own (see cpu_cores)."""
-    from quantlab.serving.vllm_server import prepare_engine
-
-    plan = first.ctx.serving_plan()
-    baseline = prepare_engine(plan, "baseline", log_dir=folder / SERVE_LOG_DIR, progress=progress,
-                              cpu_bind=engine_bind(plan.device, 0, slots))
-    baseline.start()
-    return baseline
-
-
-def _start_candidates(baseline, group: list[Candidate], progress: Progress, slots: int, *, first: bool) -> None:
-    """The group's servers, started at once beside the baseline (on the first group, while
-    it is still loading too); a baseline that fails to start stops the comparison, a
-    candidate's fails that candidate alone."""
-    from quantlab.serving.vllm_server import prepare_engine, wait_healthy
-
-    plans = {c.name: c.ctx.serving_plan() for c in group}
-    mine = {c.name: prepare_engine(plans[c.name], "candidate", log_dir=c.run.path / SERVE_LOG_DIR, progress=progress,
-                                   cpu_bind=engine_bind(plans[c.name].device, 1 + i, slots))
-            for i, c in enumerate(group)}
-    started = []
-    try:
-        for server in mine.values():
-            server.start()
-            started.append(server)
-        if first:
-            wait_healthy(baseline, progress)
-    except BaseException:
-        for server in started:
-            server.stop()
-        raise
-    for c in group:
-        try:
-            wait_healthy(mine[c.name], progress)
-        except EngineError as err:
-            c.failed = f"its server did not start: {err.cause or str(err).splitlines()[0]}"
-            progress(f"candidate {c.name}: {c.failed}; the others go on")
-            continue
-        except BaseException:
-            for server in mine.values():
-                server.stop()
-            raise
-        c.ctx.adopt_engine("baseline", baseline, owned=False)
-        c.ctx.adopt_engine("candidate", mine[c.name], owned=True)
 
 
 def _shared_performance(active: list[Candidate], progress: Progress) -> None:

@@ -1,0 +1,98 @@
+"""`quantlab search RECIPE --schemes ...`: other methods and schemes first, cheapest first.
+
+Each source (a shipped recipe by name, or a recipe file) gives a trial: the user's recipe
+with the source's quantization and calibration sections (search/schemes.py). Every trial
+is put through the preflight before any work; one it refuses (a scheme this host cannot
+serve) is listed and costs no trial. The rest are ordered by predicted weight bytes,
+cheapest first, and that order is part of the family every trial is registered under
+(its members). They run `width` at a time as comparisons beside one baseline (kept up
+across the rounds) until a round releases one; the comparison's selection rule picks
+among that round's released trials, and the comparison signs it.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from quantlab.core.errors import RecipeError
+from quantlab.core.progress import Progress
+from quantlab.core.shipped import RECIPES
+from quantlab.pipeline.candidates.servers import HeldBaseline
+from quantlab.pipeline.commands import dry_run
+from quantlab.pipeline.search_rounds import compare_trials
+from quantlab.recipe.family import Family
+from quantlab.recipe.file import LoadedRecipe, load_recipe
+from quantlab.search.schemes import SHIPPED_SCHEMES, SchemeTrial, ordered, predicted_bytes, scheme_settings, \
+    tensor_shapes
+
+
+def scheme_sources(names: tuple[str, ...]) -> list[tuple[str, LoadedRecipe]]:
+    """--schemes: shipped recipe names (`auto`: all of SHIPPED_SCHEMES) or recipe files."""
+    out = []
+    for name in [n for given in names for n in (SHIPPED_SCHEMES if given == "auto" else (given,))]:
+        path = Path(name) if name.endswith((".yaml", ".yml")) else RECIPES / f"{name}.yaml"
+        if not path.is_file():
+            raise RecipeError(f"--schemes {name!r}: neither a shipped recipe ({', '.join(SHIPPED_SCHEMES)}) nor a "
+                              "recipe file", field="--schemes")
+        out.append((path.stem, load_recipe(path)))
+    return out
+
+
+def scheme_trials(loaded: LoadedRecipe, sources: list[tuple[str, LoadedRecipe]], runs_root: Path,
+                  progress: Progress) -> tuple[list[SchemeTrial], list[dict[str, Any]]]:
+    """(the servable trials, cheapest first; the ones the preflight refused, with why).
+    A source whose quantization is the recipe's own is left out (the recipe is what is
+    being searched from)."""
+    shapes = tensor_shapes(_baseline_dir(loaded, progress))
+    servable, refused = [], []
+    for i, (source, src) in enumerate(sources, 1):
+        if src.recipe.quantization == loaded.recipe.quantization:
+            continue
+        settings = scheme_settings(src, loaded)
+        trial = loaded.variant(f"{loaded.recipe.name}-s{i}-{source}", settings)
+        try:
+            dry_run(trial, runs_root, progress=lambda *_: None)  # every preflight, nothing started
+        except RecipeError as err:
+            why = refusal_text(err)
+            refused.append({"name": trial.recipe.name, "source": source, "decision": "refused", "why": why})
+            progress(f"search: scheme {source} refused by its preflight, no trial used: {why}")
+            continue
+        servable.append(SchemeTrial(source, trial, predicted_bytes(trial.recipe.quantization, shapes), settings))
+    return ordered(servable), refused
+
+
+def refusal_text(err: RecipeError, limit: int = 400) -> str:
+    """A preflight's refusal on one line (its cause is often on the second)."""
+    text = " ".join(line.strip() for line in str(err).splitlines() if line.strip())
+    return text if len(text) <= limit else text[:limit - 3] + "..."
+
+
+def _baseline_dir(loaded: LoadedRecipe, progress: Progress) -> Path:
+    from quantlab.models.source import resolve_recipe_model
+
+    return resolve_recipe_model(loaded, progress=progress).path
+
+
+def run_schemes(trials: list[SchemeTrial], folder: Path, *, width: int, budget_left: int, progress: Progress,
+                verbose: bool, on_ray: tuple[Path | None, int], family: Family, held: HeldBaseline | None,
+                past_budget) -> tuple[list[dict[str, Any]], list[dict[str, Any]], str | None]:
+    """The trials in rounds of `width`, cheapest first, until one is released, the trial
+    budget is spent or `past_budget(rounds)` says the next round would end past the time
+    budget. Returns (each trial's outcome, the rounds, the released trial chosen or None)."""
+    outcomes, rounds = [], []
+    todo = trials[:max(0, budget_left)]
+    for start in range(0, len(todo), max(1, width)):
+        if past_budget(rounds):
+            break
+        chunk = todo[start:start + width]
+        progress("search: schemes " + ", ".join(f"{t.source} ({t.describe()}, ~{t.predicted_bytes / 1e6:.1f} MB)"
+                                                for t in chunk))
+        got, info = compare_trials([t.loaded for t in chunk], folder, progress, verbose, on_ray, family, held)
+        rounds.append({**info, "schemes": [t.source for t in chunk]})
+        for t, o in zip(chunk, got):
+            outcomes.append({**o, "source": t.source, "scheme": t.describe(), "predicted_bytes": t.predicted_bytes})
+        chosen = info.get("chosen")
+        if chosen is not None:
+            return outcomes, rounds, chosen
+    return outcomes, rounds, None

@@ -1,0 +1,79 @@
+"""What a search reads as: its Markdown table (schemes, layers, knobs) and its plot."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from quantlab.core.progress import Progress
+
+
+def markdown(result: dict[str, Any]) -> str:
+    lines = [f"# Search: {result['recipe']}", "",
+             f"Stopped: {result['stopped']}, after {len(result['scheme_trials']) + len(result['trials'])} trials in "
+             f"{len(result['rounds'])} rounds, {result['wall_s']:.0f} s; {result['width']} trials a round.", ""]
+    if result.get("scheme_trials") or result.get("scheme_refused"):
+        lines += ["Schemes, cheapest first (predicted weight bytes; the order registered before the first trial):", "",
+                  "| trial | scheme | predicted MB | weights MB | decision | failed gates | out tok/s |",
+                  "|---|---|---|---|---|---|---|"]
+        for t in result["scheme_trials"]:
+            mark = " (chosen)" if t["source"] == result.get("chosen_scheme") else ""
+            lines.append(f"| {t['source']}{mark} | {t['scheme']} | {t['predicted_bytes'] / 1e6:.1f} | "
+                         f"{_mb(t['weights_bytes'])} | {t['decision']} | {_gates(t['failed_gates'])} | "
+                         f"{'-' if t['output_tokens_per_s'] is None else format(t['output_tokens_per_s'], '.3g')} |")
+        for t in result.get("scheme_refused") or []:
+            lines.append(f"| {t['source']} | - | - | - | refused (no trial used) | {t['why']} | - |")
+        lines.append("")
+    if result.get("ranking"):
+        lines += [f"Kept layer groups unquantized, most sensitive first ({result['granularity']} ranking "
+                  f"{result['ranking']}); up to {result['max_layers']}.", "",
+                  "| kept | decision | failed gates | worst recovery | weights MB | out tok/s |",
+                  "|---|---|---|---|---|---|"]
+    for t in result["trials"]:
+        mark = " (chosen)" if t["k"] == result["best"] and result["passed"] else ""
+        lines.append(f"| {t['k']}{mark} | {t['decision']} | {_gates(t['failed_gates'])} | "
+                     f"{'-' if t['worst_recovery'] is None else format(t['worst_recovery'], '.3g')} | "
+                     f"{_mb(t['weights_bytes'])} | "
+                     f"{'-' if t['output_tokens_per_s'] is None else format(t['output_tokens_per_s'], '.3g')} |")
+    if result.get("knob_trials"):
+        lines += ["", "Knobs, each choice in the order given (the layer trials above start from the settings kept):",
+                  "", "| knob | value | decision | failed gates | worst recovery |", "|---|---|---|---|---|"]
+        for t in result["knob_trials"]:
+            lines.append(f"| {t['knob']} | {t['value']!r} | {t['decision']} | "
+                         f"{', '.join(t['failed_gates'][:4]) or '-'} | "
+                         f"{'-' if t['worst_recovery'] is None else format(t['worst_recovery'], '.3g')} |")
+    lines.append("")
+    if result.get("chosen_scheme"):
+        lines.append(f"Chosen: the scheme of {result['chosen_scheme']}; recipe: {result['recipe_file']}")
+    elif result["passed"] and result["best"] is None:
+        lines.append(f"Chosen: {result['settings']} with no layer kept; recipe: {result['recipe_file']}")
+    elif result["passed"]:
+        lines.append(f"Chosen: keep {result['best']} ({', '.join(result['kept']) or 'none'})"
+                     + (f" with {result['settings']}" if result["settings"] else "")
+                     + f"; recipe: {result['recipe_file']}")
+    elif result["best"] is not None:
+        t = next(t for t in result["trials"] if t["k"] == result["best"])
+        lines.append(f"No trial passed. Closest: keep {result['best']}, stopped by {', '.join(t['failed_gates'])}")
+    elif result.get("scheme_trials"):
+        t = min(result["scheme_trials"], key=lambda t: len(t["failed_gates"]))
+        lines.append(f"No trial passed. Closest scheme: {t['source']} ({t['scheme']}), stopped by "
+                     f"{_gates(t['failed_gates'])}; not shown: {_gates(t['not_shown_gates'])}")
+    lines += [f"- {n}" for n in result["notes"]]
+    return "\n".join(lines) + "\n"
+
+
+def _mb(n: int | None) -> str:
+    return "-" if n is None else format(n / 1e6, ".1f")
+
+
+def _gates(names: list[str]) -> str:
+    return (", ".join(names[:4]) + (f" (+{len(names) - 4})" if len(names) > 4 else "")) if names else "-"
+
+
+def plot(result: dict[str, Any], folder: Path, progress: Progress) -> None:
+    from quantlab.reports.plots import search_trials
+
+    try:
+        search_trials(result["trials"], folder / "search.png", result["recipe"])
+    except (ImportError, OSError, ValueError) as err:
+        progress(f"the search plot could not be drawn: {type(err).__name__}: {err}")

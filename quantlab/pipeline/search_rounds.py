@@ -1,0 +1,54 @@
+"""One round of a search: its trials compared against one baseline (here, or as Ray
+tasks), each trial's outcome as the search reads it."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+from quantlab.core.fsutil import safetensors_bytes
+from quantlab.core.progress import Progress
+from quantlab.pipeline.candidates.run import run_comparison
+from quantlab.pipeline.candidates.servers import HeldBaseline
+from quantlab.recipe.family import Family
+from quantlab.recipe.file import LoadedRecipe
+
+
+def compare_trials(trials: list[LoadedRecipe], folder: Path, progress: Progress, verbose: bool,
+                   on_ray: tuple[Path | None, int] = (None, 1), family: Family | None = None,
+                   held: HeldBaseline | None = None) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    """One comparison of these trials (a lone trial is a comparison of one), here or as Ray
+    tasks (`on_ray`: the storage folder, None here, and the CPUs a task asks for); each trial's
+    decision, failed gates, worst recovery, weights and throughput, in order, and the round's
+    comparison, time and chosen trial. `held`: the baseline server kept up across rounds (here only)."""
+    t0 = time.perf_counter()
+    storage, cpus = on_ray
+    if storage is not None:
+        from quantlab.pipeline.ray_candidates import run_comparison_on_ray
+
+        comparison = run_comparison_on_ray(trials, storage, progress=progress, verbose=verbose, cpus=cpus,
+                                           family=family)
+    else:
+        comparison = run_comparison(trials, folder / "rounds", progress=progress, verbose=verbose,
+                                    allow_single=True, family=family, held=held)
+    rows = {row["name"]: row for row in comparison.data["candidates"]}
+    refused = comparison.data.get("refused") or {}
+    outcomes = []
+    for trial in trials:
+        name = trial.recipe.name
+        row = rows.get(name) or {}
+        outcomes.append({"name": name, "decision": row.get("decision", "refused" if name in refused else "failed"),
+                         "failed_gates": row.get("failed_gates") or ([refused[name]] if name in refused else []),
+                         "not_shown_gates": row.get("not_shown_gates") or [],
+                         "worst_recovery": row.get("worst_recovery"), "worst_recovery_at": row.get("worst_recovery_at"),
+                         "weights_bytes": weights_bytes(comparison.folder, name),
+                         "output_tokens_per_s": row.get("output_tokens_per_s"),
+                         "run": str(comparison.folder / "candidates" / name)})
+    return outcomes, {"comparison": str(comparison.folder), "wall_s": round(time.perf_counter() - t0, 1),
+                      "chosen": comparison.choice.chosen if comparison.choice else None}
+
+
+def weights_bytes(folder: Path, name: str) -> int | None:
+    """A trial's checkpoint weights (None: it never got one)."""
+    return safetensors_bytes(*folder.glob(f"candidates/{name}/*/checkpoint")) or None

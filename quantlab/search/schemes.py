@@ -1,0 +1,115 @@
+"""A search over schemes (pure): other quantization methods and schemes as trials of one
+recipe, each with the weight bytes predicted from its scheme, cheapest first.
+
+A scheme trial is the user's recipe with the `quantization` and `calibration` sections
+of a scheme source (a shipped recipe by name, e.g. `smoothquant-gptq-w8a8`, or a recipe
+file): the model, checks, serving and gates stay the user's. Its predicted size is every
+tensor of the model at 16 bits but the quantized Linear weights, which take the scheme's
+bits plus their scales: a 16-bit scale per group (per output channel without a group
+size), so W4A16 at group size 128 is 4.125 bits a weight and W8A8 channel-wise about 8.
+The measured checkpoint size is reported beside it. Speed is not predicted (no per-scheme
+kernel microbenchmark yet): trials are ordered by bytes.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import struct
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from quantlab.recipe.file import LoadedRecipe
+from quantlab.recipe.quantize import QuantizationSpec
+
+# the shipped recipes whose quantization sections make the scheme space (`--schemes auto`)
+SHIPPED_SCHEMES = ("gptq-w4a16", "awq-w4a16", "smoothquant-gptq-w8a8", "rtn-w8a16", "fp8-dynamic")
+SCALE_BITS = 16
+DTYPE_BITS = {"BF16": 16, "F16": 16, "F32": 32, "F8_E4M3": 8, "I8": 8, "U8": 8, "I32": 32}
+LAYER_WEIGHT = re.compile(r"^(?P<module>.+)\.weight$")
+
+
+@dataclass(frozen=True)
+class SchemeTrial:
+    """One scheme trial: where its sections came from, the recipe, the predicted bytes."""
+
+    source: str
+    loaded: LoadedRecipe
+    predicted_bytes: int
+    settings: dict[str, Any] = field(default_factory=dict)  # the sections it took (what a written recipe sets)
+
+    @property
+    def name(self) -> str:
+        return self.loaded.recipe.name
+
+    def describe(self) -> str:
+        q = self.loaded.recipe.quantization
+        group = f" g{q.group_size}" if q.group_size else ""
+        return f"{q.method} {q.scheme}{group}"
+
+
+def weight_bits(q: QuantizationSpec, in_features: int) -> float:
+    """Bits a quantized weight takes, its scale included."""
+    if q.scheme in (None,):
+        return 16.0
+    if q.scheme.startswith("FP8"):
+        return 8.0 + SCALE_BITS / max(1, in_features)
+    bits = 4 if q.scheme == "W4A16" else 8
+    per = q.group_size if q.group_size and q.scheme in ("W4A16", "W8A16") else in_features
+    return bits + SCALE_BITS / max(1, per)
+
+
+def tensor_shapes(model_dir: Path) -> dict[str, list[int]]:
+    """Every tensor's shape from the safetensors headers (no weights read)."""
+    shapes: dict[str, list[int]] = {}
+    for path in sorted(Path(model_dir).glob("*.safetensors")):
+        with open(path, "rb") as f:
+            (size,) = struct.unpack("<Q", f.read(8))
+            header = json.loads(f.read(size))
+        shapes.update({k: v["shape"] for k, v in header.items() if k != "__metadata__"})
+    return shapes
+
+
+def predicted_bytes(q: QuantizationSpec, shapes: dict[str, list[int]]) -> int:
+    """The checkpoint's weight bytes under `q`: 2-D weights of targeted modules quantized
+    (Linear: every 2-D `.weight` but embeddings and norms), the rest at 16 bits."""
+    total = 0.0
+    for name, shape in shapes.items():
+        numel = 1
+        for d in shape:
+            numel *= d
+        m = LAYER_WEIGHT.match(name)
+        if m and len(shape) == 2 and "embed" not in name and not _ignored(m["module"], q.ignore):
+            total += numel * weight_bits(q, shape[1]) / 8
+        else:
+            total += numel * 2
+    return int(total)
+
+
+def _ignored(module: str, ignore: list[str]) -> bool:
+    for pattern in ignore:
+        if pattern.startswith("re:"):
+            if re.match(pattern[3:], module):
+                return True
+        elif module == pattern or module.endswith("." + pattern) or module.split(".")[-1] == pattern:
+            return True
+    return False
+
+
+def scheme_settings(source: LoadedRecipe, into: LoadedRecipe) -> dict[str, Any]:
+    """The source's quantization and calibration sections, its calibration paths made
+    relative to the recipe they go into (so the trial reads the same files)."""
+    settings: dict[str, Any] = {"quantization": source.recipe.quantization.model_dump(mode="json")}
+    if source.recipe.calibration is not None:
+        cal = source.recipe.calibration.model_dump(mode="json")
+        for d in cal.get("datasets", []):
+            d["path"] = os.path.relpath(source.resolve(d["path"]), into.base_dir)
+        settings["calibration"] = cal
+    return settings
+
+
+def ordered(trials: list[SchemeTrial]) -> list[SchemeTrial]:
+    """Cheapest first (predicted bytes); ties in the order given."""
+    return sorted(trials, key=lambda t: t.predicted_bytes)

@@ -1,0 +1,48 @@
+"""Scheme trials (search/schemes.py): the bytes each scheme predicts, cheapest first."""
+
+import json
+import struct
+
+import pytest
+
+from quantlab.core.shipped import RECIPES
+from quantlab.recipe.file import load_recipe
+from quantlab.recipe.quantize import QuantizationSpec
+from quantlab.search.schemes import SchemeTrial, ordered, predicted_bytes, scheme_settings, tensor_shapes, weight_bits
+
+
+def fake_model(folder, shapes):
+    header = json.dumps({k: {"dtype": "BF16", "shape": s, "data_offsets": [0, 0]} for k, s in shapes.items()})
+    raw = header.encode()
+    (folder / "model.safetensors").write_bytes(struct.pack("<Q", len(raw)) + raw)
+
+
+def test_predicted_bytes_follow_the_scheme(tmp_path):
+    shapes = {"model.embed_tokens.weight": [1000, 256], "model.layers.0.mlp.down_proj.weight": [256, 1024],
+              "model.layers.0.self_attn.q_proj.weight": [256, 256], "model.norm.weight": [256],
+              "lm_head.weight": [1000, 256]}
+    fake_model(tmp_path, shapes)
+    assert tensor_shapes(tmp_path) == shapes
+    w4 = QuantizationSpec(method="gptq", scheme="W4A16", group_size=128)
+    w8a8 = QuantizationSpec(method="smoothquant+gptq", scheme="W8A8")
+    assert weight_bits(w4, 1024) == pytest.approx(4.125) and weight_bits(w8a8, 1024) == pytest.approx(8 + 16 / 1024)
+    linear = 256 * 1024 + 256 * 256
+    rest = (1000 * 256 * 2 + 256) * 2  # the embeddings, lm_head (ignored) and the norm stay 16-bit
+    assert predicted_bytes(w4, shapes) == int(rest + linear * 4.125 / 8)
+    assert predicted_bytes(w4, shapes) < predicted_bytes(w8a8, shapes) < rest + linear * 2
+    keep = QuantizationSpec(method="gptq", scheme="W4A16", group_size=128, ignore=["lm_head", "re:.*down_proj"])
+    assert predicted_bytes(keep, shapes) > predicted_bytes(w4, shapes)
+
+
+def test_a_scheme_trial_takes_the_sources_sections_and_reads_the_same_files(tmp_path):
+    user = load_recipe(RECIPES / "gptq-w4a16.yaml")
+    source = load_recipe(RECIPES / "smoothquant-gptq-w8a8.yaml")
+    settings = scheme_settings(source, user)
+    trial = user.variant("t", settings)
+    assert trial.recipe.quantization.method == "smoothquant+gptq" and trial.recipe.quality == user.recipe.quality
+    assert trial.calibration_paths() == source.calibration_paths()
+    small = SchemeTrial("a", trial, 10)
+    big = SchemeTrial("b", user, 20)
+    tie = SchemeTrial("c", user, 10)
+    assert [t.source for t in ordered([big, small, tie])] == ["a", "c", "b"]
+    assert small.describe() == "smoothquant+gptq W8A8"

@@ -101,10 +101,11 @@ def search(
     knob: Annotated[Optional[list[str]], typer.Option(
         help="SECTION.FIELD=V1,V2,...: the recipe's own setting, choices in order of preference, tried before "
         "any layer is kept (e.g. quantization.group_size=128,64,32); repeatable.")] = None,
-    schemes: Annotated[Optional[str], typer.Option(
+    schemes: Annotated[str, typer.Option(
         help="Other methods and schemes, tried first and cheapest first (predicted weight bytes): shipped recipe "
-        "names or recipe files, comma-separated, or 'auto' (gptq-w4a16, awq-w4a16, smoothquant-gptq-w8a8, "
-        "rtn-w8a16, fp8-dynamic); a scheme the preflight refuses uses no trial.")] = None,
+        "names or recipe files, comma-separated; 'auto' (gptq-w4a16, awq-w4a16, smoothquant-gptq-w8a8, "
+        "rtn-w8a16, fp8-dynamic); 'none' for the recipe's own scheme only. A scheme the preflight refuses uses "
+        "no trial.")] = "auto",
     runs_dir: Annotated[Path, typer.Option(help="Root folder for outputs (search/<recipe>/<id>/).")] = Path("runs"),
     verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Show the engines' own output here.")] = False,
     ray: Annotated[Optional[str], typer.Option(
@@ -132,7 +133,8 @@ def search(
         loaded = load_recipe(recipe)
         settings = dict(sensitivity=sensitivity, max_layers=max_layers, width=width, max_trials=max_trials,
                         time_budget_s=time_budget_s, knobs=tuple(knob or ()), progress=progress, verbose=verbose,
-                        schemes=tuple(x.strip() for x in schemes.split(",") if x.strip()) if schemes else ())
+                        schemes=() if schemes.strip() == "none" else
+                        tuple(x.strip() for x in schemes.split(",") if x.strip()))
         if ray:
             with on_ray(ray, storage, runs_dir) as folder:
                 result = run_search(loaded, runs_dir, ray_storage=folder, ray_cpus=ray_cpus, **settings)

@@ -56,7 +56,7 @@ from quantlab.targets import stage as targets_stage
 from quantlab.pipeline.candidates.members import (CANDIDATES_DIR, Candidate, Comparison, candidates_of,
                                                   check_comparable, create_folder, selection_of)
 from quantlab.pipeline.candidates.conclusion import conclude, summary_rows
-from quantlab.pipeline.candidates.servers import HeldBaseline, start_baseline, start_candidates
+from quantlab.pipeline.candidates.servers import HeldBaseline, baseline_key, start_baseline, start_candidates
 
 
 def run_comparison(recipes: list[Path | LoadedRecipe], runs_root: Path, *,
@@ -114,9 +114,10 @@ def _in_groups(folder: Path, active: list[Candidate], selection: SelectionSpec, 
     it, each group's checks and one interleaved load. Returns the baseline server."""
     groups = _groups(active, selection, progress)
     slots = 1 + max(len(g) for g in groups)  # engines up at once: the baseline and a group
+    key = baseline_key(active[0].ctx.serving_plan())
     if held is not None:
         slots = max(slots, held.at_least)
-    reused = held is not None and held.usable(slots)
+    reused = held is not None and held.usable(slots, key)
     if reused:
         baseline, slots = held.server, held.slots  # the candidates bound beside it as it was bound
         progress("the baseline server of the previous round is still up: reused (its answers cached)")
@@ -125,7 +126,7 @@ def _in_groups(folder: Path, active: list[Candidate], selection: SelectionSpec, 
             held.stop()  # gone, or bound for fewer engines than this round's
         baseline = start_baseline(folder, active[0], progress, slots)
         if held is not None:
-            held.server, held.slots = baseline, slots
+            held.server, held.slots, held.launched = baseline, slots, key
     try:
         for n, group in enumerate(groups, 1):
             if len(groups) > 1:

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from quantlab.core.digest import json_sha256
 from quantlab.core.errors import EngineError
 from quantlab.core.layout import SERVE_LOG_DIR
 from quantlab.core.progress import Progress
@@ -22,15 +23,26 @@ class HeldBaseline:
     server: Any = None
     slots: int = 0  # the engines up at once it was bound for (its cores, and its candidates')
     at_least: int = 2  # bind for this many from the start (1 + a search's width), so a wider round needs no restart
+    launched: str | None = None  # what it serves with (baseline_key): a round planning another baseline restarts it
 
-    def usable(self, slots: int) -> bool:
+    def usable(self, slots: int, key: str) -> bool:
         proc = getattr(self.server, "proc", None)
-        return self.server is not None and (proc is None or proc.poll() is None) and slots <= self.slots
+        return (self.server is not None and (proc is None or proc.poll() is None) and slots <= self.slots
+                and key == self.launched)
 
     def stop(self) -> None:
         if self.server is not None:
             self.server.stop()
         self.server = None
+
+
+def baseline_key(plan: Any) -> str:
+    """What the baseline server serves and how: its weights, device, mode and engine
+    arguments (a scheme's dtype choice among them); equal keys, one server."""
+    base = plan.target("baseline")
+    return json_sha256({"model": str(base.model_dir), "device": plan.device, "mode": plan.spec.mode,
+                        "engine_args": plan.engine_args, "endpoint": plan.endpoint_for("baseline")
+                        if plan.spec.mode == "endpoint" else None})
 
 
 def start_baseline(folder: Path, first: Candidate, progress: Progress, slots: int):

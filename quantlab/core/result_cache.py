@@ -7,7 +7,8 @@ Each stage's key holds everything that can change the baseline's results there. 
 its weights (or, for an external endpoint, its URL and served name), the suite files,
 the tasks and their sample limit, the engine version and arguments, lm-eval's version,
 the seed and the request concurrency (batching can change greedy outputs), the KL
-settings, and the hardware (a cache shared by `--ray` nodes spans CPU and GPU kinds). Stability: the weights, the probe settings (not the gates), the prompts, the
+settings, and the hardware (a cache shared by `--ray` nodes spans CPU and GPU kinds).
+Stability: the weights, the probe settings (not the gates), the prompts, the
 served max_model_len, the engine version and arguments, and the hardware. Checkpoints:
 the quantize stage's inputs (model files, quantization and calibration sections,
 calibration data), quantlab's code (a hash of its sources) and the quantization

@@ -51,15 +51,23 @@ def scheme_trials(loaded: LoadedRecipe, sources: list[tuple[str, LoadedRecipe]],
             continue
         settings = scheme_settings(src, loaded)
         trial = loaded.variant(f"{loaded.recipe.name}-s{i}-{source}", settings)
-        try:
-            dry_run(trial, runs_root, progress=lambda *_: None)  # every preflight, nothing started
-        except RecipeError as err:
-            why = refusal_text(err)
+        why = refused_by_preflight(trial, runs_root, progress)
+        if why is not None:
             refused.append({"name": trial.recipe.name, "source": source, "decision": "refused", "why": why})
-            progress(f"search: scheme {source} refused by its preflight, no trial used: {why}")
             continue
         servable.append(SchemeTrial(source, trial, predicted_bytes(trial.recipe.quantization, shapes), settings))
     return ordered(servable), refused
+
+
+def refused_by_preflight(trial: LoadedRecipe, runs_root: Path, progress: Progress) -> str | None:
+    """Why every preflight of the trial (a dry run: nothing started) refuses it, said; None: accepted."""
+    try:
+        dry_run(trial, runs_root, progress=lambda *_: None)
+    except RecipeError as err:
+        why = refusal_text(err)
+        progress(f"search: {trial.recipe.name} refused by its preflight, no trial used: {why}")
+        return why
+    return None
 
 
 def refusal_text(err: RecipeError, limit: int = 400) -> str:

@@ -27,7 +27,7 @@ import yaml
 
 from quantlab.core.layout import SEARCH_DIR  # noqa: F401 (also read from here)
 from quantlab.pipeline.candidates.servers import HeldBaseline
-from quantlab.pipeline.scheme_search import refusal_text, run_schemes, scheme_sources, scheme_trials
+from quantlab.pipeline.scheme_search import refused_by_preflight, run_schemes, scheme_sources, scheme_trials
 from quantlab.pipeline.search_report import markdown, plot
 from quantlab.pipeline.search_rounds import compare_trials
 from quantlab.core.progress import Progress
@@ -209,15 +209,12 @@ def preflighted(trials: list[LoadedRecipe], runs_root: Path, progress: Progress
     """(the trials every preflight accepts; the refused ones as outcomes, with why)."""
     ok, refused = [], []
     for t in trials:
-        try:
-            dry_run(t, runs_root, progress=lambda *_: None)
-        except RecipeError as err:
-            why = refusal_text(err)
-            progress(f"search: {t.recipe.name} refused by its preflight, no trial used: {why}")
+        why = refused_by_preflight(t, runs_root, progress)
+        if why is None:
+            ok.append(t)
+        else:
             refused.append({"name": t.recipe.name, "decision": "refused", "failed_gates": [why], "not_shown_gates": [],
                             "worst_recovery": None, "weights_bytes": None, "output_tokens_per_s": None})
-            continue
-        ok.append(t)
     return ok, refused
 
 

@@ -95,7 +95,7 @@ def mark_judged(ctx: StageContext, key: str, notes: list[str]) -> int | None:
     n = result_cache.mark_judged(result_cache.QUALITY, key, json_sha256(weights)[:32],
                                  {"recipe": ctx.recipe.name, "run": str(ctx.run.path)})
     if n > 1:
-        family = getattr(ctx, "family", None)
+        family = ctx.family
         notes.append(f"these baseline answers have judged {n} distinct candidates (this one included); "
                      + (f"this one was judged in a family of {family.size}" if family and family.size > 1 else
                         "this one was judged alone") + ": a choice among runs judged separately reuses the items "

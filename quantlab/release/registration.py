@@ -41,7 +41,7 @@ REGISTRATION_DIR = "registration"
 SECTIONS = ("quality", "performance", "stability", "targets", "policy")
 # a changed section may be registered anew after its evidence only where the evidence is measured again
 REMEASURED = ("performance",)
-STAGE_OF = {"quality": "quality", "performance": "performance", "stability": "stability", "targets": "targets"}
+CHECKS = ("quality", "performance", "stability", "targets")  # a section's evidence: its stage's record
 
 
 def gate_set(ctx: StageContext) -> dict[str, Any]:
@@ -51,7 +51,7 @@ def gate_set(ctx: StageContext) -> dict[str, Any]:
     def dump(section: Any) -> Any:
         return None if section is None else section.model_dump(mode="json")
 
-    family = getattr(ctx, "family", None)
+    family = ctx.family
     return {"quality": dump(r.quality), "performance": dump(r.performance), "stability": dump(r.stability),
             "targets": [t.model_dump(mode="json") for t in r.serve.targets],
             "policy": r.release.policy.model_dump(mode="json"),
@@ -109,8 +109,7 @@ def register(ctx: StageContext, *, trial_order: list[str] | None = None) -> dict
 def _refuse_after_evidence(ctx: StageContext, held: dict[str, Any], current: dict[str, Any]) -> None:
     changed = [s for s in SECTIONS if held["sections"].get(s) != current["sections"][s]]
     done = {n for n, st in ctx.run.record.stages.items() if st.status == "ok"}
-    seen = [s for s in changed if s not in REMEASURED and (STAGE_OF.get(s) in done if s != "policy" else
-                                                           bool(done & set(STAGE_OF.values())))]
+    seen = [s for s in changed if s not in REMEASURED and (s in done if s != "policy" else bool(done & set(CHECKS)))]
     if seen:
         raise RecipeError(
             f"the recipe's {', '.join(seen)} changed after this run's evidence for it was on file (registered "

@@ -152,7 +152,7 @@ def build_manifest(ctx: StageContext, results: dict[str, Any], verdicts, decisio
         targets=targets or {},
         comparison=ctx.comparison,
         error_budget=ledger(verdicts, rule_version=decision.rule_version or 1, quality=ctx.recipe.quality,
-                            performance=ctx.recipe.performance, family=getattr(ctx, "family", None),
+                            performance=ctx.recipe.performance, family=ctx.family,
                             judged_on_these_items=getattr(results.get("quality"), "judged_on_these_items", None)),
     )
 

@@ -52,7 +52,7 @@ class SchemeTrial:
 
 def weight_bits(q: QuantizationSpec, in_features: int) -> float:
     """Bits a quantized weight takes, its scale included."""
-    if q.scheme in (None,):
+    if q.scheme is None:
         return 16.0
     if q.scheme.startswith("FP8"):
         return 8.0 + SCALE_BITS / max(1, in_features)
@@ -93,7 +93,7 @@ def _ignored(module: str, ignore: list[str]) -> bool:
         if pattern.startswith("re:"):
             if re.match(pattern[3:], module):
                 return True
-        elif module == pattern or module.endswith("." + pattern) or module.split(".")[-1] == pattern:
+        elif module == pattern or module.endswith("." + pattern):
             return True
     return False
 

@@ -19,6 +19,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 # Never reach a hub from tests: a hub lookup must fail fast and clearly.
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+# Nor the vulnerability service from every release a test makes: the release records "not checked
+# (turned off)"; tests/unit/release/test_vulnerabilities.py checks the audit on a recorded answer.
+os.environ.setdefault("QUANTLAB_AUDIT", "off")
 # QUANTLAB_EMULATE_CPU=avx2 runs the suite as an AVX2-only host would (set before torch loads)
 from quantlab.core import cpu_emulation  # noqa: E402
 

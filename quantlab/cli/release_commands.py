@@ -26,11 +26,25 @@ def verify(
                                                            "with --sigstore-identity.")] = None,
     allow_blocked: Annotated[bool, typer.Option(help="Check integrity alone: exit 0 for a verified folder whose "
                                                 "decision was 'blocked'.")] = False,
+    require_attestation: Annotated[bool, typer.Option(help="A folder without the in-toto attestation (a release "
+                                                      "made before attestations) is not verified.")] = False,
+    here: Annotated[bool, typer.Option(help="Also compare this host with the hardware and runtime the release was "
+                                       "validated on (kernel library and AMX, or GPU model, compute capability, "
+                                       "count and driver; the exact vLLM version); exit 1 naming each "
+                                       "difference.")] = False,
+    allow: Annotated[Optional[list[str]], typer.Option(help="With --here: a difference the team accepts, by class "
+                                                       "(e.g. vllm-version); repeat for each.")] = None,
+    serving_python: Annotated[Optional[Path], typer.Option(help="With --here: the Python of this host's serving "
+                                                           "environment (default: .venv-vllm/bin/python, or "
+                                                           "$QUANTLAB_VLLM_PYTHON).")] = None,
 ) -> None:
     """Check a released folder: the signature, every file hash, no file added, missing or
-    linked, the signer the manifest names, and that the decision follows from the gate
-    verdicts. Exit 0 verified and released, 1 not verified (or verified but blocked, unless
-    --allow-blocked), 2 bad input."""
+    linked, the signer the manifest names, that the decision follows from the gate
+    verdicts, the registered gate set and the attestation; with --here, that this host is
+    one the release was validated on. Exit 0 verified and released, 1 not verified (or
+    verified but blocked, unless --allow-blocked; or, with --here, another host), 2 bad
+    input."""
+    from quantlab.release.attestation import ATTESTATION_FILES
     from quantlab.release.manifest import read_manifest
     from quantlab.release.verify import verify_release
 
@@ -40,8 +54,12 @@ def verify(
         for p in [public_key, *(certificate_chain or [])]:
             if p is not None and not p.is_file():
                 raise RecipeError(f"key or certificate file not found: {p}")
-        problems = verify_release(folder, public_key=public_key, certificate_chain=certificate_chain,
-                                 sigstore_identity=sigstore_identity, sigstore_issuer=sigstore_issuer)
+        if allow and not here:
+            raise RecipeError("--allow names host differences: it needs --here")
+        checked = verify_release(folder, require_attestation=require_attestation, public_key=public_key,
+                                 certificate_chain=certificate_chain, sigstore_identity=sigstore_identity,
+                                 sigstore_issuer=sigstore_issuer)
+        problems = checked.problems
         if problems:
             err.print(f"[bold red]NOT VERIFIED[/] {escape(str(folder))}: {len(problems)} problem(s)", highlight=False,
                       soft_wrap=True)
@@ -61,11 +79,46 @@ def verify(
             typer.echo(f"signed by key {m.signer.key_fingerprint}"
                        + (" (quantlab's local development key: not for shipping)" if m.signer.development_key
                           else ""))
+        for note in checked.notes:
+            typer.echo(f"note: {note}")
+        attested = [n for n in ATTESTATION_FILES if (folder / n).is_file()]
+        if attested:
+            typer.echo(f"attestation {attested[0]}: its signature holds, its subjects are these files and "
+                       "model-signing's subject, its predicate is this manifest's evaluation")
+        if here:
+            _verify_here(folder, m, tuple(allow or ()), serving_python)
         if m.decision.decision != "release" and not allow_blocked:
             err.print(f"[bold red]NOT RELEASED[/] {escape(str(folder))}: the signed decision is "
                       f"'{m.decision.decision}'; pass --allow-blocked to check integrity alone", highlight=False,
                       soft_wrap=True)
             raise typer.Exit(1)
+
+
+def _verify_here(folder: Path, manifest, allow: tuple[str, ...], serving_python: Optional[Path]) -> None:
+    """This host against the hosts the release was validated on (release/host_match)."""
+    from quantlab.recipe.serve import ServeSpec
+    from quantlab.release.host_match import host_line, judge, probe_host
+    from quantlab.serving.vllm_probe import probe_serving_env, serving_python as find_python
+
+    python = find_python(ServeSpec(python=str(serving_python) if serving_python else None))
+    probe = probe_serving_env(python)
+    try:
+        verdict = judge(manifest, probe, allow=allow)
+    except ValueError as e:
+        raise RecipeError(str(e)) from None
+    typer.echo(f"this host: {host_line(probe_host(probe))}")
+    if verdict.covered_by is not None:
+        typer.echo(f"host covered: it matches the hardware and runtime of serve target '{verdict.covered_by}'"
+                   + (f" (accepted: {', '.join(d.line() for d in verdict.allowed)})" if verdict.allowed else ""))
+        return
+    err.print(f"[bold red]HOST NOT COVERED[/] {escape(str(folder))}: this host differs from every host the release "
+              "was validated on", highlight=False, soft_wrap=True)
+    for target, diffs in verdict.differences.items():
+        for d in diffs:
+            err.print(f"  - {escape(target)}: {escape(d.line())}", highlight=False, soft_wrap=True)
+    err.print("  validate the checkpoint on this host (quantlab validate), or accept a difference with --allow NAME",
+              highlight=False, soft_wrap=True)
+    raise typer.Exit(1)
 
 
 @app.command()
@@ -86,9 +139,15 @@ def keygen(
 
 
 @app.command("manifest-schema")
-def manifest_schema() -> None:
-    """Print the JSON Schema of the release manifest."""
-    from quantlab.release.manifest import json_schema
+def manifest_schema(
+    attestation: Annotated[bool, typer.Option(help="Print the JSON Schema of the attestation's in-toto predicate "
+                                              "instead.")] = False,
+) -> None:
+    """Print the JSON Schema of the release manifest (or of the attestation's predicate)."""
+    if attestation:
+        from quantlab.release.attestation_predicate import json_schema
+    else:
+        from quantlab.release.manifest import json_schema
 
     sys.stdout.write(json.dumps(json_schema(), indent=2) + "\n")
 

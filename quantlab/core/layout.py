@@ -24,6 +24,11 @@ MANIFEST_FILE = "quantlab-manifest.json"
 SIGNATURE_FILE = "quantlab-manifest.sig"
 REGISTRATION_FILE = "quantlab-registration.json"  # the gate set registered before any engine (release/registration)
 REGISTRATION_SIG = "quantlab-registration.sig"  # its signature, as copied into a released folder
+# the release's in-toto attestation (release/attestation): a DSSE envelope (key or certificate signing), or a
+# Sigstore bundle holding one; written after the folder's signature, outside what it signs
+ATTESTATION_FILE = "quantlab-attestation.intoto.jsonl"
+ATTESTATION_BUNDLE = "quantlab-attestation.sigstore.json"
+SBOM_DIR = "sbom"  # in a released folder: <environment>-env.cdx.json, a CycloneDX SBOM of each (release/environments)
 PROVENANCE_FILE = "quantlab-provenance.json"  # in a converted model folder
 # under the runs root, beside <recipe>/<run id>/
 COMPARE_DIR = "compare"  # compare/<id>/: several candidates

@@ -75,6 +75,9 @@ class CompatRecord(_Result):
     warnings: list[str] = Field(default_factory=list)
     notes: list[str] = Field(default_factory=list)
     expected_kernels: list[str] = Field(default_factory=list)
+    kernel_expectation: dict[str, Any] | None = Field(
+        None, description="The kernels the scheme should get on this host (serving/kernels.py): kernels, host, "
+        "known, why. None: nothing quantized, or a record from before quantlab kept it.")
 
 
 class SmokeCompletion(_Result):
@@ -113,6 +116,11 @@ class ServeResult(_Result):
     dtype: dict[str, Any] | None = Field(
         None, description="What both servers computed in and why (dtype, requested, model_dtype, reason); "
         "float32 on a CPU without native bf16. None for an external endpoint.")
+    kernel_path: dict[str, Any] | None = Field(
+        None, description="The candidate's kernels against the expectation (serving/gates.kernel_path): expected, "
+        "actual per layer type, KV-cache dtype, attention backend, status (pass, fail, inconclusive, not gated, "
+        "not measured) and why.")
+    gates: list[GateVerdict] = Field(default_factory=list, description="serve.kernel_path@primary, when judged.")
 
 
 class PerfPoint(_Result):
@@ -232,6 +240,9 @@ class TargetOutcome(_Result):
     probe: dict[str, Any] = Field(default_factory=dict)
     compat: dict[str, CompatRecord] = Field(default_factory=dict)
     engines: dict[str, EngineFacts] = Field(default_factory=dict)
+    kernel_path: dict[str, Any] | None = Field(None, description="The candidate's kernels there against the "
+                                               "expectation (as ServeResult.kernel_path); its gate is "
+                                               "serve.kernel_path@<name> among TargetsResult.gates.")
     batch_mismatch_rate: dict[str, float | None] = Field(default_factory=dict, description="Per role: outputs "
                                                          "that changed in a batch on this target.")
     cross_mismatch_rate: dict[str, float | None] = Field(default_factory=dict, description="Per role: greedy "
@@ -267,10 +278,16 @@ class ReleaseResult(_Result):
     targets: dict[str, Any] = Field(default_factory=dict, description="Per serve target: decision, why, required "
                                     "(only when the recipe names serve.targets).")
     manifest: str = Field(description="The manifest, relative to the run directory (inside the checkpoint).")
+    environments: dict[str, Any] | None = Field(None, description="Per environment that ran: its SBOM and known "
+                                                "vulnerabilities, as the manifest records them (None: a release "
+                                                "from before SBOMs).")
     signed: bool
     signing_method: str
     public_key_fingerprint: str | None = None
     local_development_key: bool = False
+    attestation: dict[str, Any] | None = Field(None, description="The in-toto attestation written beside the "
+                                               "signature (file, sha256, predicate type); None: unsigned, or a "
+                                               "release from before attestations.")
     gates: list[GateVerdict] = Field(default_factory=list)  # the release stage adds no gate of its own
 
 

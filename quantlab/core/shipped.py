@@ -15,6 +15,7 @@ SHIPPED = Path(str(files("quantlab").joinpath("shipped")))
 RECIPES = SHIPPED / "recipes"
 CALIB_DATA = SHIPPED / "calib_data"
 EVAL_SUITES = SHIPPED / "eval_suites"
+SCHEMAS = SHIPPED / "schemas"  # JSON Schemas of what others read without quantlab (the attestation's predicate)
 
 
 def built_suites_dir() -> Path:

@@ -38,7 +38,7 @@ class SigningSpec(_Strict):
         return self
 
 
-CHECKS = ("quality", "performance", "stability", "targets")
+CHECKS = ("serve", "quality", "performance", "stability", "targets")
 NotShown = Literal["block", "warn"]
 
 
@@ -48,8 +48,8 @@ class ReleasePolicySpec(_Strict):
 
     not_shown: NotShown = Field("block", description="block (default): the decision is not_shown, exit 1, and "
                                 "nothing is released; warn: listed, not holding the release back.")
-    checks: dict[str, NotShown] = Field(default_factory=dict, description="Per check: quality, performance, "
-                                        "stability, targets.")
+    checks: dict[str, NotShown] = Field(default_factory=dict, description="Per check: serve, quality, "
+                                        "performance, stability, targets.")
     gates: dict[str, NotShown] = Field(default_factory=dict, description="Per gate, as 'check.gate' (e.g. "
                                        "'quality.non_inferiority'), or for one scope 'check.gate@scope' (e.g. "
                                        "'quality.non_inferiority@ql_code'); the most specific rule wins.")

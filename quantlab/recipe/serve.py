@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
-from typing import Literal
+import re
+from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 
 class _Strict(BaseModel):
@@ -12,6 +13,18 @@ class _Strict(BaseModel):
 
 
 PRIMARY_TARGET = "primary"  # the serve section's own target, in decisions and reports
+# a kernel class name as vLLM's log names it (serving/engine_log.KERNEL)
+KERNEL_NAME = re.compile(r"[A-Za-z0-9_]*Kernel[A-Za-z0-9_]*")
+
+
+def _kernel_name(name: str) -> str:
+    if not KERNEL_NAME.fullmatch(name):
+        raise ValueError(f"'{name}' is not a kernel class name as vLLM's log names it (e.g. MarlinLinearKernel, "
+                         "MarlinFP8ScaledMMLinearKernel)")
+    return name
+
+
+AllowedKernels = list[Annotated[str, AfterValidator(_kernel_name)]]
 TARGET_OVERRIDES = ("mode", "device", "python", "command", "endpoint", "candidate_endpoint", "served_model_name",
                     "candidate_served_model_name", "allow_same_endpoint", "startup_timeout_s", "cpu_kv_cache_space_gib")
 
@@ -47,6 +60,8 @@ class ServeTarget(_Strict):
     engine_args: dict[str, str | int | float | bool | None] = Field(
         default_factory=dict, description="Merged over serve.engine_args (null removes a key).")
     env: dict[str, str] = Field(default_factory=dict, description="Merged over serve.env.")
+    allow_kernels: AllowedKernels = Field(default_factory=list, description="Added to serve.allow_kernels on "
+                                          "this target.")
 
 
 class ServeSpec(_Strict):
@@ -95,6 +110,10 @@ class ServeSpec(_Strict):
         1, gt=0, description="CPU only: KV cache size (VLLM_CPU_KVCACHE_SPACE) in GiB.")
     side_by_side: bool = Field(
         False, description="Serve baseline and candidate at the same time (needs memory for both).")
+    allow_kernels: AllowedKernels = Field(
+        default_factory=list, description="Linear kernel class names (as vLLM's log names them, e.g. "
+        "MarlinFP8ScaledMMLinearKernel) the serve.kernel_path gate accepts beside the ones the scheme should get "
+        "on the host: a fallback you have decided to ship.")
     targets: list[ServeTarget] = Field(
         default_factory=list, description="More serve targets (devices, engine builds, endpoints) beside this "
         "primary one: each serves the same checkpoint, its greedy outputs are compared with the primary "
@@ -159,4 +178,5 @@ class ServeSpec(_Strict):
         args = {**self.engine_args, **target.engine_args}
         data["engine_args"] = {k: v for k, v in args.items() if v is not None}
         data["env"] = {**self.env, **target.env}
+        data["allow_kernels"] = self.allow_kernels + [k for k in target.allow_kernels if k not in self.allow_kernels]
         return ServeSpec.model_validate(data)

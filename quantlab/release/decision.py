@@ -214,13 +214,14 @@ def targets_line(decisions: dict[str, TargetDecision]) -> str:
     return "; ".join(parts)
 
 
-CHECK_ORDER = ("quality", "performance", "stability", "targets")
+# serve first: a server on the wrong kernel makes every other figure not the release's
+CHECK_ORDER = ("serve", "quality", "performance", "stability", "targets")
 FIRST_GATES_CHARS = 80  # the headline names gates up to about this many characters; the report has them all
 
 
 def importance(gate: str) -> tuple:
-    """A gate id's place in a headline: by check (quality first), then the pooled gate, the
-    slices, each task or point."""
+    """A gate id's place in a headline: by check (serve's kernel path first, then quality),
+    then the pooled gate, the slices, each task or point."""
     check, _, rest = gate.partition(".")
     scope = rest.partition("@")[2]
     return (CHECK_ORDER.index(check) if check in CHECK_ORDER else len(CHECK_ORDER),

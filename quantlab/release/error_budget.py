@@ -8,8 +8,9 @@ Two errors, two rules:
 - a false release (a model worse than a margin released): a release needs every
   required gate to pass (an intersection-union test), so each pass side keeps its own
   alpha and the run's is the largest of them.
-Fixed thresholds (stability, KL, a critical row, a count) are not judged on an
-interval: they are listed, with their false-block rate not controlled by the ledger.
+Fixed thresholds (stability, KL, a critical row, a count, the serve kernel path) are not
+judged on an interval: they are listed, spending no alpha, with their false-block rate not
+controlled by the ledger.
 Several candidates judged on the same items (a comparison, a search) are one family
 (recipe/family.py): each candidate's alphas above are already divided by its size, and
 the `family` entry says so, with the family's bounds (the size times the candidate's).

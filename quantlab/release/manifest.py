@@ -16,7 +16,9 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from quantlab.core.layout import MANIFEST_FILE, SIGNATURE_FILE  # noqa: F401 (also read from here)
+from quantlab.core.layout import ATTESTATION_BUNDLE, ATTESTATION_FILE, MANIFEST_FILE, SIGNATURE_FILE  # noqa: F401
+# written after the folder is signed, so outside what model-signing signs and what a manifest lists
+NOT_SIGNED = (SIGNATURE_FILE, ATTESTATION_FILE, ATTESTATION_BUNDLE)
 from quantlab.core.errors import RecipeError
 from quantlab.core.fsutil import sha256_file
 from quantlab.core.verdicts import GateVerdict
@@ -77,6 +79,12 @@ class Manifest(_M):
                                                 "the folder), its gate set's digest and the one decided under, "
                                                 "when and how it was signed (release/registration.py); None: a "
                                                 "manifest from before registrations.")
+    environments: dict[str, Any] | None = Field(None, description="Every package that ran, per environment "
+                                                "(quantize, serving, serving-<target>): the CycloneDX SBOM in the "
+                                                "folder (file, sha256, component count, the key packages' versions), "
+                                                "the environment's lock, and its known vulnerabilities or why they "
+                                                "were not checked (release/environments.py); a serving environment "
+                                                "quantlab cannot see says so; None: a manifest from before SBOMs.")
 
 
 def policy_of_manifest(manifest: Manifest) -> DecisionPolicy:
@@ -86,11 +94,11 @@ def policy_of_manifest(manifest: Manifest) -> DecisionPolicy:
 
 
 def folder_files(folder: Path) -> dict[str, dict[str, Any]]:
-    """size and sha256 of every file below `folder`, but the manifest and its signature."""
+    """size and sha256 of every file below `folder`, but the manifest, its signature and the attestation."""
     out = {}
     for p in sorted(Path(folder).rglob("*")):
         rel = p.relative_to(folder).as_posix()
-        if p.is_file() and not p.is_symlink() and rel not in (MANIFEST_FILE, SIGNATURE_FILE):
+        if p.is_file() and not p.is_symlink() and rel not in (MANIFEST_FILE, *NOT_SIGNED):
             out[rel] = {"size": p.stat().st_size, "sha256": sha256_file(p)}
     return out
 
@@ -176,7 +184,7 @@ def public_pem_of(private_key: Path, password: str | None = None) -> bytes:
 def _hashing_config():
     from model_signing import hashing
 
-    return hashing.Config().set_ignored_paths(paths=[SIGNATURE_FILE])
+    return hashing.Config().set_ignored_paths(paths=list(NOT_SIGNED))
 
 
 def sign_folder(folder: Path, *, method: str, private_key: Path | None = None, password: str | None = None,

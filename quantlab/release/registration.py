@@ -14,8 +14,8 @@ manifest records the statement's digest and the gate set's digest at decision ti
 (release/verify.py).
 
 A resume whose gate set changed: registered anew when the changed checks have no evidence
-yet (their stages did not finish) or are performance only (its stage runs again: fresh
-measurements); refused when a quality, stability or targets section, or the policy,
+yet (their stages did not finish) or are performance or serve (serve.allow_kernels) only
+(those stages run again: fresh measurements, fresh engine logs); refused when a quality, stability or targets section, or the policy,
 changed after that evidence was on file (greedy answers do not change on a re-run: the
 same evidence would be judged under gates chosen after seeing it).
 """
@@ -38,10 +38,11 @@ from quantlab.release.decision import RULE_VERSION
 
 SCHEMA = "quantlab-registration/1"
 REGISTRATION_DIR = "registration"
-SECTIONS = ("quality", "performance", "stability", "targets", "policy")
+SECTIONS = ("serve", "quality", "performance", "stability", "targets", "policy")
 # a changed section may be registered anew after its evidence only where the evidence is measured again
-REMEASURED = ("performance",)
-CHECKS = ("quality", "performance", "stability", "targets")  # a section's evidence: its stage's record
+# (a changed serve section restarts the servers: their logs, the kernel path's evidence, are read anew)
+REMEASURED = ("serve", "performance")
+CHECKS = ("serve", "quality", "performance", "stability", "targets")  # a section's evidence: its stage's record
 
 
 def gate_set(ctx: StageContext) -> dict[str, Any]:
@@ -52,7 +53,8 @@ def gate_set(ctx: StageContext) -> dict[str, Any]:
         return None if section is None else section.model_dump(mode="json")
 
     family = ctx.family
-    return {"quality": dump(r.quality), "performance": dump(r.performance), "stability": dump(r.stability),
+    return {"serve": {"allow_kernels": r.serve.allow_kernels},  # the serve check's gate: serve.kernel_path
+            "quality": dump(r.quality), "performance": dump(r.performance), "stability": dump(r.stability),
             "targets": [t.model_dump(mode="json") for t in r.serve.targets],
             "policy": r.release.policy.model_dump(mode="json"),
             "rule_version": RULE_VERSION, "family": family.as_dict() if family is not None else None}

@@ -17,6 +17,7 @@ from quantlab.release.error_budget import ledger
 from quantlab.release.decision import Decided, decide, policy_for, targets_line
 from quantlab.release.manifest import (
     MANIFEST_FILE,
+    NOT_SIGNED,
     SIGNATURE_FILE,
     Manifest,
     RawFile,
@@ -27,6 +28,8 @@ from quantlab.release.manifest import (
     sign_folder,
 )
 from quantlab.release.registration import copy_into
+from quantlab.release.environments import record_environments
+from quantlab.release.attestation import write_attestation
 from quantlab.release.signing_key import signing_args, signing_key
 from quantlab.core.results import (
     CheckpointResult,
@@ -89,10 +92,12 @@ def run(ctx: StageContext) -> ReleaseResult:
     signer = Signer(method=s.method, key_fingerprint=fingerprint, development_key=local_key) \
         if s.method != "none" else None
     folder = ctx.checkpoint_dir
-    (folder / SIGNATURE_FILE).unlink(missing_ok=True)  # never leave an old signature next to a new manifest
+    for stale in NOT_SIGNED:  # never leave an old signature or attestation next to a new manifest
+        (folder / stale).unlink(missing_ok=True)
     registered = copy_into(ctx, folder)  # before the manifest lists the folder's files
+    environments = record_environments(ctx, folder)  # the SBOMs too: the signature binds them
     manifest = build_manifest(ctx, results, verdicts, decision, targets).model_copy(
-        update={"signer": signer, "registration": registered})
+        update={"signer": signer, "registration": registered, "environments": environments})
     write_json_atomic(folder / MANIFEST_FILE, manifest.model_dump(mode="json"))
     signed = False
     if s.method != "none":
@@ -100,19 +105,23 @@ def run(ctx: StageContext) -> ReleaseResult:
                      f"with method '{s.method}'")
         sign_folder(folder, method=s.method, **args)
         signed = True
+    attestation = write_attestation(folder, manifest, method=s.method, **args)
     # a copy beside the run record, so reports need not open the checkpoint
     shutil.copyfile(folder / MANIFEST_FILE, ctx.run.path / MANIFEST_FILE)
     ctx.add_artifact(f"{folder.name}/{MANIFEST_FILE}", "manifest")
     if signed:
         ctx.add_artifact(f"{folder.name}/{SIGNATURE_FILE}", "manifest-signature")
+    if attestation is not None:
+        ctx.add_artifact(f"{folder.name}/{attestation['file']}", "attestation")
     return ReleaseResult(decision=decision.decision, why=decision.why, fallback=decision.fallback,
+                         environments=environments,
                          failed_gates=decision.failed_gates, not_shown_gates=decision.not_shown_gates,
                          not_shown_policy=decision.not_shown_policy, rule_version=decision.rule_version,
                          error_budget=manifest.error_budget,
                          targets={n: d.model_dump(mode="json") for n, d in targets.items()},
                          manifest=f"{folder.name}/{MANIFEST_FILE}",
                          signed=signed, signing_method=s.method, public_key_fingerprint=fingerprint,
-                         local_development_key=local_key, gates=[])
+                         local_development_key=local_key, attestation=attestation, gates=[])
 
 
 def _fallback(ctx: StageContext, baseline) -> str:

@@ -1,30 +1,42 @@
 """`quantlab verify`: a released folder checked whole (release/manifest.verify_folder: the
-signature, every file, the decision from the verdicts) and its registration
-(release/registration.verify_registration: the statement, its signature, the gate set
-the decision was made under)."""
+signature, every file, the decision from the verdicts), its registration
+(verify_registration: the statement, its signature, the gate set the decision was made
+under) and its attestation (release/attestation.verify_attestation)."""
 
 from __future__ import annotations
 
 import json
 import shutil
 import tempfile
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from quantlab.core.errors import RecipeError
 from quantlab.core.fsutil import sha256_file
 from quantlab.core.layout import REGISTRATION_FILE, REGISTRATION_SIG, SIGNATURE_FILE
+from quantlab.release.attestation import verify_attestation
 from quantlab.release.manifest import read_manifest, verify_folder, verify_signature
 
 
-def verify_release(folder: Path, **signature_args) -> list[str]:
-    """Every problem found; an empty list means verified."""
+@dataclass
+class Verified:
+    problems: list[str] = field(default_factory=list)  # none: verified
+    notes: list[str] = field(default_factory=list)  # said, not held against it
+
+
+def verify_release(folder: Path, *, require_attestation: bool = False, **signature_args) -> Verified:
+    """Every problem found (none: verified), and what is only worth saying."""
     problems = verify_folder(folder, **signature_args)
     try:
         manifest = read_manifest(folder)
     except RecipeError:
-        return problems  # said by verify_folder already
-    return problems + verify_registration(folder, manifest.registration, **signature_args)
+        return Verified(problems)  # said by verify_folder already
+    problems += verify_registration(folder, manifest.registration, **signature_args)
+    if not (Path(folder) / SIGNATURE_FILE).is_file() and not require_attestation:  # unsigned: said already
+        return Verified(problems)
+    attested, notes = verify_attestation(folder, manifest, require=require_attestation, **signature_args)
+    return Verified(problems + attested, notes)
 
 
 def verify_registration(folder: Path, registration: dict[str, Any] | None, **signature_args) -> list[str]:

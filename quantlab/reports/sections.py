@@ -19,6 +19,7 @@ from quantlab.core.results import (
 )
 from quantlab.core.verdicts import GateVerdict
 from quantlab.core.run import RunRecord
+from quantlab.reports.environments import environments_sections
 from quantlab.serving.compat import engine_build
 
 
@@ -137,6 +138,8 @@ def _targets_section(t: TargetsResult, release: Any) -> Section:
                      pct(o.batch_mismatch_rate.get("candidate")), d.get("decision", "-")])
         if o.reason:
             notes.append(f"{name}: {o.reason}")
+        if (o.kernel_path or {}).get("status") in ("not gated", "not measured"):
+            notes.append(f"{name}: candidate kernel path {o.kernel_path['status']}: {o.kernel_path.get('why')}")
         if d.get("decision") == "blocked":
             notes.append(f"{name} blocked: {d.get('why')}")
         for e in o.examples[:2]:
@@ -168,6 +171,8 @@ def sections(record: RunRecord) -> list[Section]:
         result = r.get(stage)
         if isinstance(result, kind):
             out.append(build(result))
+    if isinstance(r.get("release"), ReleaseResult) and r["release"].environments:
+        out += environments_sections(r["release"].environments)
     return out
 
 
@@ -254,6 +259,9 @@ def _serving_section(s: ServeResult) -> Section:
                          + ", ".join(f"{k} {v:.0f} s" for k, v in phases.items()))
     for role, c in s.compat.items():
         notes += [f"{role}: {w}" for w in c.warnings + c.notes]
+    kp = s.kernel_path or {}
+    if kp.get("status") in ("not gated", "not measured"):  # a judged one is in the gates table
+        notes.append(f"candidate kernel path {kp['status']}: {kp.get('why')}")
     return ("Serving", ["model", "vLLM", "linear kernels", "KV cache", "start-up s", "smoke completion"],
             rows, notes)
 

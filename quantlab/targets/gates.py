@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from quantlab.core.results import TargetOutcome
 from quantlab.core.verdicts import GateVerdict
+from quantlab.serving import gates as serve_gates
 
 CHECK = "targets"
 
@@ -16,13 +17,14 @@ def _verdict(name: str, gate: str, ok: bool | None, value, limit: float, detail:
 
 
 def verdicts(outcome: TargetOutcome, target) -> list[GateVerdict]:
-    """The target's own gates (pure): servable, started, answered, mismatch vs primary."""
+    """The target's own gates (pure): servable, started, answered, mismatch vs primary, and
+    the candidate's kernel path there (serve.kernel_path@<name>, deciding this target only)."""
     n = outcome.name
     if outcome.status == "unservable":
         return [_verdict(n, "servable", False, None, 1, f"cannot serve this checkpoint: {outcome.reason}")]
     if outcome.status == "not_started":
         return [_verdict(n, "started", False, None, 1, f"the server did not start: {outcome.reason}")]
-    out = []
+    out = serve_gates.verdicts(outcome.kernel_path, scope=n, target=n)
     errors = sum(outcome.errors.values())
     out.append(_verdict(n, "max_request_errors", errors == 0, errors, 0, f"greedy requests that failed on {n}: "
                         + ", ".join(f"{role} {count}" for role, count in outcome.errors.items())))

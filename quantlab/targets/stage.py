@@ -79,7 +79,9 @@ def _check_target(ctx: StageContext, name: str, tp, sweep, primary: dict[str, di
             break
         facts = collect_facts(server, plan.target(role), device=plan.device)
         outcome.engines[role] = facts
-        outcome.compat[role] = serve_stage.compat_record(plan.compat[role], facts.log)
+        outcome.compat[role] = serve_stage.compat_record(plan.compat[role])
+        if role == "candidate":
+            outcome.kernel_path = serve_stage.candidate_kernel_path(plan, facts.log)
         result = sweep(label, server)
         ctx.stop_engine(role, name)  # one extra target's server at a time
         outcome.batch_mismatch_rate[role] = result["mismatch_rate"]

@@ -46,7 +46,9 @@ ADAPTERS = {
 # modules a stage calls for its own work (they reach engine adapters as the stage does)
 STAGE_HELPERS = {"quantlab.quality.work", "quantlab.quality.gate_plan", "quantlab.quality.kl_run",
                  "quantlab.quality.pairing", "quantlab.performance.result", "quantlab.stability.probe_run",
-                 "quantlab.release.registration"}
+                 "quantlab.release.registration",
+                 # the release's SBOMs and vulnerability audit: external tools as subprocesses, the serving Python
+                 "quantlab.release.environments", "quantlab.release.vulnerabilities"}
 # the engine half of a run (2); the orchestration: every module of quantlab.pipeline (4), the
 # commands of `quantlab sensitivity` (4); the CLI (5)
 ORCHESTRATION = {"quantlab.serving.session": 2, "quantlab.search.sensitivity": 4, "quantlab.__main__": 5}

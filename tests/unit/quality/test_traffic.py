@@ -98,7 +98,7 @@ def test_each_check_kind_on_answers(tmp_path):
     assert check_answer(schema, 'Sure: ```json\n{"name": "Tom", "age": 30}\n```', {}) == (True, None)
     assert check_answer(schema, '{"name": "Tom", "age": "thirty"}', {}) == (False, None)
     assert check_answer(schema, "no JSON here", {}) == (False, None)
-    timed = {**polite, "timeout_s": 5}
+    timed = {**polite, "timeout_s": 60}  # a generous deadline: a busy 2-core host starts the scorer slowly
     assert check_answer(timed, "Could you please wait?", {"id": "polite"}) == (True, None)
     assert check_answer(timed, "Wait.", {"id": "polite"}) == (False, None)
     raising = {**timed, "value": {**timed["value"], "function": "raises"}}

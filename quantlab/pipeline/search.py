@@ -97,6 +97,7 @@ class _Search:
         self.rounds: list[dict[str, Any]] = []
         self.scheme_trials: list[dict[str, Any]] = []
         self.refused: list[dict[str, Any]] = []
+        self.kernel_bench: dict[str, Any] | None = None
         # every trial the search may try is one family, fixed before the first (recipe/family.py)
         self.family = Family(size=max_trials, kind="search", id=folder.name)
 
@@ -104,10 +105,12 @@ class _Search:
         """The scheme trials, cheapest first; the result when one was released, else None."""
         if not sources:
             return None
-        trials, self.refused = scheme_trials(self.loaded, sources, self.runs_root, self.progress)
+        trials, self.refused, self.kernel_bench = scheme_trials(self.loaded, sources, self.runs_root, self.progress)
         order = tuple(t.name for t in trials)  # registered with every trial (its family's members)
         self.family = Family(size=self.max_trials, kind="search", id=self.folder.name, members=order)
-        self.progress(f"search: {len(trials)} scheme trial(s) in this order, cheapest first: {', '.join(order)}"
+        by = self.kernel_bench.get("ordered_by", "bytes")
+        self.progress(f"search: {len(trials)} scheme trial(s) in this order, cheapest first by predicted {by} "
+                      f"(selection.rule {self.kernel_bench.get('rule')}): {', '.join(order)}"
                       + (f"; {len(self.refused)} refused by the preflight (no trial used)" if self.refused else ""))
         outcomes, rounds, chosen = run_schemes(trials, self.folder, width=self.width, budget_left=self.max_trials,
                                                progress=self.progress, verbose=self.verbose, on_ray=self.on_ray,
@@ -124,7 +127,7 @@ class _Search:
 
     def _scheme_fields(self) -> dict[str, Any]:
         return {"scheme_trials": self.scheme_trials, "scheme_refused": self.refused,
-                "trial_order": list(self.family.members)}
+                "trial_order": list(self.family.members), "kernel_bench": self.kernel_bench}
 
     def used(self) -> int:
         return len(self.scheme_trials)

@@ -13,16 +13,25 @@ def markdown(result: dict[str, Any]) -> str:
              f"Stopped: {result['stopped']}, after {len(result['scheme_trials']) + len(result['trials'])} trials in "
              f"{len(result['rounds'])} rounds, {result['wall_s']:.0f} s; {result['width']} trials a round.", ""]
     if result.get("scheme_trials") or result.get("scheme_refused"):
-        lines += ["Schemes, cheapest first (predicted weight bytes; the order registered before the first trial):", "",
-                  "| trial | scheme | predicted MB | weights MB | decision | failed gates | out tok/s |",
-                  "|---|---|---|---|---|---|---|"]
+        bench = result.get("kernel_bench") or {}
+        lines += [f"Schemes, cheapest first by predicted {bench.get('ordered_by', 'bytes')} (selection.rule "
+                  f"{bench.get('rule', '-')}; the order registered before the first trial). Predicted speed: one "
+                  "decoder layer's linear time in the scheme's kernel over the 16-bit layer's, at a decode step, "
+                  "measured on this host" + ("" if bench.get("measured") else
+                                              f" (not measured: {bench.get('why', 'an older search')})")
+                  + "; beside it what the served trial measured.", "",
+                  "| trial | scheme | predicted MB | weights MB | predicted time x | decision | failed gates | "
+                  "out tok/s | x baseline |", "|---|---|---|---|---|---|---|---|---|"]
         for t in result["scheme_trials"]:
             mark = " (chosen)" if t["source"] == result.get("chosen_scheme") else ""
+            speed = t.get("predicted_speed")
             lines.append(f"| {t['source']}{mark} | {t['scheme']} | {t['predicted_bytes'] / 1e6:.1f} | "
-                         f"{_mb(t['weights_bytes'])} | {t['decision']} | {_gates(t['failed_gates'])} | "
-                         f"{'-' if t['output_tokens_per_s'] is None else format(t['output_tokens_per_s'], '.3g')} |")
+                         f"{_mb(t['weights_bytes'])} | {'-' if speed is None else format(speed, '.2f')} | "
+                         f"{t['decision']} | {_gates(t['failed_gates'])} | "
+                         f"{'-' if t['output_tokens_per_s'] is None else format(t['output_tokens_per_s'], '.3g')} | "
+                         f"{'-' if t.get('throughput_ratio') is None else format(t['throughput_ratio'], '.2f')} |")
         for t in result.get("scheme_refused") or []:
-            lines.append(f"| {t['source']} | - | - | - | refused (no trial used) | {t['why']} | - |")
+            lines.append(f"| {t['source']} | - | - | - | - | refused (no trial used) | {t['why']} | - | - |")
         lines.append("")
     if result.get("ranking"):
         lines += [f"Kept layer groups unquantized, most sensitive first ({result['granularity']} ranking "

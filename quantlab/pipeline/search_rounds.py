@@ -34,6 +34,7 @@ def compare_trials(trials: list[LoadedRecipe], folder: Path, progress: Progress,
                                     allow_single=True, family=family, held=held)
     rows = {row["name"]: row for row in comparison.data["candidates"]}
     refused = comparison.data.get("refused") or {}
+    base_tps = (comparison.data.get("baseline") or {}).get("output_tokens_per_s")
     outcomes = []
     for trial in trials:
         name = trial.recipe.name
@@ -44,6 +45,8 @@ def compare_trials(trials: list[LoadedRecipe], folder: Path, progress: Progress,
                          "worst_recovery": row.get("worst_recovery"), "worst_recovery_at": row.get("worst_recovery_at"),
                          "weights_bytes": weights_bytes(comparison.folder, name),
                          "output_tokens_per_s": row.get("output_tokens_per_s"),
+                         "throughput_ratio": row["output_tokens_per_s"] / base_tps
+                         if row.get("output_tokens_per_s") and base_tps else None,
                          "run": str(comparison.folder / "candidates" / name)})
     return outcomes, {"comparison": str(comparison.folder), "wall_s": round(time.perf_counter() - t0, 1),
                       "chosen": comparison.choice.chosen if comparison.choice else None}

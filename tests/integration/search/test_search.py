@@ -42,7 +42,9 @@ def test_a_search_over_schemes_releases_the_cheapest_that_passes(tmp_path, outli
     no sensitivity ranking is computed (a scheme passed)."""
     skip_unless_servable(serving_probe, "gptq-w4a16")
     skip_unless_servable(serving_probe, "smoothquant-gptq-w8a8")
-    recipe = write_recipe(tmp_path, outlier_recipe(outlier_model), "outlier.yaml")
+    # least_memory: trials in predicted bytes (the default rule would put the faster W8A8 first on a CPU)
+    recipe = write_recipe(tmp_path, {**outlier_recipe(outlier_model), "selection": {"rule": "least_memory"}},
+                          "outlier.yaml")
     g128 = write_recipe(tmp_path, {**outlier_recipe(outlier_model, group_size=128), "name": "w4g128"}, "w4g128.yaml")
     runs = tmp_path / "runs"
     r = subprocess.run([sys.executable, "-m", "quantlab", "search", recipe, "--runs-dir", runs, "--max-trials", "3",
@@ -56,6 +58,9 @@ def test_a_search_over_schemes_releases_the_cheapest_that_passes(tmp_path, outli
     first, second = result["scheme_trials"]  # the refused one is not a trial
     assert (first["source"], second["source"]) == ("w4g128", "smoothquant-gptq-w8a8")
     assert result["trial_order"] == [first["name"], second["name"]]
+    bench = result["kernel_bench"]  # each scheme's kernel timed on this host, beside the bytes
+    assert bench["measured"] and bench["ordered_by"] == "bytes" and bench["rule"] == "least_memory"
+    assert first["predicted_speed"] > 0 and second["predicted_speed"] > 0
     assert first["predicted_bytes"] < second["predicted_bytes"] and first["weights_bytes"] < second["weights_bytes"]
     assert first["decision"] == "blocked" and first["failed_gates"] == ["quality.max_mean_kl@kl"]
     assert second["decision"] == "release"

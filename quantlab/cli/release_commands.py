@@ -44,7 +44,6 @@ def verify(
     one the release was validated on. Exit 0 verified and released, 1 not verified (or
     verified but blocked, unless --allow-blocked; or, with --here, another host), 2 bad
     input."""
-    from quantlab.release.attestation import ATTESTATION_FILES
     from quantlab.release.manifest import read_manifest
     from quantlab.release.verify import verify_release
 
@@ -81,10 +80,9 @@ def verify(
                           else ""))
         for note in checked.notes:
             typer.echo(f"note: {note}")
-        attested = [n for n in ATTESTATION_FILES if (folder / n).is_file()]
-        if attested:
-            typer.echo(f"attestation {attested[0]}: its signature holds, its subjects are these files and "
-                       "model-signing's subject, its predicate is this manifest's evaluation")
+        if m.attestation is not None:
+            typer.echo(f"attestation {m.attestation['file']}: its signature holds, its subjects are the signed "
+                       "files and model-signing's subject, its predicate is this manifest's evaluation")
         if here:
             _verify_here(folder, m, tuple(allow or ()), serving_python)
         if m.decision.decision != "release" and not allow_blocked:

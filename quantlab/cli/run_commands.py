@@ -102,7 +102,8 @@ def search(
         help="SECTION.FIELD=V1,V2,...: the recipe's own setting, choices in order of preference, tried before "
         "any layer is kept (e.g. quantization.group_size=128,64,32); repeatable.")] = None,
     schemes: Annotated[str, typer.Option(
-        help="Other methods and schemes, tried first and cheapest first (predicted weight bytes): shipped recipe "
+        help="Other methods and schemes, tried first and cheapest first (the cost selection.rule ranks: weight "
+        "bytes, or each scheme's kernel time measured on the target): shipped recipe "
         "names or recipe files, comma-separated; 'auto' (gptq-w4a16, awq-w4a16, smoothquant-gptq-w8a8, "
         "rtn-w8a16, fp8-dynamic); 'none' for the recipe's own scheme only. A scheme the preflight refuses uses "
         "no trial.")] = "auto",

@@ -41,4 +41,5 @@ def git_commit() -> str | None:
 
 
 def quantlab_identity() -> dict[str, Any]:
-    return {"version": __version__, "git_commit": git_commit()}
+    """version, commit (None outside a checkout) and the sha256 of the installed package's sources."""
+    return {"version": __version__, "git_commit": git_commit(), "code_sha256": quantlab_code_sha256()}

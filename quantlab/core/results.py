@@ -74,7 +74,8 @@ class CompatRecord(_Result):
     errors: list[str] = Field(default_factory=list)
     warnings: list[str] = Field(default_factory=list)
     notes: list[str] = Field(default_factory=list)
-    expected_kernels: list[str] = Field(default_factory=list)
+    expected_kernels: list[str] = Field(default_factory=list, description="kernel_expectation's kernels (the "
+                                        "same list, kept: records from before kernel_expectation have only it).")
     kernel_expectation: dict[str, Any] | None = Field(
         None, description="The kernels the scheme should get on this host (serving/kernels.py): kernels, host, "
         "known, why. None: nothing quantized, or a record from before quantlab kept it.")

@@ -17,7 +17,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from quantlab.core.errors import EngineError, RecipeError
+from quantlab.core.errors import RecipeError
 from quantlab.core.progress import Progress
 from quantlab.core.shipped import RECIPES
 from quantlab.pipeline.candidates.servers import HeldBaseline
@@ -63,7 +63,7 @@ def scheme_trials(loaded: LoadedRecipe, sources: list[tuple[str, LoadedRecipe]],
     bench = kernel_speeds(loaded, [t.loaded for t in servable], shapes, progress)
     speeds = {k: v["ratio"][str(DECODE_TOKENS)] for k, v in (bench.get("schemes") or {}).items()
               if str(DECODE_TOKENS) in (v.get("ratio") or {})}
-    timed = [replace(t, predicted_speed=_speed(t, speeds)) for t in servable]
+    timed = [replace(t, predicted_time_ratio=_speed(t, speeds)) for t in servable]
     selection = loaded.recipe.selection
     rule, weights = (selection.rule, selection.weights) if selection else ("cost_per_success", {})
     bench["ordered_by"] = order_by(rule, timed)
@@ -79,24 +79,28 @@ def _speed(trial: SchemeTrial, speeds: dict[str, float]) -> float | None:
 def kernel_speeds(loaded: LoadedRecipe, trials: list[LoadedRecipe], shapes: dict[str, list[int]],
                   progress: Progress) -> dict[str, Any]:
     """The kernel microbenchmark of the trials' schemes on the recipe's serve target (measured
-    once per serving environment, then from the cache); what was not measured says why."""
+    once per serving environment, then from the cache); what was not measured says why. It
+    orders the trials only: whatever goes wrong in it, the search goes on, ordered by bytes."""
     kinds = {k["id"]: k for k in (scheme_kind(t.recipe.quantization) for t in trials) if k}
     spec = loaded.recipe.serve
+    layers = layer_shapes(shapes)
     if spec.mode != "launch":
         return {"measured": False, "why": f"serve.mode {spec.mode}: the target's engine is not quantlab's to time"}
     if not kinds:
         return {"measured": False, "why": "no trial's scheme has a kernel microbenchmark (W4A16, W8A8 int8)"}
+    if not layers:
+        return {"measured": False, "why": "no decoder layer ('.layers.N.' weights) found in the model's files"}
     try:
         python = serving_python(spec)
-        probe = probe_serving_env(python)
-        bench = measure_kernels(python, probe, layer_shapes(shapes), list(kinds.values()))
-    except EngineError as err:
-        return {"measured": False, "why": str(err).splitlines()[0][:300]}
-    if bench.get("measured"):
-        said = ", ".join(f"{k} {v['ratio'][str(DECODE_TOKENS)]:.2f}x" for k, v in sorted(bench["schemes"].items())
-                         if "ratio" in v)
-        progress(f"search: each scheme's linear kernel on this host, its time over the 16-bit layer's at a "
-                 f"{DECODE_TOKENS}-token decode step: {said or 'none measured'}")
+        bench = measure_kernels(python, probe_serving_env(python), layers, list(kinds.values()))
+    except Exception as err:  # noqa: BLE001 - a failed measurement costs the order, never the search
+        why = f"{type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}"[:300]
+        progress(f"search: the kernel microbenchmark failed ({why}); trials ordered by bytes")
+        return {"measured": False, "why": why}
+    said = ", ".join(f"{k} {v['ratio'][str(DECODE_TOKENS)]:.2f}x" for k, v in sorted((bench.get("schemes") or {}).items())
+                     if str(DECODE_TOKENS) in (v.get("ratio") or {}))
+    progress(f"search: each scheme's linear kernel on this host, its time over the 16-bit layer's at a "
+             f"{DECODE_TOKENS}-token decode step: {said or 'none measured (' + str(bench.get('why')) + ')'}")
     return bench
 
 
@@ -136,14 +140,14 @@ def run_schemes(trials: list[SchemeTrial], folder: Path, *, width: int, budget_l
             break
         chunk = todo[start:start + width]
         progress("search: schemes " + ", ".join(f"{t.source} ({t.describe()}, ~{t.predicted_bytes / 1e6:.1f} MB"
-                                                + (f", {t.predicted_speed:.2f}x the 16-bit layer time"
-                                                   if t.predicted_speed is not None else "") + ")"
+                                                + (f", {t.predicted_time_ratio:.2f}x the 16-bit layer time"
+                                                   if t.predicted_time_ratio is not None else "") + ")"
                                                 for t in chunk))
         got, info = compare_trials([t.loaded for t in chunk], folder, progress, verbose, on_ray, family, held)
         rounds.append({**info, "schemes": [t.source for t in chunk]})
         for t, o in zip(chunk, got):
             outcomes.append({**o, "source": t.source, "scheme": t.describe(), "predicted_bytes": t.predicted_bytes,
-                             "predicted_speed": t.predicted_speed})
+                             "predicted_time_ratio": t.predicted_time_ratio})
         chosen = info.get("chosen")
         if chosen is not None:
             return outcomes, rounds, chosen

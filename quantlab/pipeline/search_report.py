@@ -24,7 +24,7 @@ def markdown(result: dict[str, Any]) -> str:
                   "out tok/s | x baseline |", "|---|---|---|---|---|---|---|---|---|"]
         for t in result["scheme_trials"]:
             mark = " (chosen)" if t["source"] == result.get("chosen_scheme") else ""
-            speed = t.get("predicted_speed")
+            speed = t.get("predicted_time_ratio")
             lines.append(f"| {t['source']}{mark} | {t['scheme']} | {t['predicted_bytes'] / 1e6:.1f} | "
                          f"{_mb(t['weights_bytes'])} | {'-' if speed is None else format(speed, '.2f')} | "
                          f"{t['decision']} | {_gates(t['failed_gates'])} | "

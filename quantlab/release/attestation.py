@@ -22,7 +22,6 @@ from pydantic import ValidationError
 
 from quantlab.core.fsutil import sha256_file, write_text_atomic
 from quantlab.core.layout import ATTESTATION_BUNDLE, ATTESTATION_FILE, MANIFEST_FILE, REGISTRATION_FILE, SIGNATURE_FILE
-from quantlab.core.provenance import quantlab_code_sha256
 from quantlab.core.verdicts import gate_id
 from quantlab.release.attestation_predicate import (
     PAYLOAD_TYPE,
@@ -91,8 +90,8 @@ def predicate_of(manifest: Any, *, manifest_sha256: str, model_signing_subject: 
                 if s.get("name") and s.get("sha256")],
         data=data,
         registration=registration,
-        harness=Harness(quantlab={**m.quantlab, "code_sha256": m.quantlab.get("code_sha256")
-                                  or quantlab_code_sha256()}, versions=versions),
+        harness=Harness(quantlab={"version": m.quantlab.get("version"), "git_commit": m.quantlab.get("git_commit"),
+                                  "code_sha256": m.quantlab.get("code_sha256")}, versions=versions),
         hardware=m.hardware,
         kernels=_kernels(m.runtime or {}),
         environments=getattr(m, "environments", None),
@@ -143,6 +142,14 @@ def _checked(doc: dict[str, Any]) -> bytes:
 
 
 # ------------------------------------------------------------------ signing
+
+def planned(method: str) -> dict[str, Any] | None:
+    """What the manifest names before signing: the attestation file this release will carry
+    (None: unsigned, no attestation)."""
+    if method == "none":
+        return None
+    return {"file": ATTESTATION_BUNDLE if method == "sigstore" else ATTESTATION_FILE, "predicate_type": PREDICATE_TYPE}
+
 
 def write_attestation(folder: Path, manifest: Any, *, method: str, private_key: Path | None = None,
                       password: str | None = None, use_staging: bool = False, identity_token: str | None = None,
@@ -197,28 +204,35 @@ def _sigstore_sign(payload: bytes, *, use_staging: bool, identity_token: str | N
 
 def verify_attestation(folder: Path, manifest: Any, *, require: bool = False,
                        **signature_args: Any) -> tuple[list[str], list[str]]:
-    """(problems, notes) about a released folder's attestation. A folder without one is a
-    note (a release made before attestations, or an unsigned one) unless `require`."""
+    """(problems, notes) about a released folder's attestation: the one its signed manifest
+    names must be there and hold; any other attestation file is a problem. A manifest from
+    before attestations names none: a note, unless `require`."""
     folder = Path(folder)
+    named = (getattr(manifest, "attestation", None) or {}).get("file")
     present = [n for n in ATTESTATION_FILES if (folder / n).is_file()]
-    if not present:
-        said = f"no attestation ({ATTESTATION_FILE}) in the folder: a release made before attestations"
-        return ([said + " (--require-attestation)"], []) if require else ([], [said])
-    name = present[0]
+    problems = [f"attestation file {n}: the signed manifest names {named or 'no attestation'}, not this file"
+                for n in present if n != named]
+    if named is None:
+        said = f"no attestation: the manifest is from a release made before attestations"
+        if require:
+            return problems + [said + " (--require-attestation)"], []
+        return problems, ([] if problems else [said])
+    if named not in present:
+        return problems + [f"attestation {named} is missing: the signed manifest says the release carries it"], []
     try:
-        if name == ATTESTATION_FILE:
-            payload, payload_type = _dsse_verified(folder, folder / name, **signature_args)
+        if named == ATTESTATION_FILE:
+            payload, payload_type = _dsse_verified(folder, folder / named, **signature_args)
         else:
-            payload, payload_type = _sigstore_verified(folder / name, **signature_args)
+            payload, payload_type = _sigstore_verified(folder / named, **signature_args)
     except _NotVerified as err:
-        return [f"attestation {name}: {err}"], []
+        return problems + [f"attestation {named}: {err}"], []
     if payload_type != PAYLOAD_TYPE:
-        return [f"attestation {name}: payload type '{payload_type}', expected '{PAYLOAD_TYPE}'"], []
+        return problems + [f"attestation {named}: payload type '{payload_type}', expected '{PAYLOAD_TYPE}'"], []
     try:
         doc = json.loads(payload)
     except ValueError as err:
-        return [f"attestation {name}: its statement is not JSON ({err})"], []
-    return [f"attestation {name}: {p}" for p in _statement_problems(folder, manifest, doc)], []
+        return problems + [f"attestation {named}: its statement is not JSON ({err})"], []
+    return problems + [f"attestation {named}: {p}" for p in _statement_problems(folder, manifest, doc)], []
 
 
 class _NotVerified(Exception):
@@ -307,15 +321,18 @@ def _statement_problems(folder: Path, manifest: Any, doc: dict[str, Any]) -> lis
             predicate.model_signing_subject.sha256 != root["digest"]["sha256"]:
         problems.append(f"its subject is not the model-signing subject of this folder ({root['name']} "
                         f"{root['digest']['sha256'][:12]}...): an attestation for other files")
-    on_disk = _signed_files(folder)
-    for name in sorted(set(on_disk) | set(subjects)):
+    # every file the folder's signature covers (model-signing's own resources: verify_folder checks them
+    # against the disk), by name and digest; the disk is read only to say which file differs
+    signed = {r["name"]: r["digest"] for r in ms["predicate"]["resources"]}
+    for name in sorted(set(signed) | set(subjects)):
         if name not in subjects:
-            problems.append(f"the folder's file {name} is not among its subjects")
-        elif name not in on_disk:
-            problems.append(f"its subject {name} is not in the folder")
-        elif subjects[name] != on_disk[name]:
-            problems.append(f"its subject {name} has sha256 {str(subjects[name])[:12]}..., the file on disk "
-                            f"{on_disk[name][:12]}...: an attestation for other files")
+            problems.append(f"the signed file {name} is not among its subjects")
+        elif name not in signed:
+            problems.append(f"its subject {name} is not a file of this folder's signature")
+        elif subjects[name] != signed[name]:
+            on_disk = sha256_file(folder / name) if (folder / name).is_file() else "missing"
+            problems.append(f"its subject {name} has sha256 {str(subjects[name])[:12]}..., the folder's file "
+                            f"{on_disk[:12]}...: an attestation for other files")
     if predicate.manifest.sha256 != sha256_file(folder / MANIFEST_FILE):
         problems.append(f"its predicate is about another manifest (sha256 {predicate.manifest.sha256[:12]}...)")
     if predicate.decision.decision != manifest.decision.decision or \
@@ -323,14 +340,4 @@ def _statement_problems(folder: Path, manifest: Any, doc: dict[str, Any]) -> lis
             [g.verdict for g in predicate.gates] != [v.verdict for v in manifest.gates]:
         problems.append("its decision or gates differ from the signed manifest's")
     return problems
-
-
-def _signed_files(folder: Path) -> dict[str, str]:
-    """Every file model-signing signs in a released folder: all but its signature and the attestation."""
-    from quantlab.release.manifest import folder_files
-
-    files = {n: meta["sha256"] for n, meta in folder_files(folder).items()}
-    if (folder / MANIFEST_FILE).is_file():
-        files[MANIFEST_FILE] = sha256_file(folder / MANIFEST_FILE)
-    return files
 

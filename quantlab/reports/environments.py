@@ -8,8 +8,10 @@ from typing import Any
 NOT_DECIDING = ("known vulnerabilities are information for the release owner: they do not change the decision")
 
 
-def environments_sections(envs: dict[str, dict[str, Any]]) -> list[tuple[str, list[str], list[list[str]], list[str]]]:
-    """Two sections: one row an environment, then one row a known vulnerability."""
+def environments_sections(envs: dict[str, dict[str, Any]], *, signed: bool | None = None
+                          ) -> list[tuple[str, list[str], list[list[str]], list[str]]]:
+    """Two sections: one row an environment, then one row a known vulnerability. `signed`:
+    the release result's (None: not known here, the note says what holds either way)."""
     rows, notes, found, audit_notes = [], [], [], []
     for name, e in envs.items():
         if "sbom" not in e:  # a serving environment quantlab cannot see, or could not list
@@ -23,11 +25,23 @@ def environments_sections(envs: dict[str, dict[str, Any]]) -> list[tuple[str, li
                    ", ".join(v.get("fix_versions") or []) or "none yet"] for v in vulns.get("found") or []]
         if vulns:
             audit_notes.append(_audit_note(name, vulns))
-    notes.append("the SBOMs (CycloneDX JSON) are in the released folder, listed in the manifest and signed with it")
+    notes.append(_sbom_note([n for n, e in envs.items() if (e.get("sbom") or {}).get("file")], signed))
     return [("Environments", ["environment", "Python", "SBOM", "components", "key packages", "vulnerabilities"],
              rows, notes),
             ("Known vulnerabilities", ["environment", "package", "version", "id", "aliases", "fixed in"], found,
              audit_notes + [NOT_DECIDING])]
+
+
+def _sbom_note(written: list[str], signed: bool | None) -> str:
+    """Where the SBOMs are and what signs them, true for this release."""
+    if not written:
+        return "no SBOM is in the released folder (each environment's row says why)"
+    where = f"the SBOM{'s' if len(written) > 1 else ''} of {', '.join(written)} (CycloneDX JSON) " \
+            f"{'are' if len(written) > 1 else 'is'} in the released folder and listed in the manifest"
+    if signed is None:
+        return f"{where}: where the release is signed, its signature covers them"
+    return f"{where}, signed with it" if signed else f"{where}; the release is unsigned (signing.method none): " \
+        "nothing signs them"
 
 
 def _vulns_cell(v: dict[str, Any]) -> str:

@@ -172,7 +172,7 @@ def sections(record: RunRecord) -> list[Section]:
         if isinstance(result, kind):
             out.append(build(result))
     if isinstance(r.get("release"), ReleaseResult) and r["release"].environments:
-        out += environments_sections(r["release"].environments)
+        out += environments_sections(r["release"].environments, signed=r["release"].signed)
     return out
 
 

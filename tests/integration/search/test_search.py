@@ -60,7 +60,7 @@ def test_a_search_over_schemes_releases_the_cheapest_that_passes(tmp_path, outli
     assert result["trial_order"] == [first["name"], second["name"]]
     bench = result["kernel_bench"]  # each scheme's kernel timed on this host, beside the bytes
     assert bench["measured"] and bench["ordered_by"] == "bytes" and bench["rule"] == "least_memory"
-    assert first["predicted_speed"] > 0 and second["predicted_speed"] > 0
+    assert first["predicted_time_ratio"] > 0 and second["predicted_time_ratio"] > 0
     assert first["predicted_bytes"] < second["predicted_bytes"] and first["weights_bytes"] < second["weights_bytes"]
     assert first["decision"] == "blocked" and first["failed_gates"] == ["quality.max_mean_kl@kl"]
     assert second["decision"] == "release"

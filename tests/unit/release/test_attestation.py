@@ -12,12 +12,12 @@ import textwrap
 
 import pytest
 
-from quantlab.core.layout import ATTESTATION_FILE, MANIFEST_FILE, SIGNATURE_FILE
+from quantlab.core.layout import ATTESTATION_BUNDLE, ATTESTATION_FILE, MANIFEST_FILE, SIGNATURE_FILE
 from quantlab.core.shipped import SCHEMAS
 from quantlab.core.verdicts import GateVerdict
-from quantlab.release.attestation import signed_statement, write_attestation
+from quantlab.release.attestation import planned, signed_statement, write_attestation
 from quantlab.release.attestation_predicate import PREDICATE_TYPE, SCHEMA_FILE, json_schema
-from quantlab.release.manifest import generate_keypair, read_manifest, sign_folder
+from quantlab.release.manifest import folder_files, generate_keypair, read_manifest, sign_folder
 from quantlab.release.verify import verify_release
 from tests.unit.release.test_manifest import make_release
 
@@ -38,6 +38,10 @@ def keys(tmp_path):
 
 
 def attested(folder, priv):
+    """Signed and attested as the release stage does: the manifest names the attestation first."""
+    m = json.loads((folder / MANIFEST_FILE).read_text())
+    m["attestation"] = planned("key")
+    (folder / MANIFEST_FILE).write_text(json.dumps(m))
     sign_folder(folder, method="key", private_key=priv)
     return write_attestation(folder, read_manifest(folder), method="key", private_key=priv)
 
@@ -84,9 +88,7 @@ def test_a_tampered_attestation_is_refused(release):
     folder, _, pub, _ = release
     env = envelope(folder)
     statement = json.loads(base64.b64decode(env["payload"]))
-    statement["predicate"]["decision"]["decision"] = "release"
-    statement["predicate"]["gates"][0]["verdict"] = "pass"
-    statement["predicate"]["gates"][0]["estimate"] = 0.5  # a better figure than measured
+    statement["predicate"]["gates"][0]["estimate"] = 0.5  # a better figure than measured, the rest unchanged
     env["payload"] = base64.b64encode(json.dumps(statement).encode()).decode()
     (folder / ATTESTATION_FILE).write_text(json.dumps(env))
     [problem] = verify_release(folder, public_key=pub).problems
@@ -109,6 +111,31 @@ def test_a_statement_signed_by_another_key_is_refused(tmp_path, release):
     write_attestation(folder, read_manifest(folder), method="key", private_key=tmp_path / "other.pem")
     [problem] = verify_release(folder, public_key=pub).problems
     assert "does not verify with the key given" in problem and "signed by another key" in problem
+
+
+def test_an_attestation_removed_or_one_more_added_is_refused(release):
+    folder, _, pub, _ = release
+    (folder / ATTESTATION_BUNDLE).write_text("{}")  # a second attestation nobody signed for
+    [problem] = verify_release(folder, public_key=pub).problems
+    assert f"attestation file {ATTESTATION_BUNDLE}: the signed manifest names {ATTESTATION_FILE}" in problem
+    (folder / ATTESTATION_BUNDLE).unlink()
+    (folder / ATTESTATION_FILE).unlink()  # outside what model-signing signs, but the manifest names it
+    [problem] = verify_release(folder, public_key=pub).problems
+    assert "is missing: the signed manifest says the release carries it" in problem
+
+
+def test_files_model_signing_leaves_out_are_not_subjects(tmp_path, keys):
+    """A checkpoint taken from a git clone or a hub snapshot holds .gitattributes, which
+    model-signing does not sign: the attestation's subjects are what it signs."""
+    priv, pub = keys
+    folder = make_release(tmp_path / "snapshot", GATES)
+    (folder / ".gitattributes").write_text("*.safetensors filter=lfs\n")
+    m = json.loads((folder / MANIFEST_FILE).read_text())
+    m["checkpoint_files"] = folder_files(folder)  # the manifest lists it, as a copied-in checkpoint's does
+    (folder / MANIFEST_FILE).write_text(json.dumps(m))
+    attested(folder, priv)
+    assert ".gitattributes" not in {r["name"] for r in signed_statement(folder)["predicate"]["resources"]}
+    assert verify_release(folder, public_key=pub, require_attestation=True).problems == []
 
 
 def test_a_release_from_before_attestations_verifies_with_a_note_unless_required(tmp_path, keys):

@@ -84,3 +84,28 @@ def test_an_endpoint_release_covers_no_host_and_unknown_allow_names_are_refused(
     assert d.name == "hardware-unknown"
     with pytest.raises(ValueError, match="not a class"):
         judge(manifest_on(AVX512_BF16), AVX512_BF16, allow=("cpu-model",))
+
+
+def test_a_server_quantlab_did_not_launch_covers_no_host_whatever_the_recipe_said():
+    """serve.mode command with device cuda: the manifest holds the recipe's device, but nothing was probed."""
+    m = manifest_on(H100)
+    m.runtime["mode"] = "command"
+    [d] = judge(m, H100).differences["primary"]
+    assert d.name == "hardware-unknown" and "serve.mode command" in d.line()
+
+
+def test_a_released_cuda_extra_target_is_matched_by_its_gpu_and_driver():
+    target = {"mode": "launch", "device": "cuda", "gpus": H100["gpus"], "driver": H100["driver"],
+              "cpu": H100["cpu"], "versions": H100["versions"], "engine_kernels": {},
+              "engine_args": {"tensor_parallel_size": 2}}
+    released = {"h100": TargetDecision(decision="release", required=False, why="w")}
+    m = manifest_on(AVX512_BF16, targets={"h100": target}, decisions=released)
+    assert judge(m, H100).covered_by == "h100"
+    diffs = judge(m, with_(H100, driver="550.1")).differences
+    assert [d.name for d in diffs["h100"]] == ["driver-major"] and diffs["primary"][0].name == "device"
+
+
+def test_accepting_another_device_still_compares_the_engine_version():
+    m = manifest_on(H100)
+    assert judge(m, AVX512_BF16, allow=("device",)).covered_by is None  # vLLM 0.33.0 there, 0.32.0 here
+    assert judge(m, with_(AVX512_BF16, versions__vllm="0.33.0"), allow=("device",)).covered_by == "primary"

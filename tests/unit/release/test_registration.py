@@ -63,6 +63,14 @@ def test_registered_signed_then_kept_then_anew_or_refused(tmp_path, keys):
     assert anew["registrations"] == 2 and anew["gates_sha256"] != held["gates_sha256"]
     assert (ctx.run.path / f"{REGISTRATION_DIR}.1" / REGISTRATION_FILE).is_file()
 
+    # serve.allow_kernels widened after the serve stage's evidence: refused (vLLM picks the same kernels for the
+    # same checkpoint and host on a re-run), naming the field
+    def wider(d):
+        d["serve"]["allow_kernels"] = ["ExllamaLinearKernel"]
+    with pytest.raises(RecipeError, match="serve.allow_kernels changed after this run's evidence") as err:
+        register(ctx_for(tmp_path, keys, wider, run=ctx.run, family=Family(size=3, members=("a", "b", "c"))))
+    assert err.value.field == "serve.allow_kernels"
+
     # quality's margin or the policy edited after quality's evidence: refused, naming the field
     def looser(d):
         d["quality"]["gates"]["non_inferiority_min_margin"] = 0.2
@@ -77,6 +85,16 @@ def test_registered_signed_then_kept_then_anew_or_refused(tmp_path, keys):
     # a smaller family is a change of the policy (the alpha's split) too
     with pytest.raises(RecipeError, match="policy"):
         register(ctx_for(tmp_path, keys, faster, run=ctx.run))
+
+
+def test_a_widened_allow_kernels_before_the_serve_stage_ran_is_registered_anew(tmp_path, keys):
+    ctx = ctx_for(tmp_path, keys)
+    ctx.run.record.registration = held = register(ctx)
+    done(ctx, "quantize")
+    def wider(d):
+        d["serve"]["allow_kernels"] = ["ExllamaLinearKernel"]
+    anew = register(ctx_for(tmp_path, keys, wider, run=ctx.run))
+    assert anew["registrations"] == 2 and anew["gates_sha256"] != held["gates_sha256"]
 
 
 def test_verify_checks_the_statement_its_signature_and_the_gates_decided_under(tmp_path, keys):

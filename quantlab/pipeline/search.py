@@ -135,6 +135,11 @@ class _Search:
     def layers(self, knob_choices, sensitivity, max_layers) -> dict[str, Any]:
         """Knobs, then the fewest most sensitive layer groups kept unquantized."""
         loaded, folder, progress, recipe = self.loaded, self.folder, self.progress, self.loaded.recipe
+        if self.rounds and self.past_budget(self.rounds):  # the schemes spent it: no ranking to compute
+            progress("search: the time budget is spent before the layer phase; no sensitivity ranking computed")
+            return {"ranking": None, "granularity": None, "max_layers": 0, "stopped": "time budget",
+                    "rounds": self.rounds, "trials": [], "best": None, "knob_trials": [], "settings": {},
+                    "passed": False, "notes": [], **self._scheme_fields()}
         ranking_file = sensitivity or (run_sensitivity(loaded, self.runs_root, SensitivitySpec(),
                                                        progress=progress)[0] / "sensitivity.json")
         ranked = _ranking(ranking_file, loaded)

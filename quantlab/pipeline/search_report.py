@@ -65,8 +65,10 @@ def markdown(result: dict[str, Any]) -> str:
         lines.append(f"No trial passed. Closest: keep {result['best']}, stopped by {', '.join(t['failed_gates'])}")
     elif result.get("scheme_trials"):
         t = min(result["scheme_trials"], key=lambda t: len(t["failed_gates"]))
-        lines.append(f"No trial passed. Closest scheme: {t['source']} ({t['scheme']}), stopped by "
-                     f"{_gates(t['failed_gates'])}; not shown: {_gates(t['not_shown_gates'])}")
+        held = (f"blocked by {_gates(t['failed_gates'])}; " if t["failed_gates"] else "no gate failed; ") + \
+            f"not shown: {_gates(t['not_shown_gates'])}"
+        lines.append(f"No trial passed. Closest scheme: {t['source']} ({t['scheme']}), {held} "
+                     f"(each gate's evidence: the report under {t.get('run', 'its run folder')})")
     lines += [f"- {n}" for n in result["notes"]]
     return "\n".join(lines) + "\n"
 

@@ -52,9 +52,13 @@ def test_ctrl_c_stops_every_task_and_the_cluster_it_started(tmp_path, tiny_model
     assert not ray_processes(), "a Ray cluster is already running on this machine"
     recipes = [candidate(tmp_path, n, served_format.recipe, tiny_model_dir, max_mean_kl=50.0) for n in ("a", "b")]
     storage = tmp_path / "storage"
+    # SIGINT as a terminal's Ctrl-C delivers it: a suite started in the background by a non-interactive
+    # shell inherits SIGINT ignored, and Python then installs no KeyboardInterrupt handler (the run
+    # would finish, exit 0, and this test would fail for how it was launched)
     proc = subprocess.Popen([sys.executable, "-m", "quantlab", "run", *map(str, recipes), "--ray", "local",
                              "--storage", str(storage), "--runs-dir", str(tmp_path / "runs")],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=tmp_path)
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=tmp_path,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     try:
         deadline = time.monotonic() + 180
         while not list(storage.glob("runs/compare/*/candidates/*/*/ray-attempts/*")):

@@ -104,7 +104,9 @@ def main() -> None:
     sep_wall, sep_stages, sep_noq = 0.0, 0.0, 0.0
     for r in recipes:
         rc, wall, out = quantlab(["run", r, "--runs-dir", keep / "separate"], cache, work / "separate.log")
-        total, noq = stage_seconds(Path(out)) if out.endswith("run.json") else (float("nan"),) * 2
+        # the record, whatever the decision (a blocked run's last line is not its path)
+        records = sorted((keep / "separate" / yaml.safe_load(r.read_text())["name"]).glob("*/run.json"))
+        total, noq = stage_seconds(records[-1]) if records else (float("nan"),) * 2
         lines.append(f"separate {r.stem}: exit {rc}, wall {wall:.0f} s, stages {total:.0f} s "
                      f"({noq:.0f} s without quantize)")
         sep_wall, sep_stages, sep_noq = sep_wall + wall, sep_stages + total, sep_noq + noq

@@ -127,8 +127,15 @@ def test_failed_serve_then_resume_with_an_edited_serve_section(tmp_path, tiny_mo
     assert manifest["runtime"]["dtype"]["dtype"] == serve["engine_args"]["dtype"]
     assert manifest["calibration"]["sha256"] == record["stages"]["quantize"]["result"]["calibration"]["sha256"]
     assert {f["role"] for f in manifest["raw_files"]} >= {"perf-requests", "baseline-server-log"}
-    ok = ql("verify", ckpt, "--public-key", keys / "release.pub.pem")
+    ok = ql("verify", ckpt, "--public-key", keys / "release.pub.pem", "--require-attestation")
     assert ok.returncode == 0 and "verified" in ok.stdout, ok.stderr
+    # the evaluation as an in-toto attestation beside the signature, named by the signed manifest
+    attestation = manifest["attestation"]["file"]
+    assert (ckpt / attestation).is_file() and attestation not in manifest["checkpoint_files"]
+    assert f"attestation {attestation}: its signature holds" in ok.stdout
+    # the kernel the scheme should get on this host is the kernel that served it: a gate, passed
+    [kernel] = [g for g in serve["gates"] if g["gate"] == "kernel_path"]
+    assert (kernel["check"], kernel["scope"], kernel["verdict"]) == ("serve", "primary", "pass"), kernel
     # the gate set was registered and signed before any engine started, and decided under
     registered = manifest["registration"]
     assert registered["signed"] and registered["gates_sha256"] == registered["gates_sha256_at_decision"]

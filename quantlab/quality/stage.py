@@ -25,7 +25,8 @@ from quantlab.quality import gates as quality_gates
 from quantlab.recipe.quality import QualitySpec
 from quantlab.core.results import QualityResult
 from quantlab.serving import stage as serve_stage
-from quantlab.quality.work import cache_parts, mark_judged, runnable, suites_of, task_limit
+from quantlab.quality.work import (baseline_entry, cache_parts, cached_tasks, mark_judged, runnable, suites_of,
+                                   task_limit)
 from quantlab.quality.gate_plan import gate_plans, plan, plan_summary
 from quantlab.quality.kl_run import kl_dists, kl_of_candidate, kl_prompt_ids
 from quantlab.quality.pairing import compare_tasks, pool_everything, pool_slices
@@ -236,7 +237,9 @@ def run(ctx: StageContext) -> QualityResult:
     comparisons = [cmp for cmp, _, _ in tasks]
     slice_comparisons = [cmp for cmp, _, _ in slices + ([everything] if everything else [])]
     if cached:
-        notes.append(f"baseline results from the cache ({cached}); no baseline evaluation ran")
+        there = len(cached_tasks(cached))
+        some = f"; {len(work)} of the {there} tasks it holds" if there > len(work) else ""
+        notes.append(f"baseline results from the cache ({cached}{some}); no baseline evaluation ran")
     return QualityResult(
         tasks=comparisons, slices=slice_comparisons, kl=kl_result, baseline_cached=bool(cached),
         baseline_cache_key=key, judged_on_these_items=judged, skipped=[f"{t.task}: {why}" for t, why in skipped],
@@ -265,12 +268,14 @@ def _baseline(ctx: StageContext, suites: list[Suite], work: list[tuple[Suite, An
     spec: QualitySpec = ctx.recipe.quality
     plan = ctx.serving_plan()
     parts = cache_parts(ctx, suites, [t.task for _, t in work], plan)
-    key = result_cache.cache_key(parts)
-    cached = result_cache.lookup(result_cache.QUALITY, key) if spec.baseline_cache else None
+    cached, key, others = baseline_entry(parts) if spec.baseline_cache else (None, result_cache.cache_key(parts), [])
     if cached:
-        ctx.progress(f"quality baseline: reusing cached results ({key[:12]})")
-        # a copy in the run folder: the run stays self-contained and the manifest hashes what was compared
-        shutil.copytree(cached, base_dir, dirs_exist_ok=True, ignore=shutil.ignore_patterns(result_cache.COMPLETE))
+        extra = f", {len(parts['tasks'])} of its {len(parts['tasks']) + len(others)} tasks" if others else ""
+        ctx.progress(f"quality baseline: reusing cached results ({key[:12]}{extra})")
+        # a copy in the run folder: the run stays self-contained and the manifest hashes what was
+        # compared (so not the answers of tasks this run did not ask for)
+        skip = [result_cache.COMPLETE] + [f"{t}.*" for t in others]
+        shutil.copytree(cached, base_dir, dirs_exist_ok=True, ignore=shutil.ignore_patterns(*skip))
         return cached, key
     base_dir.mkdir(parents=True, exist_ok=True)
     if alongside is None:
@@ -377,6 +382,9 @@ def baseline_cached(ctx: StageContext) -> bool:
         work, _ = runnable(suites, ctx.served_max_model_len())
         return cache_parts(ctx, suites, [t.task for _, t in work], ctx.serving_plan())
 
-    return result_cache.lookup_parts(result_cache.QUALITY, parts) is not None
+    try:
+        return baseline_entry(parts())[0] is not None
+    except (RecipeError, OSError):  # a file a part hashes is missing, a recipe field is unusable
+        return False
 
 

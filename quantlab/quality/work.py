@@ -4,6 +4,8 @@ and the candidates judged against its cached answers."""
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
 from typing import Any
 
 from quantlab.core import result_cache
@@ -59,6 +61,29 @@ def cache_parts(ctx: StageContext, suites: list[Suite], tasks: list[str], plan) 
             "hardware": {"cpu": plan.probe.get("cpu"), "gpus": plan.probe.get("gpus")},
             "kl": spec.kl.model_dump(mode="json", include={"enabled", "texts", "max_texts", "max_tokens", "top_k"}),
             "format": 1}
+
+
+def baseline_entry(parts: dict[str, Any]) -> tuple[Path | None, str, list[str]]:
+    """The baseline's cached answers for these parts: (the entry's folder or None, its key,
+    the tasks it holds that these parts do not ask for). An entry for exactly these parts,
+    else one that holds these tasks among more (result_cache.lookup_covering)."""
+    key = result_cache.cache_key(parts)
+    folder = result_cache.lookup(result_cache.QUALITY, key)
+    if folder is not None:
+        return folder, key, []
+    covering = result_cache.lookup_covering(result_cache.QUALITY, parts, "tasks")
+    if covering is None:
+        return None, key, []
+    folder, key = covering
+    return folder, key, sorted(set(cached_tasks(folder)) - set(parts["tasks"]))
+
+
+def cached_tasks(folder: Path) -> list[str]:
+    """The tasks a cached entry holds, from the parts it was stored under."""
+    try:
+        return list(json.loads((folder / result_cache.COMPLETE).read_text()).get("tasks") or [])
+    except (OSError, ValueError, AttributeError):
+        return []
 
 
 def task_limit(spec: QualitySpec, suite: Suite, task: Any) -> int | None:

@@ -57,3 +57,24 @@ def test_an_interrupted_store_leaves_no_half_copied_folder(tmp_path, monkeypatch
     with pytest.raises(KeyboardInterrupt):
         result_cache.store(result_cache.STABILITY, "k", src, {})
     assert not list((tmp_path / "cache" / result_cache.STABILITY).iterdir())
+
+
+def test_an_entry_holding_more_tasks_covers_a_run_that_asks_for_some_of_them(tmp_path, monkeypatch):
+    """The same suites, limit, engine and KL settings, fewer tasks: the entry with the
+    fewest tasks that holds them all; anything else that differs, or a task it lacks: none."""
+    monkeypatch.setenv("QUANTLAB_CACHE_DIR", str(tmp_path / "cache"))
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "a.jsonl").write_text("")
+    rest = {"limit": 40, "engine_args": {"max_model_len": 2048}, "path": tmp_path}  # a Path, stored as a string
+    big = {**rest, "tasks": ["a", "b", "c"]}
+    small = {**rest, "tasks": ["b", "a"]}
+    big_entry = result_cache.store(result_cache.QUALITY, result_cache.cache_key(big), src, big)
+    assert result_cache.lookup_covering(result_cache.QUALITY, {**rest, "tasks": ["a"]}, "tasks") == (
+        big_entry, big_entry.name)
+    small_entry = result_cache.store(result_cache.QUALITY, result_cache.cache_key(small), src, small)
+    assert result_cache.lookup_covering(result_cache.QUALITY, {**rest, "tasks": ["a"]}, "tasks")[0] == small_entry
+    assert result_cache.lookup_covering(result_cache.QUALITY, {**rest, "tasks": ["c"]}, "tasks")[0] == big_entry
+    assert result_cache.lookup_covering(result_cache.QUALITY, {**rest, "tasks": ["a", "d"]}, "tasks") is None
+    assert result_cache.lookup_covering(result_cache.QUALITY, {**rest, "limit": 20, "tasks": ["a"]}, "tasks") is None
+    assert result_cache.lookup_covering(result_cache.STABILITY, {**rest, "tasks": ["a"]}, "tasks") is None

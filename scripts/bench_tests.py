@@ -1,7 +1,7 @@
 """What `make test` costs on this machine: the suite's wall time, set-up apart, its counts and
 its ten slowest tests, with the CPU kind named (the figures differ by kind: docs/testing.md).
 
-    .venv/bin/python scripts/bench_tests.py [--clone] [--out bench-tests.md] [-- PYTEST ARGS...]
+    .venv/bin/python scripts/bench_tests.py [--clone] [--out bench-tests.md] [--junit junit.xml] [-- PYTEST ARGS...]
 
 --clone runs it as CI does: `git clone` of this checkout's HEAD into a temporary folder,
 then `make setup` and the tests there (the user cache and pip cache are this machine's).
@@ -64,6 +64,7 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--clone", action="store_true", help="run in a fresh clone of HEAD, as CI does")
     ap.add_argument("--out", type=Path, help="also write the Markdown here")
+    ap.add_argument("--junit", type=Path, help="keep pytest's JUnit XML here (every test's time)")
     ap.add_argument("pytest_args", nargs="*", help="after --: passed to pytest")
     args = ap.parse_args()
     env = {k: v for k, v in os.environ.items() if k not in ("VIRTUAL_ENV", "PYTHONPATH")}
@@ -82,6 +83,8 @@ def main() -> int:
         test_rc, test_s = run([str(where / ".venv/bin/python"), "-m", "pytest", f"--junitxml={junit}",
                                *args.pytest_args], where, env)
         counts, top = slowest(junit) if junit.is_file() else ({}, [])
+        if args.junit and junit.is_file():
+            args.junit.write_bytes(junit.read_bytes())
     lines = [f"`make test` at {head} on {cpu_kind()}" + (" (a fresh clone)" if args.clone else ""), "",
              f"- wall time: **{(setup_s + test_s) / 60:.1f} min** (set-up {setup_s:.0f} s, tests {test_s / 60:.1f} min), "
              f"pytest exit {test_rc}",

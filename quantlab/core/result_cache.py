@@ -91,6 +91,8 @@ def lookup_covering(kind: str, parts: dict[str, Any], field: str) -> tuple[Path,
     found: list[tuple[int, str, Path]] = []
     root = cache_root(kind)
     for complete in root.glob(f"*/{COMPLETE}"):
+        if complete.parent.name.startswith("."):  # a writer's folder before its rename (see store)
+            continue
         try:
             stored = json.loads(complete.read_text())
         except (OSError, ValueError):

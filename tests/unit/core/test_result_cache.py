@@ -78,3 +78,12 @@ def test_an_entry_holding_more_tasks_covers_a_run_that_asks_for_some_of_them(tmp
     assert result_cache.lookup_covering(result_cache.QUALITY, {**rest, "tasks": ["a", "d"]}, "tasks") is None
     assert result_cache.lookup_covering(result_cache.QUALITY, {**rest, "limit": 20, "tasks": ["a"]}, "tasks") is None
     assert result_cache.lookup_covering(result_cache.STABILITY, {**rest, "tasks": ["a"]}, "tasks") is None
+
+
+def test_a_writers_folder_before_its_rename_covers_nothing(tmp_path, monkeypatch):
+    monkeypatch.setenv("QUANTLAB_CACHE_DIR", str(tmp_path / "cache"))
+    parts = {"limit": 40, "tasks": ["a", "b"]}
+    half = tmp_path / "cache" / result_cache.QUALITY / ".0123456789ab-xyz"
+    half.mkdir(parents=True)
+    (half / result_cache.COMPLETE).write_text(__import__("json").dumps(parts))
+    assert result_cache.lookup_covering(result_cache.QUALITY, {"limit": 40, "tasks": ["a"]}, "tasks") is None

@@ -77,9 +77,9 @@ def lookup(kind: str, key: str) -> Path | None:
     return None
 
 
-def lookup_covering(kind: str, parts: dict[str, Any], field: str) -> tuple[Path, str] | None:
+def lookup_covering(kind: str, parts: dict[str, Any], field: str) -> tuple[Path, str, list[Any]] | None:
     """An entry whose parts equal these in everything but `field`, a list holding every item
-    of this one's and maybe more: (its folder, its key), or None. The entry with the fewest
+    of this one's and maybe more: (its folder, its key, its items), or None. The entry with the fewest
     items wins (then the key's order), so the answer does not depend on the listing's order.
     For the baseline's quality results: a run that asks for some of the tasks an earlier run
     evaluated, under the same suites, limit, seed, engine and KL settings, reuses their answers."""
@@ -88,7 +88,7 @@ def lookup_covering(kind: str, parts: dict[str, Any], field: str) -> tuple[Path,
         return None
     # compared as stored: complete.json went through json with default=str
     rest = json.loads(json.dumps({k: v for k, v in parts.items() if k != field}, sort_keys=True, default=str))
-    found: list[tuple[int, str, Path]] = []
+    found: list[tuple[int, str, Path, list[Any]]] = []
     root = cache_root(kind)
     for complete in root.glob(f"*/{COMPLETE}"):
         if complete.parent.name.startswith("."):  # a writer's folder before its rename (see store)
@@ -99,11 +99,11 @@ def lookup_covering(kind: str, parts: dict[str, Any], field: str) -> tuple[Path,
             continue
         have = stored.pop(field, None) if isinstance(stored, dict) else None
         if isinstance(have, list) and set(want) <= set(have) and stored == rest:
-            found.append((len(have), complete.parent.name, complete.parent))
+            found.append((len(have), complete.parent.name, complete.parent, have))
     if not found:
         return None
-    _, key, folder = min(found)
-    return folder, key
+    _, key, folder, have = min(found, key=lambda f: f[:2])
+    return folder, key, have
 
 
 def store(kind: str, key: str, source: Path, parts: dict[str, Any], *, aliases: tuple[str, ...] = ()) -> Path:

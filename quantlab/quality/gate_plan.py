@@ -7,12 +7,12 @@ import math
 from typing import Any
 
 from quantlab.core.stage_context import StageContext
-from quantlab.core.errors import CheckError, RecipeError
+from quantlab.core.errors import CheckError
 from quantlab.quality.suites import Suite
 from quantlab.quality import gates as quality_gates
 from quantlab.quality.compare import POOLED_SCOPE, TRANSFORMS, paired_values
 from quantlab.recipe.quality import QualitySpec
-from quantlab.quality.work import baseline_entry, cache_parts, runnable, suites_of, task_limit
+from quantlab.quality.work import baseline_folder, cache_parts, runnable, suites_of, task_limit
 
 
 def plan(ctx: StageContext) -> list[str]:
@@ -120,10 +120,7 @@ def _cached_baseline_scores(ctx: StageContext, work: list[tuple[Suite, Any]]) ->
         ready = (ctx.checkpoint_dir / "config.json").is_file()
         return cache_parts(ctx, suites_of(ctx), [t.task for _, t in work], ctx.serving_plan(predicted=not ready))
 
-    try:
-        folder = baseline_entry(parts())[0]  # or an entry holding these tasks among more
-    except (RecipeError, OSError):  # a file a part hashes is missing, a recipe field is unusable
-        folder = None
+    folder = baseline_folder(parts)  # or an entry holding these tasks among more
     if folder is None:
         return {}
     scores = {}

@@ -25,7 +25,7 @@ from quantlab.quality import gates as quality_gates
 from quantlab.recipe.quality import QualitySpec
 from quantlab.core.results import QualityResult
 from quantlab.serving import stage as serve_stage
-from quantlab.quality.work import (baseline_entry, cache_parts, cached_tasks, mark_judged, runnable, suites_of,
+from quantlab.quality.work import (baseline_entry, baseline_folder, cache_parts, mark_judged, runnable, suites_of,
                                    task_limit)
 from quantlab.quality.gate_plan import gate_plans, plan, plan_summary
 from quantlab.quality.kl_run import kl_dists, kl_of_candidate, kl_prompt_ids
@@ -205,7 +205,7 @@ def run(ctx: StageContext) -> QualityResult:
     if spec.samples == "all" and _both_servers_up(ctx):
         ctx.engine("baseline"), ctx.engine("candidate")  # both got here, not from two threads at once
         alongside = lambda stop: _evaluate(ctx, "candidate", work, cand_dir, stop=stop)  # noqa: E731
-    cached, key = _baseline(ctx, suites, work, kl_token_ids, base_dir, seconds, alongside)
+    cached, key, share = _baseline(ctx, suites, work, kl_token_ids, base_dir, seconds, alongside)
     notes: list[str] = []
     judged = mark_judged(ctx, key, notes) if spec.baseline_cache else None
     looks: dict[str, int] = {}
@@ -237,9 +237,7 @@ def run(ctx: StageContext) -> QualityResult:
     comparisons = [cmp for cmp, _, _ in tasks]
     slice_comparisons = [cmp for cmp, _, _ in slices + ([everything] if everything else [])]
     if cached:
-        there = len(cached_tasks(cached))
-        some = f"; {len(work)} of the {there} tasks it holds" if there > len(work) else ""
-        notes.append(f"baseline results from the cache ({cached}{some}); no baseline evaluation ran")
+        notes.append(f"baseline results from the cache ({cached}{share}); no baseline evaluation ran")
     return QualityResult(
         tasks=comparisons, slices=slice_comparisons, kl=kl_result, baseline_cached=bool(cached),
         baseline_cache_key=key, judged_on_these_items=judged, skipped=[f"{t.task}: {why}" for t, why in skipped],
@@ -260,23 +258,25 @@ def _plan_lines(ctx: StageContext) -> list[str]:
 
 def _baseline(ctx: StageContext, suites: list[Suite], work: list[tuple[Suite, Any]], kl_token_ids, base_dir: Path,
               seconds: dict[str, float], alongside: Callable[[threading.Event], float] | None = None
-              ) -> tuple[Path | None, str]:
+              ) -> tuple[Path | None, str, str]:
     """The baseline's samples in base_dir: copied from the cache, or evaluated (and cached).
     `alongside` (the candidate's evaluation, both servers up): run at the same time as an
     evaluated baseline, its seconds kept as seconds["candidate"]; not run when the baseline
-    is cached. Returns (the cache folder used or None, the cache key)."""
+    is cached. Returns (the cache folder used or None, the cache key, "; N of the M tasks it
+    holds" when that entry holds more than this run asked for, else "")."""
     spec: QualitySpec = ctx.recipe.quality
     plan = ctx.serving_plan()
     parts = cache_parts(ctx, suites, [t.task for _, t in work], plan)
     cached, key, others = baseline_entry(parts) if spec.baseline_cache else (None, result_cache.cache_key(parts), [])
     if cached:
-        extra = f", {len(parts['tasks'])} of its {len(parts['tasks']) + len(others)} tasks" if others else ""
-        ctx.progress(f"quality baseline: reusing cached results ({key[:12]}{extra})")
+        asked = len(parts["tasks"])
+        share = f"; {asked} of the {asked + len(others)} tasks it holds" if others else ""
+        ctx.progress(f"quality baseline: reusing cached results ({key[:12]}{share})")
         # a copy in the run folder: the run stays self-contained and the manifest hashes what was
         # compared (so not the answers of tasks this run did not ask for)
         skip = [result_cache.COMPLETE] + [f"{t}.*" for t in others]
         shutil.copytree(cached, base_dir, dirs_exist_ok=True, ignore=shutil.ignore_patterns(*skip))
-        return cached, key
+        return cached, key, share
     base_dir.mkdir(parents=True, exist_ok=True)
     if alongside is None:
         seconds["baseline"] = _evaluate(ctx, "baseline", work, base_dir)
@@ -291,7 +291,7 @@ def _baseline(ctx: StageContext, suites: list[Suite], work: list[tuple[Suite, An
         early_work, _ = runnable(suites, ctx.recipe_max_model_len())  # what needs_baseline asks
         early = result_cache.cache_key(cache_parts(ctx, suites, [t.task for _, t in early_work], plan))
         result_cache.store(result_cache.QUALITY, key, base_dir, parts, aliases=(early,))
-    return None, key
+    return None, key, ""
 
 
 def _evaluate_until_decided(ctx: StageContext, work: list[tuple[Suite, Any]], base_dir: Path, cand_dir: Path,
@@ -382,9 +382,6 @@ def baseline_cached(ctx: StageContext) -> bool:
         work, _ = runnable(suites, ctx.served_max_model_len())
         return cache_parts(ctx, suites, [t.task for _, t in work], ctx.serving_plan())
 
-    try:
-        return baseline_entry(parts())[0] is not None
-    except (RecipeError, OSError):  # a file a part hashes is missing, a recipe field is unusable
-        return False
+    return baseline_folder(parts) is not None
 
 

@@ -4,7 +4,7 @@ and the candidates judged against its cached answers."""
 
 from __future__ import annotations
 
-import json
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -74,16 +74,17 @@ def baseline_entry(parts: dict[str, Any]) -> tuple[Path | None, str, list[str]]:
     covering = result_cache.lookup_covering(result_cache.QUALITY, parts, "tasks")
     if covering is None:
         return None, key, []
-    folder, key = covering
-    return folder, key, sorted(set(cached_tasks(folder)) - set(parts["tasks"]))
+    folder, key, held = covering
+    return folder, key, sorted(set(held) - set(parts["tasks"]))
 
 
-def cached_tasks(folder: Path) -> list[str]:
-    """The tasks a cached entry holds, from the parts it was stored under."""
+def baseline_folder(parts: Callable[[], dict[str, Any]]) -> Path | None:
+    """baseline_entry's folder, asked before the run has everything: None also when the parts
+    cannot be computed yet (a file a part hashes is missing, a recipe field is unusable)."""
     try:
-        return list(json.loads((folder / result_cache.COMPLETE).read_text()).get("tasks") or [])
-    except (OSError, ValueError, AttributeError):
-        return []
+        return baseline_entry(parts())[0]
+    except (RecipeError, OSError):
+        return None
 
 
 def task_limit(spec: QualitySpec, suite: Suite, task: Any) -> int | None:

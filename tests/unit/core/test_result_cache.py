@@ -71,7 +71,7 @@ def test_an_entry_holding_more_tasks_covers_a_run_that_asks_for_some_of_them(tmp
     small = {**rest, "tasks": ["b", "a"]}
     big_entry = result_cache.store(result_cache.QUALITY, result_cache.cache_key(big), src, big)
     assert result_cache.lookup_covering(result_cache.QUALITY, {**rest, "tasks": ["a"]}, "tasks") == (
-        big_entry, big_entry.name)
+        big_entry, big_entry.name, ["a", "b", "c"])
     small_entry = result_cache.store(result_cache.QUALITY, result_cache.cache_key(small), src, small)
     assert result_cache.lookup_covering(result_cache.QUALITY, {**rest, "tasks": ["a"]}, "tasks")[0] == small_entry
     assert result_cache.lookup_covering(result_cache.QUALITY, {**rest, "tasks": ["c"]}, "tasks")[0] == big_entry

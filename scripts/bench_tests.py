@@ -39,6 +39,9 @@ def cpu_kind() -> str:
     isa = ("AMX, " if "amx_tile" in flags else "") + (
         "AVX-512 with BF16" if "avx512_bf16" in flags else "AVX-512 without BF16" if "avx512f" in flags
         else "AVX2 only" if "avx2" in flags else "no AVX2")
+    emulated = os.environ.get("QUANTLAB_EMULATE_CPU", "").strip().lower()
+    if emulated not in ("", "0", "none", "native"):
+        isa += f", emulating QUANTLAB_EMULATE_CPU={emulated} (its kernel choices, not its speed)"
     return f"{model}, {os.cpu_count()} CPUs, {isa}"
 
 

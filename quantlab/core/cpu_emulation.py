@@ -1,13 +1,15 @@
-"""Behave as an AVX2-only host on a richer CPU (QUANTLAB_EMULATE_CPU=avx2), for tests and
-benchmarks: the machines this project runs on include AVX2-only EPYCs whose vLLM build has
-no W4A16 kernel and whose torch emulates bf16.
+"""Behave as a poorer CPU kind on a richer one, for tests and benchmarks: the machines this
+project runs on include AVX2-only EPYCs (QUANTLAB_EMULATE_CPU=avx2: vLLM's `_C_AVX2`, which
+has no W4A16 kernel, and torch emulating bf16) and AVX-512 hosts without BF16
+(QUANTLAB_EMULATE_CPU=avx512: vLLM's `_C_AVX512`, torch emulating bf16).
 
 Three levers, all set through the environment of the processes concerned:
-- ATEN_CPU_CAPABILITY=avx2 and ONEDNN_MAX_CPU_ISA=AVX2 hold torch's and oneDNN's kernels
-  to AVX2 (read when torch loads: set before it is imported, so in this process by the
-  CLI's entry point and in every child through its environment);
+- ATEN_CPU_CAPABILITY and ONEDNN_MAX_CPU_ISA hold torch's and oneDNN's kernels to the
+  kind's instruction set (read when torch loads: set before it is imported, so in this
+  process by the CLI's entry point and in every child through its environment);
 - the serving environment's Python gets `serving/cpu_emulation/sitecustomize.py` on its
-  path, which makes torch report no AVX-512/AMX, so vLLM loads `_C_AVX2`.
+  path, which makes torch report what the kind lacks (AVX-512, its BF16, AMX), so vLLM
+  loads that kind's kernel library.
 """
 
 from __future__ import annotations
@@ -18,30 +20,36 @@ from pathlib import Path
 
 VARIABLE = "QUANTLAB_EMULATE_CPU"
 SITE_DIR = Path(__file__).resolve().parents[1] / "serving" / "cpu_emulation"
-TORCH_LIMITS = {"ATEN_CPU_CAPABILITY": "avx2", "ONEDNN_MAX_CPU_ISA": "AVX2"}
+# what each kind's torch and oneDNN may use; AVX512_CORE_VNNI is oneDNN's AVX-512 level below BF16
+KINDS = {
+    "avx2": {"ATEN_CPU_CAPABILITY": "avx2", "ONEDNN_MAX_CPU_ISA": "AVX2"},
+    "avx512": {"ATEN_CPU_CAPABILITY": "avx512", "ONEDNN_MAX_CPU_ISA": "AVX512_CORE_VNNI"},
+}
+TORCH_VARIABLES = ("ATEN_CPU_CAPABILITY", "ONEDNN_MAX_CPU_ISA")
 # The variables that change which kernels torch, oneDNN and vLLM use: part of every key
 # that caches something measured or chosen on this host.
-KERNEL_VARIABLES = (VARIABLE, *TORCH_LIMITS)
+KERNEL_VARIABLES = (VARIABLE, *TORCH_VARIABLES)
 
 
 def emulated(env: MutableMapping[str, str] | None = None) -> str | None:
     value = (env if env is not None else os.environ).get(VARIABLE, "").strip().lower()
     if value in ("", "0", "none", "native"):
         return None
-    if value != "avx2":
+    if value not in KINDS:
         from quantlab.core.errors import RecipeError
 
-        raise RecipeError(f"{VARIABLE}={value!r} is not understood; the one CPU kind quantlab can emulate is "
-                          f"'avx2' (unset it to run natively)")
+        raise RecipeError(f"{VARIABLE}={value!r} is not understood; the CPU kinds quantlab can emulate are "
+                          f"'avx2' (AVX2 only) and 'avx512' (AVX-512 without BF16); unset it to run natively")
     return value
 
 
 def apply(env: MutableMapping[str, str]) -> MutableMapping[str, str]:
     """Add the emulation's variables to `env` (a child's environment, or os.environ before
     torch is imported). Does nothing unless QUANTLAB_EMULATE_CPU asks for it."""
-    if emulated(env) is None:
+    kind = emulated(env)
+    if kind is None:
         return env
-    for key, value in TORCH_LIMITS.items():
+    for key, value in KINDS[kind].items():
         env.setdefault(key, value)
     path = env.get("PYTHONPATH", "")
     if str(SITE_DIR) not in path.split(os.pathsep):

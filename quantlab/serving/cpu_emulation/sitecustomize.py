@@ -1,7 +1,8 @@
-"""Put on the serving environment's PYTHONPATH by quantlab when QUANTLAB_EMULATE_CPU=avx2:
-torch then reports no AVX-512, no AVX-512 BF16 and no AMX, so vLLM loads its AVX2 kernel
-library (`_C_AVX2`, chosen in vllm/platforms/cpu.py from these calls) and skips its AMX
-kernels, as on an AVX2-only host. For tests and benchmarks on a richer CPU only.
+"""Put on the serving environment's PYTHONPATH by quantlab when QUANTLAB_EMULATE_CPU is set:
+torch then reports what the emulated kind lacks, so vLLM loads that kind's kernel library
+(chosen in vllm/platforms/cpu.py from these calls) and skips its AMX kernels. `avx2`: no
+AVX-512, no AVX-512 BF16, no AMX (`_C_AVX2`); `avx512`: AVX-512 without BF16 or AMX
+(`_C_AVX512`). For tests and benchmarks on a richer CPU only.
 
 The patch is applied when torch is first imported, not here: every Python started with this
 on its path runs this file, and one that never uses torch (the CLI, a test's child) must not
@@ -13,8 +14,12 @@ import os
 import sys
 
 
+KIND = os.environ.get("QUANTLAB_EMULATE_CPU", "").lower()
+
+
 def _patch(torch) -> None:
-    torch.cpu._is_avx512_supported = lambda: False
+    if KIND == "avx2":
+        torch.cpu._is_avx512_supported = lambda: False
     torch.cpu._is_avx512_bf16_supported = lambda: False
     torch.cpu._is_amx_tile_supported = lambda: False
 
@@ -37,7 +42,7 @@ class _PatchTorchOnImport(importlib.abc.MetaPathFinder):
         return spec
 
 
-if os.environ.get("QUANTLAB_EMULATE_CPU", "").lower() == "avx2":
+if KIND in ("avx2", "avx512"):
     if "torch" in sys.modules:
         _patch(sys.modules["torch"])
     else:

@@ -38,6 +38,8 @@ def _child(spec_path: str) -> int:
     from lm_eval.api.registry import get_model
     from lm_eval.tasks import TaskManager
 
+    from quantlab.quality.lmeval_rolling import batch_rolling_requests
+
     spec = json.loads(Path(spec_path).read_text())
     out = Path(spec["out_dir"])
     out.mkdir(parents=True, exist_ok=True)
@@ -47,7 +49,9 @@ def _child(spec_path: str) -> int:
     models: dict[bool, Any] = {}
     for i, (part, task) in enumerate(work, 1):
         if part["chat"] not in models:
-            models[part["chat"]] = get_model(part["model"]).create_from_arg_obj(part["model_args"])
+            lm = get_model(part["model"]).create_from_arg_obj(part["model_args"])
+            # perplexity documents scored together, num_concurrent at a time (lmeval_rolling)
+            models[part["chat"]] = lm if part["chat"] else batch_rolling_requests(lm)
         lm = models[part["chat"]]
         print(f"{PROGRESS}start {i}/{len(work)} {task}", flush=True)
         t0 = time.monotonic()

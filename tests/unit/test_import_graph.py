@@ -33,6 +33,7 @@ ENGINE_IMPORTS = {
     "quantlab.models.default_model": {"torch", "transformers"},
     "quantlab.models.tokenizer": {"transformers"},
     "quantlab.quality.lmeval": {"lm_eval"},
+    "quantlab.quality.lmeval_rolling": {"lm_eval"},  # in the lm-eval child, beside lmeval
     "quantlab.serving.vllm_probe": {"torch", "vllm"},  # run by the serving environment's Python
     "quantlab.serving.cpu_emulation.sitecustomize": {"torch"},  # ditto, at its start
 }

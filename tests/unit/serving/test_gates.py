@@ -90,6 +90,9 @@ def test_an_unknown_expectation_is_recorded_not_gated():
     # an engine of another version than the names were read from: recorded too
     record, gates = judge(W4A16, {**CPU, "versions": {"vllm": "0.40.0"}}, W4A16_CPU_LOG)
     assert gates == [] and record["status"] == "not gated" and "0.40.0" in record["why"]
+    # 0.33, the CUDA environment's pin, was read: gated as 0.32 is
+    record, [v] = judge(W4A16, {**A100, "versions": {**A100["versions"], "vllm": "0.33.0"}}, EXLLAMA_LINES)
+    assert v.verdict == "fail" and "expected MarlinLinearKernel" in v.evidence
     # an unquantized candidate expects no linear kernel
     assert judge(None, CPU, "")[1] == []
 
@@ -99,13 +102,16 @@ def test_a_recipes_own_kernel_choice_is_recorded_not_gated():
     for engine_args, env, named in (({"linear_backend": "exllama"}, None, "linear_backend=exllama"),
                                     ({"linear-backend": "exllama"}, None, "linear_backend=exllama"),
                                     ({"kernel_config": '{"linear_backend": "exllama"}'}, None, "exllama"),
-                                    (None, {"VLLM_DISABLED_KERNELS": "MarlinLinearKernel"}, "MarlinLinearKernel")):
+                                    (None, {"VLLM_DISABLED_KERNELS": "MarlinLinearKernel"}, "MarlinLinearKernel"),
+                                    # its own FP8 kernels; in 0.33 a weight-only layer logs no kernel class
+                                    (None, {"VLLM_BATCH_INVARIANT": "1"}, "VLLM_BATCH_INVARIANT=1")):
         record, gates = judge(W4A16, A100, EXLLAMA_LINES, engine_args=engine_args, env=env)
         assert gates == [] and record["status"] == "not gated"
         assert record["why"].startswith("the recipe chose the linear kernels: ") and named in record["why"]
         assert record["actual"]["CompressedTensorsWNA16"] == ["ExllamaLinearKernel"]
-    # auto is no choice; the KV-cache dtype asked beside a choice is still held to the recipe
+    # auto is no choice, nor VLLM_BATCH_INVARIANT=0; the KV-cache dtype asked beside a choice is still held
     assert judge(W4A16, A100, EXLLAMA_LINES, engine_args={"linear_backend": "auto"})[1][0].verdict == "fail"
+    assert judge(W4A16, A100, EXLLAMA_LINES, env={"VLLM_BATCH_INVARIANT": "0"})[1][0].verdict == "fail"
     kv_line = ("(APIServer pid=1) INFO 01-01 00:00:00 [cache.py:362] Using fp8_e5m2 data type to store kv cache.\n")
     record, [kv] = judge(W4A16, A100, EXLLAMA_LINES + kv_line,
                          engine_args={"linear_backend": "exllama", "kv_cache_dtype": "fp8_e4m3"})

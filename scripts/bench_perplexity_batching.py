@@ -77,7 +77,7 @@ def main() -> int:
             return get_model("local-completions").create_from_arg_obj({
                 "base_url": f"{server.base_url}/v1/completions", "model": server.served_name,
                 "num_concurrent": args.concurrency, "max_retries": 3, "timeout": 600, "seed": 0,
-                "tokenizer": str(default), "tokenizer_backend": "huggingface"})
+                "tokenizer": str(model), "tokenizer_backend": "huggingface"})
 
         ways = {"per document (lm-eval's own)": make_lm(), "all documents at once": batch_rolling_requests(make_lm())}
         evaluate(ways["per document (lm-eval's own)"], args.task, 2, suites)  # warm the server's compiled shapes

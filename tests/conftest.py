@@ -22,7 +22,7 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 # Nor the vulnerability service from every release a test makes: the release records "not checked
 # (turned off)"; tests/unit/release/test_vulnerabilities.py checks the audit on a recorded answer.
 os.environ.setdefault("QUANTLAB_AUDIT", "off")
-# QUANTLAB_EMULATE_CPU=avx2 runs the suite as an AVX2-only host would (set before torch loads)
+# QUANTLAB_EMULATE_CPU=avx2|avx512 runs the suite as that CPU kind would (set before torch loads)
 from quantlab.core import cpu_emulation  # noqa: E402
 
 cpu_emulation.apply(os.environ)

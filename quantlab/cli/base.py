@@ -109,7 +109,7 @@ def main(version: Annotated[bool, typer.Option("--version", callback=_version, i
                                                help="Print the version and exit.")] = False) -> None:
     _sigterm_as_interrupt()  # a stopped CI job still stops the servers it started
     warnings.showwarning = _show_warning  # set when a command runs, not when the module is imported
-    with exit_codes():  # QUANTLAB_EMULATE_CPU=avx2: torch's limits must be set before torch loads
+    with exit_codes():  # QUANTLAB_EMULATE_CPU: torch's limits must be set before torch loads
         cpu_emulation.apply(os.environ)
 
 

@@ -14,6 +14,7 @@ Three levers, all set through the environment of the processes concerned:
 
 from __future__ import annotations
 
+import functools
 import os
 from collections.abc import MutableMapping
 from pathlib import Path
@@ -31,6 +32,10 @@ TORCH_VARIABLES = ("ATEN_CPU_CAPABILITY", "ONEDNN_MAX_CPU_ISA")
 KERNEL_VARIABLES = (VARIABLE, *TORCH_VARIABLES)
 
 
+# what the host must have for each kind: a poorer kind is emulated on a richer CPU, never the reverse
+NEEDS = {"avx2": "avx2", "avx512": "avx512f"}
+
+
 def emulated(env: MutableMapping[str, str] | None = None) -> str | None:
     value = (env if env is not None else os.environ).get(VARIABLE, "").strip().lower()
     if value in ("", "0", "none", "native"):
@@ -40,7 +45,25 @@ def emulated(env: MutableMapping[str, str] | None = None) -> str | None:
 
         raise RecipeError(f"{VARIABLE}={value!r} is not understood; the CPU kinds quantlab can emulate are "
                           f"'avx2' (AVX2 only) and 'avx512' (AVX-512 without BF16); unset it to run natively")
+    flags = _host_flags()
+    if flags and NEEDS[value] not in flags:
+        from quantlab.core.errors import RecipeError
+
+        raise RecipeError(f"{VARIABLE}={value} emulates a poorer CPU on a richer one, but this CPU has no "
+                          f"{NEEDS[value]}: unset it (this host is already poorer than that kind)")
     return value
+
+
+@functools.cache
+def _host_flags() -> frozenset[str]:
+    """This CPU's flags from /proc/cpuinfo (empty where it cannot be read)."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith(("flags", "Features")):
+                return frozenset(line.split(":", 1)[1].split())
+    except OSError:
+        pass
+    return frozenset()
 
 
 def apply(env: MutableMapping[str, str]) -> MutableMapping[str, str]:
@@ -50,7 +73,7 @@ def apply(env: MutableMapping[str, str]) -> MutableMapping[str, str]:
     if kind is None:
         return env
     for key, value in KINDS[kind].items():
-        env.setdefault(key, value)
+        env[key] = value  # the kind's own limits, also over another kind's a parent passed down
     path = env.get("PYTHONPATH", "")
     if str(SITE_DIR) not in path.split(os.pathsep):
         env["PYTHONPATH"] = os.pathsep.join(p for p in (str(SITE_DIR), path) if p)
@@ -60,6 +83,16 @@ def apply(env: MutableMapping[str, str]) -> MutableMapping[str, str]:
 def kernel_environment(env: MutableMapping[str, str] | None = None) -> dict[str, str | None]:
     env = env if env is not None else os.environ
     return {v: env.get(v) for v in KERNEL_VARIABLES}
+
+
+def cache_hardware(probe: dict) -> dict:
+    """The hardware part of a cached result's key: the probe's CPU and GPUs, and under an
+    emulation the kind's variables (the CPU is the same, the kernels are not). Natively the
+    same dict as before emulations existed, so native entries keep their keys."""
+    hardware = {"cpu": probe.get("cpu"), "gpus": probe.get("gpus")}
+    if emulated():
+        hardware["emulated"] = kernel_environment()
+    return hardware
 
 
 def host_kernel_identity() -> dict[str, object]:

@@ -33,12 +33,20 @@ def lm_eval_version() -> str | None:
     return getattr(lm_eval, "__version__", None)
 
 
-def _child(spec_path: str) -> int:
-    import lm_eval
+def api_model(part: dict[str, Any]) -> Any:
+    """lm-eval's API model for one part of the spec (completions or chat), perplexity
+    documents scored together on the completions one (lmeval_rolling)."""
     from lm_eval.api.registry import get_model
-    from lm_eval.tasks import TaskManager
 
     from quantlab.quality.lmeval_rolling import batch_rolling_requests
+
+    lm = get_model(part["model"]).create_from_arg_obj(part["model_args"])
+    return lm if part["chat"] else batch_rolling_requests(lm)
+
+
+def _child(spec_path: str) -> int:
+    import lm_eval
+    from lm_eval.tasks import TaskManager
 
     spec = json.loads(Path(spec_path).read_text())
     out = Path(spec["out_dir"])
@@ -49,9 +57,7 @@ def _child(spec_path: str) -> int:
     models: dict[bool, Any] = {}
     for i, (part, task) in enumerate(work, 1):
         if part["chat"] not in models:
-            lm = get_model(part["model"]).create_from_arg_obj(part["model_args"])
-            # perplexity documents scored together, num_concurrent at a time (lmeval_rolling)
-            models[part["chat"]] = lm if part["chat"] else batch_rolling_requests(lm)
+            models[part["chat"]] = api_model(part)
         lm = models[part["chat"]]
         print(f"{PROGRESS}start {i}/{len(work)} {task}", flush=True)
         t0 = time.monotonic()

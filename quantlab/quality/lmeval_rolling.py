@@ -5,8 +5,9 @@ the server as a batch of their own, so `num_concurrent` never applies across doc
 demo suite's 40 prose samples were 40 requests in turn, the server idle between them). Here
 every document's windows go through one `_loglikelihood_tokens` call, which keeps
 `num_concurrent` requests in flight, and each document's score is the sum of its windows'
-log-likelihoods in window order, as lm-eval computes it. Each window is scored on its own by
-the server, so only the order the requests arrive in changes. Runs in the lm-eval child.
+log-likelihoods in window order, as lm-eval computes it. Each window is its own request, so
+what changes is the order requests arrive in and which ones the server batches together
+(vLLM is not batch-invariant: a score may move in its last digits). Runs in the lm-eval child.
 """
 
 from __future__ import annotations

@@ -8,7 +8,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from quantlab.core import result_cache
+from quantlab.core import cpu_emulation, result_cache
 from quantlab.core.digest import json_sha256
 from quantlab.core.stage_context import StageContext, once
 from quantlab.core.errors import RecipeError
@@ -58,7 +58,7 @@ def cache_parts(ctx: StageContext, suites: list[Suite], tasks: list[str], plan) 
             "engine": (plan.probe.get("versions") or {}).get("vllm"), "engine_args": plan.engine_args,
             "device": plan.device, "lm_eval": lm_eval_version(),
             # the shared cache of --ray spans machines: a baseline's answers on one CPU or GPU kind are not another's
-            "hardware": {"cpu": plan.probe.get("cpu"), "gpus": plan.probe.get("gpus")},
+            "hardware": cpu_emulation.cache_hardware(plan.probe),
             "kl": spec.kl.model_dump(mode="json", include={"enabled", "texts", "max_texts", "max_tokens", "top_k"}),
             "format": 1}
 

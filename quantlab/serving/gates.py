@@ -35,7 +35,8 @@ def _kernels(log: dict[str, Any]) -> dict[str, list[str]]:
 def _asked(engine_args: dict[str, Any] | None,
            env: dict[str, str] | None) -> tuple[str | None, str | None, str | None]:
     """The KV-cache dtype (fp8 only: the one vLLM can fall back from) and attention backend the
-    recipe asks for, and its choice of linear kernels (linear_backend, VLLM_DISABLED_KERNELS)."""
+    recipe asks for, and its choice of linear kernels (linear_backend, VLLM_DISABLED_KERNELS,
+    VLLM_BATCH_INVARIANT)."""
     args = engine_args or {}
     kv = args.get("kv_cache_dtype")
     attention = args.get("attention_backend") or (env or {}).get("VLLM_ATTENTION_BACKEND")

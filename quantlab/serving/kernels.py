@@ -55,6 +55,15 @@ CUDA_UNKNOWN = {
 }
 
 
+def _vllm_flag(value: str) -> bool:
+    """On as vLLM reads it (`bool(int(value))`); a value vLLM cannot read stops vLLM, so
+    it is taken as on: no expectation is held against a server that may not start."""
+    try:
+        return int(value.strip() or "0") != 0
+    except ValueError:
+        return True
+
+
 def recipe_kernel_choice(engine_args: dict[str, Any] | None, env: dict[str, str] | None) -> str | None:
     """What the recipe sets that chooses vLLM's linear kernels (engine argument `linear_backend`
     other than auto, `kernel_config`'s `linear_backend` / `linear_backend_per_quant`, the
@@ -78,9 +87,9 @@ def recipe_kernel_choice(engine_args: dict[str, Any] | None, env: dict[str, str]
     disabled = (env or {}).get("VLLM_DISABLED_KERNELS")
     if disabled:
         chosen.append(f"env VLLM_DISABLED_KERNELS={disabled}")
-    invariant = (env or {}).get("VLLM_BATCH_INVARIANT", "").strip().lower()
-    if invariant not in ("", "0", "false", "no", "off"):
-        chosen.append(f"env VLLM_BATCH_INVARIANT={env['VLLM_BATCH_INVARIANT']}")
+    invariant = (env or {}).get("VLLM_BATCH_INVARIANT")
+    if invariant is not None and _vllm_flag(invariant):
+        chosen.append(f"env VLLM_BATCH_INVARIANT={invariant}")
     return ", ".join(chosen) or None
 
 

@@ -65,8 +65,8 @@ def plan_launch(spec: ServeSpec, model: Path, served_name: str, device: str, eng
         # failure"), so every start recompiled; its inductor cache loads (start 149 s -> 50 s
         # measured on SmolLM2-135M). vLLM keys the cache by model, config and version.
         env.setdefault("VLLM_USE_AOT_COMPILE", "0")
-        # a graph compiled against one kernel library calls its ops by name: an emulated
-        # AVX2 host (which loads _C_AVX2) must not reuse what this CPU's own library compiled
+        # a graph compiled against one kernel library calls its ops by name: an emulated kind
+        # (which loads _C_AVX2 or _C_AVX512) must not reuse what this CPU's own library compiled
         emulated = cpu_emulation.emulated(env)
         env.setdefault("VLLM_CACHE_ROOT", str(cache_dir() / (f"vllm-emulated-{emulated}" if emulated else "vllm")))
         if cpu_bind:

@@ -14,7 +14,7 @@ import os
 import sys
 
 
-KIND = os.environ.get("QUANTLAB_EMULATE_CPU", "").lower()
+KIND = os.environ.get("QUANTLAB_EMULATE_CPU", "").strip().lower()
 
 
 def _patch(torch) -> None:

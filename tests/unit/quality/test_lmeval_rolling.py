@@ -7,7 +7,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from quantlab.quality.lmeval_rolling import batched_loglikelihood_rolling
+from quantlab.quality.lmeval_rolling import batch_rolling_requests, batched_loglikelihood_rolling
 
 
 class Scorer:
@@ -50,3 +50,9 @@ def test_no_requests_no_call():
 def test_a_dropped_answer_is_refused():
     with pytest.raises(RuntimeError, match="scored 3 of 4 perplexity windows"):
         batched_loglikelihood_rolling(Scorer(drop=1), [req("abcdefghij"), req("ab")])
+
+
+def test_the_model_is_made_to_score_together():
+    lm = batch_rolling_requests(Scorer())
+    assert lm.loglikelihood_rolling([req("abcdefghij"), req("ab")], disable_tqdm=True) == [-10.0, -2.0]
+    assert lm.calls == [4]  # three windows and one, in one call

@@ -111,7 +111,8 @@ def test_a_recipes_own_kernel_choice_is_recorded_not_gated():
         assert record["actual"]["CompressedTensorsWNA16"] == ["ExllamaLinearKernel"]
     # auto is no choice, nor VLLM_BATCH_INVARIANT=0; the KV-cache dtype asked beside a choice is still held
     assert judge(W4A16, A100, EXLLAMA_LINES, engine_args={"linear_backend": "auto"})[1][0].verdict == "fail"
-    assert judge(W4A16, A100, EXLLAMA_LINES, env={"VLLM_BATCH_INVARIANT": "0"})[1][0].verdict == "fail"
+    for off in ("0", "00", ""):  # vLLM reads bool(int(value))
+        assert judge(W4A16, A100, EXLLAMA_LINES, env={"VLLM_BATCH_INVARIANT": off})[1][0].verdict == "fail"
     kv_line = ("(APIServer pid=1) INFO 01-01 00:00:00 [cache.py:362] Using fp8_e5m2 data type to store kv cache.\n")
     record, [kv] = judge(W4A16, A100, EXLLAMA_LINES + kv_line,
                          engine_args={"linear_backend": "exllama", "kv_cache_dtype": "fp8_e4m3"})

@@ -26,7 +26,7 @@ KINDS = {
     "avx2": {"ATEN_CPU_CAPABILITY": "avx2", "ONEDNN_MAX_CPU_ISA": "AVX2"},
     "avx512": {"ATEN_CPU_CAPABILITY": "avx512", "ONEDNN_MAX_CPU_ISA": "AVX512_CORE_VNNI"},
 }
-TORCH_VARIABLES = ("ATEN_CPU_CAPABILITY", "ONEDNN_MAX_CPU_ISA")
+TORCH_VARIABLES = tuple(KINDS["avx2"])  # the same two for every kind
 # The variables that change which kernels torch, oneDNN and vLLM use: part of every key
 # that caches something measured or chosen on this host.
 KERNEL_VARIABLES = (VARIABLE, *TORCH_VARIABLES)
@@ -55,15 +55,22 @@ def emulated(env: MutableMapping[str, str] | None = None) -> str | None:
 
 
 @functools.cache
-def _host_flags() -> frozenset[str]:
-    """This CPU's flags from /proc/cpuinfo (empty where it cannot be read)."""
+def _host_cpu() -> tuple[str | None, frozenset[str]]:
+    """This CPU's model name and flags from /proc/cpuinfo (None and empty where it cannot be read)."""
+    model, flags = None, frozenset()
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith(("flags", "Features")):
-                return frozenset(line.split(":", 1)[1].split())
+            if line.startswith("model name") and model is None:
+                model = line.split(":", 1)[1].strip()
+            elif line.startswith(("flags", "Features")) and not flags:
+                flags = frozenset(line.split(":", 1)[1].split())
     except OSError:
         pass
-    return frozenset()
+    return model, flags
+
+
+def _host_flags() -> frozenset[str]:
+    return _host_cpu()[1]
 
 
 def apply(env: MutableMapping[str, str]) -> MutableMapping[str, str]:
@@ -100,14 +107,7 @@ def host_kernel_identity() -> dict[str, object]:
     model and flags, and the variables above. For cache keys of what 'auto' chose."""
     import hashlib
 
-    model, flags = None, ""
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name") and model is None:
-                model = line.split(":", 1)[1].strip()
-            elif line.startswith(("flags", "Features")) and not flags:
-                flags = " ".join(sorted(line.split(":", 1)[1].split()))
-    except OSError:
-        pass
+    model, flag_set = _host_cpu()
+    flags = " ".join(sorted(flag_set))
     return {"cpu": model, "flags_sha256": hashlib.sha256(flags.encode()).hexdigest()[:16],
             "env": kernel_environment()}

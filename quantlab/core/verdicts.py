@@ -8,6 +8,7 @@ from typing import Any, Literal
 from pydantic import AliasChoices, BaseModel, ConfigDict, Field
 
 Verdict = Literal["pass", "fail", "inconclusive"]
+AT_LIMIT = 1e-9  # an estimate this close to its limit (relative) is at it, not within: floats round
 # how a gate's figure meets its limit: at_most (value <= limit), at_least (value >= limit),
 # non_inferior (the candidate - baseline difference's interval above -margin = limit)
 Comparator = Literal["at_most", "at_least", "non_inferior"]
@@ -60,6 +61,24 @@ class GateVerdict(BaseModel):
         if self.comparator is None or self.value is None:
             return None
         return self.value > self.limit if self.comparator == "at_most" else self.value < self.limit
+
+    def within_limit(self) -> bool:
+        """Whether the gate has an interval and its point estimate is strictly within its
+        limit: what an undecided gate needs before a `warn` may release it (decision rule
+        3). No interval, no estimate, or an estimate at the limit itself (to rounding: 0.45
+        - 0.5 is a drop of exactly 0.05): False."""
+        if self.low is None or self.high is None or self.estimate is None:
+            return False
+        if self.comparator == "non_inferior":
+            if self.margin is None:
+                return False
+            return self.estimate > -self.margin + AT_LIMIT * max(1.0, self.margin)
+        at = AT_LIMIT * max(1.0, abs(self.limit))
+        if self.comparator == "at_most":
+            return self.estimate < self.limit - at
+        if self.comparator == "at_least":
+            return self.estimate > self.limit + at
+        return False
 
 
 def not_shown_rule(check: str, gate: str, scope: str, *, default: str, checks: dict[str, str],

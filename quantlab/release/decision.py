@@ -19,7 +19,13 @@ verify` decides a manifest again under the rule it was made with:
 - 2: no gate is never a release (not_shown: nothing shows the candidate is fit), and
   `warn` releases an undecided gate only when its estimate is within its limit: one
   whose point estimate is beyond it (a breach the interval cannot yet show) is held, and
-  so is a gate marked not warnable (a task that could not run).
+  so is a gate marked not warnable (a task that could not run);
+- 3: `warn` releases an undecided gate only when its interval was computed and its
+  point estimate is strictly within its limit (GateVerdict.within_limit: a gate with no
+  estimate, no interval, or an estimate at the limit itself is held), and never a gate
+  marked not warnable (no estimate, too few samples to judge, an errored or unanswered
+  critical row, a task the served context dropped); and a warning never stands in for
+  every test: with no gate passed, every undecided gate holds (not shown).
 """
 
 from __future__ import annotations
@@ -32,8 +38,8 @@ from quantlab.core.verdicts import GateVerdict, gate_id, not_shown_rule
 from quantlab.recipe.serve import PRIMARY_TARGET
 
 Decision = Literal["release", "blocked", "not_shown"]
-RULE_VERSION = 2
-RULES = (1, 2)
+RULE_VERSION = 3
+RULES = (1, 2, 3)
 NotShown = Literal["block", "warn"]
 
 
@@ -131,10 +137,25 @@ def policy_for(recipe, *, fallback: str = "") -> DecisionPolicy:
 
 
 def holds(v: GateVerdict, policy: DecisionPolicy, rule: int) -> bool:
-    """Whether an undecided gate holds the release back: the policy requires it, or
-    (rule 2) its estimate is beyond its limit, which no `warn` lets through, or it is a
-    gate no policy may warn (a task that could not run)."""
-    return policy.required(v) or (rule >= 2 and (v.beyond_limit() is True or not v.warnable))
+    """Whether an undecided gate holds the release back: the policy requires it, or it is
+    a gate no policy may warn (rule 2: a task that could not run; rule 3: every gate
+    marked so), or (rule 2) its estimate is beyond its limit, (rule 3) it has no interval
+    or its estimate is not strictly within its limit."""
+    if policy.required(v):
+        return True
+    if rule >= 3:
+        return not (v.warnable and v.within_limit())
+    return rule >= 2 and (v.beyond_limit() is True or not v.warnable)
+
+
+def holding(gates: list[GateVerdict], policy: DecisionPolicy, rule: int) -> list[GateVerdict]:
+    """The undecided gates among `gates` that hold the release back. Rule 3: when none of
+    `gates` passed, all of them (a warning lets an undecided gate through beside passed
+    tests, never in place of every one)."""
+    undecided = [v for v in gates if v.verdict == "inconclusive"]
+    if rule >= 3 and gates and not any(v.verdict == "pass" for v in gates):
+        return undecided
+    return [v for v in undecided if holds(v, policy, rule)]
 
 
 def decide(verdicts: list[GateVerdict], policy: DecisionPolicy, *, rule: int = RULE_VERSION) -> Decided:
@@ -147,8 +168,8 @@ def decide(verdicts: list[GateVerdict], policy: DecisionPolicy, *, rule: int = R
     counted = [v for v in verdicts if v.target is None or v.target not in optional]
     failing = [v for v in counted if v.verdict == "fail"]
     undecided = [v for v in counted if v.verdict == "inconclusive"]
-    holding = [v for v in undecided if holds(v, policy, rule)]
-    failed, unsure, unshown = ([gate_id(v) for v in vs] for vs in (failing, undecided, holding))
+    held = holding(counted, policy, rule)
+    failed, unsure, unshown = ([gate_id(v) for v in vs] for vs in (failing, undecided, held))
     common = {"failed_gates": failed, "inconclusive_gates": unsure, "not_shown_gates": unshown,
               "not_shown_policy": policy.rules(), "rule_version": rule if rule >= 2 else None,
               "warned_gates": [u for u in unsure if u not in unshown] if rule >= 2 else []}
@@ -157,22 +178,39 @@ def decide(verdicts: list[GateVerdict], policy: DecisionPolicy, *, rule: int = R
         why += f": {first_gates(failed, unshown)}"
         record = DecisionRecord(decision="blocked", why=why, fallback=policy.fallback, **common)
     elif unshown:
-        breached = [gate_id(v) for v in holding if not policy.required(v) and v.warnable]
         why = f"{len(unshown)} required gate(s) could not decide (not shown): {first_gates(unshown)}"
-        if breached:
-            why += f"; {len(breached)} warned but beyond its limit, which no warning releases"
+        why += _why_warned_gates_hold(held, counted, policy, rule)
         record = DecisionRecord(decision="not_shown", why=why, fallback=policy.fallback, **common)
     elif not counted and rule >= 2:
         record = DecisionRecord(decision="not_shown", why="no gate was configured: nothing shows the candidate is "
                                 "fit to release (add a quality, performance or stability section)",
                                 fallback=policy.fallback, **common)
     else:
-        why = f"all {len(counted)} gate(s) passed" if counted else "no gate was configured"
         warned = [u for u in unsure if u not in unshown]
+        passed = sum(v.verdict == "pass" for v in counted)
+        why = ("no gate was configured" if not counted else
+               f"all {passed} gate(s) passed" if not warned else f"{passed} of {len(counted)} gate(s) passed")
         if warned:
-            why += f"; {len(warned)} not shown, warned by release.policy: {first_gates(warned)}"
+            why += (f"; {len(warned)} not shown, warned by release.policy (no test bounds a wrong release through "
+                    f"them): {first_gates(warned)}")
         record = DecisionRecord(decision="release", why=why, **common)
-    return Decided(record=record, targets=_per_target(verdicts, policy, rule), blocking=failing + holding)
+    return Decided(record=record, targets=_per_target(verdicts, policy, rule), blocking=failing + held)
+
+
+def _why_warned_gates_hold(held: list[GateVerdict], counted: list[GateVerdict], policy: DecisionPolicy,
+                           rule: int) -> str:
+    """Why gates release.policy warns about hold the release anyway (the not_shown line's tail)."""
+    warned = [v for v in held if not policy.required(v)]
+    if not warned:
+        return ""
+    if rule < 3:
+        breached = [v for v in warned if v.warnable]
+        return f"; {len(breached)} warned but beyond its limit, which no warning releases" if breached else ""
+    if not any(v.verdict == "pass" for v in counted):
+        return f"; {len(warned)} warned, but no gate passed: a warning never stands in for every test"
+    return (f"; {len(warned)} warned but held: a warning releases an undecided gate only with its interval "
+            "computed and its estimate strictly within its limit, never a gate marked not warnable (no estimate, "
+            "too few samples, a critical row or task that could not be judged)")
 
 
 def _per_target(verdicts: list[GateVerdict], policy: DecisionPolicy, rule: int) -> dict[str, TargetDecision]:
@@ -182,7 +220,7 @@ def _per_target(verdicts: list[GateVerdict], policy: DecisionPolicy, rule: int) 
     for name, req in policy.targets.items():
         own = [v for v in verdicts if v.target is None or (name != PRIMARY_TARGET and v.target == name)]
         failed = [v for v in own if v.verdict == "fail"]
-        unshown = [v for v in own if v.verdict == "inconclusive" and holds(v, policy, rule)]
+        unshown = holding(own, policy, rule)
         if failed:
             local = [v.evidence for v in failed if v.target == name]
             why = "; ".join(local) if local else f"{len(failed)} gate(s) failed on the primary target"

@@ -7,7 +7,9 @@ Two errors, two rules:
   run the checks' alphas add up (a union bound) for the gates judged on an interval;
 - a false release (a model worse than a margin released): a release needs every
   required gate to pass (an intersection-union test), so each pass side keeps its own
-  alpha and the run's is the largest of them.
+  alpha and the run's is the largest of them. A gate that did not pass but was
+  released by release.policy's `warn` carries no test at all: the run's false-release
+  bound is then 1.0, and the ledger names those gates (`warned_gates`) and says why.
 Fixed thresholds (stability, KL, a critical row, a count, the serve kernel path) are not
 judged on an interval: they are listed, spending no alpha, with their false-block rate not
 controlled by the ledger.
@@ -18,20 +20,24 @@ the `family` entry says so, with the family's bounds (the size times the candida
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 from quantlab.core.verdicts import GateVerdict, gate_id
 from quantlab.performance.gates import FAIL_SHARE
 
-LEDGER_VERSION = 1
+LEDGER_VERSION = 2  # 2: a release through warned gates bounds nothing (1.0), and names them
 INTERVAL_TESTS = ("tango-score", "bca-bootstrap", "hierarchical-bootstrap")
 FIXED_TESTS = ("threshold", "count")
 
 
 def ledger(verdicts: list[GateVerdict], *, rule_version: int, quality: Any = None, performance: Any = None,
-           family: Any = None, judged_on_these_items: int | None = None) -> dict[str, Any]:
+           family: Any = None, judged_on_these_items: int | None = None,
+           warned: Sequence[str] = ()) -> dict[str, Any]:
     """The ledger of one run: per check its tests, looks and alphas; then the run's (and
-    its family's, when it was judged among several candidates: a recipe.family.Family)."""
+    its family's, when it was judged among several candidates: a recipe.family.Family).
+    `warned`: the gate ids a release let through undecided (the decision's warned_gates
+    when it released; none otherwise)."""
     checks: dict[str, Any] = {}
     q = [v for v in verdicts if v.check == "quality" and v.test in INTERVAL_TESTS]
     if q:
@@ -53,6 +59,12 @@ def ledger(verdicts: list[GateVerdict], *, rule_version: int, quality: Any = Non
             "tests": sum(c["tests"] for c in checks.values()),
         },
     }
+    if warned:  # no test stands behind a warned gate: nothing bounds a wrong release through it
+        out["run"].update(
+            false_release_bound=1.0, warned_gates=sorted(warned),
+            false_release_rule=f"{len(warned)} gate(s) released undecided by release.policy's warn, with no passed "
+                               "test behind them: nothing bounds a wrong release through them (1.0); the passed "
+                               "gates' own alphas hold for them alone")
     if judged_on_these_items is not None:  # the cached baseline answers' uses, by separate runs too
         out["baseline_answers"] = {
             "candidates_judged": judged_on_these_items,
@@ -62,7 +74,7 @@ def ledger(verdicts: list[GateVerdict], *, rule_version: int, quality: Any = Non
         run = out["run"]
         out["family"] = {**family.as_dict(),
                          "false_release_bound": None if run["false_release_bound"] is None else
-                         round(run["false_release_bound"] * family.size, 6),
+                         min(1.0, round(run["false_release_bound"] * family.size, 6)),
                          "false_release_rule": "union bound over the family's candidates: a wrong release of any "
                                                "of them, each candidate's own bound times the family's size"}
     return out

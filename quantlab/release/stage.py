@@ -163,7 +163,8 @@ def build_manifest(ctx: StageContext, results: dict[str, Any], verdicts, decisio
         comparison=ctx.comparison,
         error_budget=ledger(verdicts, rule_version=decision.rule_version or 1, quality=ctx.recipe.quality,
                             performance=ctx.recipe.performance, family=ctx.family,
-                            judged_on_these_items=getattr(results.get("quality"), "judged_on_these_items", None)),
+                            judged_on_these_items=getattr(results.get("quality"), "judged_on_these_items", None),
+                            warned=decision.warned_gates if decision.decision == "release" else ()),
     )
 
 

@@ -2,11 +2,14 @@
 and the verdicts that block."""
 
 from quantlab.core.verdicts import GateVerdict
-from quantlab.release.decision import DecisionPolicy, decide, targets_line
+from quantlab.release.decision import RULE_VERSION, DecisionPolicy, decide, targets_line
 
 
 def verdict(gate, v, scope="w/c1"):
-    return GateVerdict(check="performance", gate=gate, scope=scope, verdict=v, value=1.0, limit=1.0, evidence="d")
+    """A performance gate whose interval (0.9 .. 1.6) was computed, its estimate 1.0 within its limit 1.5: what
+    release.policy's warn may let through when it cannot decide."""
+    return GateVerdict(check="performance", gate=gate, scope=scope, verdict=v, value=1.0, limit=1.5, evidence="d",
+                       comparator="at_most", estimate=1.0, low=0.9, high=1.6, test="hierarchical-bootstrap")
 
 
 def test_decision_follows_the_verdicts():
@@ -44,7 +47,7 @@ def test_release_policy_can_warn_per_gate_per_check_or_for_all():
     assert decide(unsure, DecisionPolicy()).record.not_shown_policy == {"not_shown": "block", "checks": {},
                                                                           "gates": {}}
     # one scope of a gate: warn there, block elsewhere
-    two = [verdict("b", "inconclusive", "w/c1"), verdict("b", "inconclusive", "w/c8")]
+    two = [verdict("a", "pass"), verdict("b", "inconclusive", "w/c1"), verdict("b", "inconclusive", "w/c8")]
     d = decide(two, DecisionPolicy(gates={"performance.b@w/c1": "warn"})).record
     assert d.decision == "not_shown" and d.not_shown_gates == ["performance.b@w/c8"]
     assert decide(two, DecisionPolicy(gates={"performance.b": "warn", "performance.b@w/c8": "block"})
@@ -98,7 +101,7 @@ def test_no_gate_is_never_a_release():
     """It used to be: decide([]) said 'no gate was configured' and released, so a recipe
     without checks signed a release on no evidence at all."""
     d = decide([], DecisionPolicy(fallback="base")).record
-    assert d.decision == "not_shown" and "nothing shows" in d.why and d.rule_version == 2
+    assert d.decision == "not_shown" and "nothing shows" in d.why and d.rule_version == RULE_VERSION
     # a manifest made under rule 1 is decided again under rule 1 (what it was signed with)
     assert decide([], DecisionPolicy(), rule=1).record.decision == "release"
     policy = DecisionPolicy(targets={"primary": True, "gpu": False})
@@ -113,16 +116,22 @@ def test_warn_never_releases_a_gate_whose_estimate_is_beyond_its_limit():
                            value=estimate - 0.1, limit=-margin, evidence="d", comparator="non_inferior", margin=margin,
                            estimate=estimate, low=estimate - 0.1, high=estimate + 0.1)
     warn = DecisionPolicy(not_shown="warn")
-    inside = decide([quality(-0.03)], warn).record
-    assert inside.decision == "release" and inside.warned_gates == ["quality.non_inferiority@t"]
-    beyond = decide([quality(-0.10)], warn).record
-    assert beyond.decision == "not_shown" and beyond.not_shown_gates == ["quality.non_inferiority@t"]
-    assert "beyond its limit" in beyond.why
+    passed = verdict("a", "pass")
+    for rule in (2, 3):
+        inside = decide([passed, quality(-0.03)], warn, rule=rule).record
+        assert inside.decision == "release" and inside.warned_gates == ["quality.non_inferiority@t"]
+        beyond = decide([passed, quality(-0.10)], warn, rule=rule).record
+        assert beyond.decision == "not_shown" and beyond.not_shown_gates == ["quality.non_inferiority@t"]
+    assert "beyond its limit" in decide([passed, quality(-0.10)], warn, rule=2).record.why
+    assert "warned but held" in decide([passed, quality(-0.10)], warn).record.why
     assert decide([quality(-0.10)], warn, rule=1).record.decision == "release"  # how rule 1 decided it
     ratio = GateVerdict(check="performance", gate="max_p99_ttft_ratio", scope="w/c1", verdict="inconclusive",
                         value=1.7, limit=1.5, evidence="d", comparator="at_most")
-    assert decide([ratio], warn).record.decision == "not_shown"
-    assert decide([ratio.model_copy(update={"value": 1.2})], warn).record.decision == "release"
+    assert decide([passed, ratio], warn, rule=2).record.decision == "not_shown"
+    # rule 2 let a gate with no interval through on its value; rule 3 needs the interval computed
+    assert decide([passed, ratio.model_copy(update={"value": 1.2})], warn, rule=2).record.decision == "release"
+    assert decide([passed, ratio.model_copy(update={"value": 1.2, "estimate": 1.2})], warn).record.decision \
+        == "not_shown"
 
 
 def test_an_unknown_rule_version_is_refused():

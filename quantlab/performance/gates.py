@@ -8,7 +8,15 @@ passes when the interval's one-sided bound at the recipe's confidence is within 
 limit, fails only when the family-adjusted bound is beyond it (so an unchanged model
 is blocked on noise at most 1 - confidence of the time, across all performance gates),
 and is not shown while the interval includes the limit. A figure without an interval
-(no per-request rows) is judged on its point value, and the detail says so.
+(no per-request rows) is judged on its point value, and the detail says so. A figure
+not measured at all (no successful request) is not shown and not warnable: nothing was
+measured for release.policy to let through.
+
+The error rate is a count, not an estimate: every failed or timed-out request over every
+request sent, pooled over the repeats and the adaptive looks (never a median of the
+repeats' rates, which passed 30 errors in 600 requests as 0%). A failed error-rate gate
+also ends the adaptive repeats (performance/stage.undecided_points), so more repeats
+cannot dilute a failure into a pass.
 """
 
 from __future__ import annotations
@@ -56,23 +64,32 @@ def verdicts(points: list[PerfPoint], gates: PerfGates) -> list[GateVerdict]:
             limit = getattr(gates, gate)
             if limit is None:
                 continue
+            counted = error_count(p) if gate == "max_error_rate" else None
             if kind == "ratio":
                 value = (p.comparison.get(key) or {}).get("ratio")
                 what = f"{key} candidate/baseline (median of {len(p.candidate_repeats)} paired repeats)"
+            elif counted is not None:
+                value = counted[0] / counted[1] if counted[1] else None
+                what = f"candidate {key}"
             else:
                 value = metric(p.candidate, key)
                 what = f"candidate {key}"
             fields = {"metric": f"{key} ratio" if kind == "ratio" else key,
                       "comparator": "at_least" if direction == "min" else "at_most"}
             if value is None:
+                missing = ("no request was sent" if gate == "max_error_rate" else
+                           "no successful request, or a single output token")
                 out.append(GateVerdict(check=CHECK, gate=gate, scope=scope, verdict="inconclusive",
-                                       value=None, limit=limit, evidence=f"{what}: not measured (no successful "
-                                       "request, or a single output token)", **fields))
+                                       value=None, limit=limit, warnable=False,
+                                       evidence=f"{what}: not measured ({missing}); nothing measured is nothing "
+                                       "release.policy can let through", **fields))
                 continue
             iv = p.intervals.get(interval_key(key, kind))
             if gate == "max_error_rate":  # every request sent is counted: a fact of this run, not an estimate
                 verdict = "fail" if value > limit else "pass"
-                why = "counted over every request sent (failed and timed-out ones)"
+                why = ("counted over every request sent (failed and timed-out ones)" if counted is None else
+                       f"{counted[0]} of {counted[1]} requests sent failed or timed out, counted over "
+                       f"{len(p.candidate_repeats)} repeat(s)")
                 fields["test"] = "count"
             else:
                 verdict, why = _judge(value, limit, direction, iv)
@@ -85,6 +102,22 @@ def verdicts(points: list[PerfPoint], gates: PerfGates) -> list[GateVerdict]:
                                    evidence=f"{what} = {value:.4g}, needs {'>=' if direction == 'min' else '<='} "
                                    f"{limit:g}: {why}", estimate=value, **fields))
     return out
+
+
+def error_count(p: PerfPoint) -> tuple[int, int] | None:
+    """(failed or timed-out requests, requests sent) over every repeat of the candidate at
+    this point; None for a record whose repeats do not say how many they sent (judged on
+    its recorded rate)."""
+    reps = p.candidate_repeats
+    if not reps or any(not isinstance(r.get("requests"), int) for r in reps):
+        return None
+    failed = 0
+    for r in reps:
+        if isinstance(r.get("error_requests"), int) and isinstance(r.get("timeout_requests"), int):
+            failed += r["error_requests"] + r["timeout_requests"]
+        else:
+            failed += round((r.get("error_rate") or 0.0) * r["requests"])
+    return failed, sum(r["requests"] for r in reps)
 
 
 def _tail_needs_requests(key: str, verdict: str, why: str, iv: dict | None, p: PerfPoint) -> tuple[str, str]:

@@ -213,9 +213,18 @@ def warm_up(server, role: str, w: Workload, reqs: list, warmed: set[tuple[str, s
 
 
 def undecided_points(spec: PerformanceSpec, points: list[PerfPoint]) -> set[tuple[str, str]]:
-    """(workload, point) of every gate the noise leaves not shown."""
-    return {tuple(v.scope.split("/", 1)) for v in perf_gates.verdicts(points, spec.gates)
-            if v.verdict == "inconclusive" and v.value is not None}
+    """(workload, point) of every gate the noise leaves not shown; none once an error-rate
+    gate failed: the run is blocked whatever more repeats show, and pooling more requests
+    into the count could only dilute the failure into a pass."""
+    judged = perf_gates.verdicts(points, spec.gates)
+    if error_rate_failed(judged):
+        return set()
+    return {tuple(v.scope.split("/", 1)) for v in judged if v.verdict == "inconclusive" and v.value is not None}
+
+
+def error_rate_failed(judged: list) -> list[str]:
+    """The scopes whose error-rate gate failed."""
+    return [v.scope for v in judged if v.gate == "max_error_rate" and v.verdict == "fail"]
 
 
 def looks_for(spec: PerformanceSpec, interleaved: bool, notes: list[str]) -> int:
@@ -239,6 +248,10 @@ def _more_repeats(ctx: StageContext, spec: PerformanceSpec, order: list[tuple[in
     for rep in range(spec.repeats, spec.max_repeats):
         undecided = undecided_points(spec, points)
         if not undecided:
+            failed = error_rate_failed(perf_gates.verdicts(points, spec.gates))
+            if failed:
+                notes.append(f"adaptive repeats: stopped after {rep} paired repeat(s): the error rate failed at "
+                             f"{', '.join(failed)}, which no further repeat can undo")
             break
         ctx.progress(f"performance: {len(undecided)} point(s) not decided yet, measuring repeat {rep + 1} of "
                      f"at most {spec.max_repeats}")

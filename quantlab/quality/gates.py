@@ -172,7 +172,8 @@ def comparison_verdicts(cmp: TaskComparison, gates: QualityGates, *, scope: str,
             "pass": f"the interval's worse end {lo:+.4g} is above -{margin:.4g} ({how})",
             "fail": f"the whole interval is below -{margin:.4g} ({how}): worse than the margin allows",
             "inconclusive": (f"only {cmp.n} samples, fewer than min_samples {gates.min_samples}: not judged "
-                             f"below {gates.min_samples} items" if few else
+                             f"below {gates.min_samples} items, so release.policy cannot warn it through (judge "
+                             "more items, lower min_samples for it, or disable its gates)" if few else
                              f"the whole {pct} interval is below -{margin:.4g}, but not the fail side's "
                              "(adjusted for the family of gates)" if downgraded else
                              f"the interval {lo:+.4g} .. {hi:+.4g} straddles -{margin:.4g} ({how})")
@@ -181,7 +182,7 @@ def comparison_verdicts(cmp: TaskComparison, gates: QualityGates, *, scope: str,
             check=CHECK, gate=gate, scope=scope, verdict=verdict, value=lo if gate == "non_inferiority" else value,
             limit=limit, evidence=f"{why}; {base_line}", samples=cmp.n, samples_to_verdict=needed, metric=cmp.metric,
             comparator="non_inferior", margin=margin, confidence=cmp.confidence, fail_confidence=fail_conf,
-            estimate=d, low=lo, high=hi, test=test))
+            estimate=d, low=lo, high=hi, test=test, warnable=not few))  # too few to judge: no test to warn
     return out
 
 
@@ -224,21 +225,40 @@ def samples_needed(n: int, d: float, lo: float, hi: float, margin: float) -> int
     return needed if needed <= MAX_SAMPLES_NEEDED else None
 
 
-def skipped_verdicts(spec: QualitySpec, skipped: list[tuple[str, str]]) -> list[GateVerdict]:
+def skipped_verdicts(spec: QualitySpec, skipped: list[tuple[str, str] | tuple[str, str, str, str]]
+                     ) -> list[GateVerdict]:
     """A gated task that could not run (a served context too short for it) is a gate
     that could not decide, named after it: it used to vanish from the decision, so a
-    whole slice could go unjudged. A task whose gates the recipe disables gets none;
-    dropping it from quality.tasks drops it from the run."""
+    whole slice could go unjudged. Each entry: (task, why), or (task, why, its slice,
+    its metric). A task whose own gates the recipe disables gets one too when it would
+    have been pooled into a gated slice or the pooled gate (a pass/fail metric): that
+    gate would otherwise judge fewer tasks than the recipe names, silently. Leaving the
+    task out of quality.tasks drops it from the run."""
     out = []
-    for task, why in skipped:
+    for task, why, *rest in skipped:
+        slice_, metric = (rest + [None, None])[:2]
         override = spec.task_gates.get(task)
-        if override and override.disabled:
+        pooled_into = _pooled_into(spec, slice_, metric)
+        if override and override.disabled and not pooled_into:
             continue
+        into = (f"; it is pooled into {' and '.join(pooled_into)}, which would be judged without it"
+                if pooled_into else "")
         out.append(GateVerdict(check=CHECK, gate="skipped", scope=task, verdict="inconclusive", value=None, limit=0,
                                warnable=False,
-                               evidence=f"not run: {why}; nothing shows the candidate keeps this task. Serve a longer "
-                               "context (serve.engine_args.max_model_len), or leave the task out of quality.tasks"))
+                               evidence=f"not run: {why}{into}; nothing shows the candidate keeps this task. Serve a "
+                               "longer context (serve.engine_args.max_model_len), or leave the task out of "
+                               "quality.tasks"))
     return out
+
+
+def _pooled_into(spec: QualitySpec, slice_: str | None, metric: str | None) -> list[str]:
+    """The gated pools a task of this slice and metric joins (compare.pooled, pooled_all):
+    its slice's and the pooled gate, for a pass/fail-type metric (not a perplexity)."""
+    if slice_ is None or metric is None or metric in TRANSFORMS:
+        return []
+    override = spec.slice_gates.get(slice_)
+    return ([f"slice:{slice_}"] if not (override and override.disabled) else []) + \
+        ([POOLED_SCOPE] if spec.pooled is not None else [])
 
 
 def kl_verdicts(summary: dict[str, Any], spec: QualitySpec) -> list[GateVerdict]:
@@ -250,9 +270,11 @@ def kl_verdicts(summary: dict[str, Any], spec: QualitySpec) -> list[GateVerdict]
         value = summary.get(key)
         if value is None:
             out.append(GateVerdict(check=CHECK, gate=gate, scope="kl", verdict="inconclusive", value=None,
-                                   limit=limit, metric=f"kl.{key}", test="threshold",
+                                   limit=limit, metric=f"kl.{key}", test="threshold", warnable=False,
                                    comparator="at_most" if direction == "max" else "at_least",
-                                   evidence="no positions compared"))
+                                   evidence="no positions compared: nothing measured for release.policy to let "
+                                   "through (check quality.kl.texts, or unset quality.kl.max_mean_kl and "
+                                   "min_same_top_rate)"))
             continue
         ok = value <= limit if direction == "max" else value >= limit
         out.append(GateVerdict(check=CHECK, gate=gate, scope="kl", verdict="pass" if ok else "fail", value=value,

@@ -223,7 +223,7 @@ def run(ctx: StageContext) -> QualityResult:
     slices = pool_slices(spec, _gated(tasks, work), looks=looks)
     everything = pool_everything(spec, _gated(tasks, work), looks=looks)
     gates = quality_gates.verdicts(spec, _gated(tasks, work), slices, kl_result, everything)
-    gates += quality_gates.skipped_verdicts(spec, [(t.task, why) for t, why in skipped if t.gated])
+    gates += quality_gates.skipped_verdicts(spec, [(t.task, why, t.slice, t.metric) for t, why in skipped if t.gated])
     traffic, critical = _traffic_findings(work, base_dir, cand_dir)
     gates += critical
     write_text_atomic(out / "flips.jsonl", "".join(json.dumps(f, default=str) + "\n" for f in flips))

@@ -260,8 +260,11 @@ def compare_unchecked(task: str, base_rows: list[dict[str, Any]], cand_rows: lis
 def critical_verdicts(task: str, docs: list[dict[str, Any]], base_rows: list[dict[str, Any]],
                       cand_rows: list[dict[str, Any]]) -> list[GateVerdict]:
     """One gate per critical row: fail when its check passes on the baseline and not on the
-    candidate (whatever the averages say); inconclusive when the candidate did not answer it
-    or its check errored; pass otherwise (the baseline failing it too is no regression)."""
+    candidate (whatever the averages say); pass when the candidate passes it, or both fail
+    it (no regression); otherwise it could not be judged: the candidate did not answer it,
+    its check errored on the candidate's answer, or the candidate fails it and the
+    baseline's outcome is unknown. Such a row is not shown and not warnable: release.policy
+    never lets an unjudged critical row through."""
     base = {r["doc_id"]: r["metrics"] for r in base_rows}
     cand = {r["doc_id"]: r["metrics"] for r in cand_rows}
     out = []
@@ -270,17 +273,24 @@ def critical_verdicts(task: str, docs: list[dict[str, Any]], base_rows: list[dic
             continue
         b, c = base.get(i), cand.get(i)
         scope = f"{task}:{d['id']}"
-        if c is None or b is None or c.get("errored") or b.get("errored"):
-            why = "not answered by both" if c is None or b is None else "its check errored"
-            out.append(GateVerdict(check="quality", gate="critical_row", scope=scope, verdict="inconclusive",
-                                   value=None, limit=1.0, evidence=f"critical row {d['id']!r}: {why}", samples=1,
-                                   metric="passed", test="threshold"))
+        fields = {"check": "quality", "gate": "critical_row", "scope": scope, "limit": 1.0, "samples": 1,
+                  "metric": "passed", "test": "threshold"}
+        b_state = "did not answer it" if b is None else "check errored" if b.get("errored") else \
+            "passes" if b.get("passed") == 1 else "fails"
+        unjudged = ("not answered by the candidate" if c is None else
+                    "its check errored on the candidate's answer" if c.get("errored") else
+                    f"the candidate fails it and the baseline's outcome is unknown (baseline {b_state})"
+                    if c.get("passed") != 1 and b_state not in ("passes", "fails") else None)
+        if unjudged:
+            out.append(GateVerdict(verdict="inconclusive", value=None, warnable=False,
+                                   evidence=f"critical row {d['id']!r}: {unjudged}; an unjudged critical row is never "
+                                   "released (see the row's answers in the samples; fix the scorer or the row)",
+                                   **fields))
             continue
-        flipped = b.get("passed") == 1 and c.get("passed") != 1
+        flipped = b_state == "passes" and c.get("passed") != 1
         detail = (f"critical row {d['id']!r}: passes on the baseline, fails on the candidate" if flipped else
                   f"critical row {d['id']!r}: candidate {'passes' if c.get('passed') == 1 else 'fails'}, baseline "
-                  f"{'passes' if b.get('passed') == 1 else 'fails too'}")
-        out.append(GateVerdict(check="quality", gate="critical_row", scope=scope,
-                               verdict="fail" if flipped else "pass", value=float(c.get("passed") or 0),
-                               limit=1.0, evidence=detail, samples=1, metric="passed", test="threshold"))
+                  f"{b_state if c.get('passed') == 1 or b_state != 'fails' else 'fails too'}")
+        out.append(GateVerdict(verdict="fail" if flipped else "pass", value=float(c.get("passed") or 0),
+                               evidence=detail, **fields))
     return out

@@ -1,5 +1,10 @@
 """The stability gates (pure): batch invariance, length sweep, bad requests,
-determinism and the soak, judged against the recipe's stability section."""
+determinism and the soak, judged against the recipe's stability section.
+
+Each is a fixed threshold on a measured figure. A figure that could not be measured (no
+request answered both alone and in a batch, no repeated request answered, an endpoint's
+memory) is a gate that could not decide and is not warnable: release.policy never lets
+an unmeasured gate through."""
 
 from __future__ import annotations
 
@@ -24,9 +29,8 @@ def verdicts(stab: dict[str, dict[str, Any]], spec: StabilitySpec) -> list[GateV
     if g.max_batch_mismatch_excess is not None and "batch" in c:
         cr, br = c["batch"]["mismatch_rate"], b["batch"]["mismatch_rate"]
         if cr is None or br is None:
-            out.append(GateVerdict(check=CHECK, gate="max_batch_mismatch_excess", scope="batch", verdict="inconclusive",
-                                   value=None, limit=g.max_batch_mismatch_excess, evidence="no request answered "
-                                   "both alone and in a batch"))
+            out.append(unmeasured("max_batch_mismatch_excess", "batch", g.max_batch_mismatch_excess,
+                                  "no request answered both alone and in a batch"))
         else:
             add("max_batch_mismatch_excess", "batch", cr - br, g.max_batch_mismatch_excess,
                 cr - br <= g.max_batch_mismatch_excess,
@@ -52,9 +56,8 @@ def verdicts(stab: dict[str, dict[str, Any]], spec: StabilitySpec) -> list[GateV
         rates = {m: c["determinism"][m]["mismatch_rate"] for m in ("greedy", "seeded")}
         worst = max((r for r in rates.values() if r is not None), default=None)
         if worst is None:
-            out.append(GateVerdict(check=CHECK, gate="max_determinism_mismatch", scope="determinism",
-                                   verdict="inconclusive", value=None, limit=g.max_determinism_mismatch,
-                                   evidence="no repeated request was answered"))
+            out.append(unmeasured("max_determinism_mismatch", "determinism", g.max_determinism_mismatch,
+                                  "no repeated request was answered"))
         else:
             add("max_determinism_mismatch", "determinism", worst, g.max_determinism_mismatch,
                 worst <= g.max_determinism_mismatch,
@@ -69,9 +72,10 @@ def verdicts(stab: dict[str, dict[str, Any]], spec: StabilitySpec) -> list[GateV
         if g.max_rss_growth_mb is not None:
             growth = s["rss_growth_mb"]
             if growth is None and not s.get("memory_visible", True):
-                out.append(GateVerdict(check=CHECK, gate="max_rss_growth_mb", scope="soak", verdict="inconclusive",
-                                       value=None, limit=g.max_rss_growth_mb,
-                                       evidence="the server's memory is not visible (external server)"))
+                out.append(unmeasured("max_rss_growth_mb", "soak", g.max_rss_growth_mb,
+                                      "the server's memory is not visible (external server)",
+                                      fix="set stability.gates.max_rss_growth_mb: null for a server whose memory "
+                                      "quantlab cannot see"))
             elif growth is None:
                 add("max_rss_growth_mb", "soak", None, g.max_rss_growth_mb, False,
                     "the memory of a server quantlab launched could not be read during the soak (fewer than two "
@@ -81,6 +85,14 @@ def verdicts(stab: dict[str, dict[str, Any]], spec: StabilitySpec) -> list[GateV
                     f"server memory grew {growth:.0f} MB over the soak (baseline "
                     f"{_num(b['soak']['rss_growth_mb'])} MB)")
     return out
+
+
+def unmeasured(gate: str, scope: str, limit: float, what: str, *, fix: str = "") -> GateVerdict:
+    """A gate whose figure was not measured: not shown, and no policy may warn it through."""
+    return GateVerdict(check=CHECK, gate=gate, scope=scope, verdict="inconclusive", value=None, limit=limit,
+                       metric=gate.removeprefix("max_"), comparator="at_most", test="threshold", warnable=False,
+                       evidence=f"{what}: nothing was measured, and release.policy cannot let an unmeasured gate "
+                       f"through{f' ({fix})' if fix else ''}")
 
 
 def _pct(v) -> str:

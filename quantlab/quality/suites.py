@@ -18,6 +18,7 @@ from pydantic import ValidationError
 from quantlab.core.shipped import EVAL_SUITES
 from quantlab.core.errors import RecipeError
 from quantlab.core.fsutil import sha256_file
+from quantlab.core.safe_yaml import BudgetLoader, load_file
 from quantlab.recipe.quality import QualitySpec, SuiteFile, SuiteTask
 from quantlab.quality.standard_suite import BUILD_HINT, LOCK_FILE, built_copy, verify
 
@@ -31,8 +32,9 @@ KNOWN_DIRECTIONS = {"acc": True, "acc_norm": True, "exact_match": True, "f1": Tr
                     "perplexity": False}
 
 
-class _TaskYamlLoader(yaml.SafeLoader):
-    """Reads lm-eval task YAML without importing the functions `!function` names."""
+class _TaskYamlLoader(BudgetLoader):
+    """Reads lm-eval task YAML without importing the functions `!function` names (within
+    core/safe_yaml's size and alias budget)."""
 
 
 _TaskYamlLoader.add_constructor("!function", lambda loader, node: f"!function {loader.construct_scalar(node)}")
@@ -47,6 +49,7 @@ class Suite:
     sha256: str = ""
     task_files: dict[str, Path] = field(default_factory=dict)
     directions: dict[str, bool] = field(default_factory=dict)  # task -> its metric is higher-is-better
+    code_tasks: set[str] = field(default_factory=set)  # tasks whose task YAML says `unsafe_code: true`
 
 
 def suite_folder(name: str, recipe_dir: Path) -> Path:
@@ -79,11 +82,19 @@ def _task_yamls(folder: Path) -> dict[str, tuple[Path, dict]]:
         if path.name == SUITE_FILE:
             continue
         try:
-            data = yaml.load(path.read_text(), Loader=_TaskYamlLoader)  # noqa: S506 (SafeLoader subclass)
+            data = load_file(path, loader=_TaskYamlLoader)
         except yaml.YAMLError as err:
             raise RecipeError(f"task YAML {path} does not parse: {err}", file=str(path)) from None
         if isinstance(data, dict) and isinstance(data.get("task"), str):
             out[data["task"]] = (path, data)
+        include = (path.parent / data["include"]) if isinstance(data, dict) and isinstance(data.get("include"), str) \
+            else None
+        if include is not None and include.suffix != ".yaml" and include.is_file():
+            try:  # lm-eval reads it too: within the same budget (the *.yaml here are read above)
+                load_file(include, loader=_TaskYamlLoader)
+            except yaml.YAMLError as err:
+                raise RecipeError(f"{include}, which task YAML {path.name} includes, does not parse: {err}",
+                                  file=str(include)) from None
     return out
 
 
@@ -101,6 +112,14 @@ def _check_task(folder: Path, suite_path: Path, i: int, task: SuiteTask, path: P
         raise RecipeError(f"task '{task.task}' gates metric '{task.metric}', which its task YAML {path.name} does "
                           f"not produce (it lists: {', '.join(sorted(m for m in listed if m))})",
                           file=str(suite_path), field=f"{where}.metric")
+    unsafe = data.get("unsafe_code", False)  # lm-eval's own key: the task executes model output
+    if not isinstance(unsafe, bool):
+        raise RecipeError(f"task '{task.task}' ({path.name}) has unsafe_code: {unsafe!r}; expected true (the task "
+                          "executes code the model wrote) or false", file=str(path), field="unsafe_code")
+    if unsafe and data.get("output_type") != "generate_until":
+        raise RecipeError(f"task '{task.task}' ({path.name}) says unsafe_code: true but is a "
+                          f"{data.get('output_type')} task: only a generated answer is code to run",
+                          file=str(path), field="unsafe_code")
     if task.api == "chat" and data.get("output_type") != "generate_until":
         raise RecipeError(f"task '{task.task}' is a {data.get('output_type')} task: the chat API only generates, "
                           "so it needs api: completions", file=str(suite_path), field=f"{where}.api")
@@ -125,7 +144,11 @@ def metric_direction(task: SuiteTask, data: dict | None, *, file: str, field: st
 def load_suite(folder: Path) -> Suite:
     path = folder / SUITE_FILE
     try:
-        spec = SuiteFile(**(yaml.safe_load(path.read_text()) or {}))
+        data = load_file(path) or {}
+        if not isinstance(data, dict):
+            raise RecipeError(f"expected a YAML mapping (name, tasks, ...), found {type(data).__name__}",
+                              file=str(path))
+        spec = SuiteFile(**data)
     except yaml.YAMLError as err:
         raise RecipeError(f"suite file does not parse: {err}", file=str(path)) from None
     except ValidationError as err:
@@ -138,7 +161,7 @@ def load_suite(folder: Path) -> Suite:
             raise RecipeError(f"suite '{spec.name}': {'; '.join(problems)}. Build it with {BUILD_HINT}",
                               file=str(folder / LOCK_FILE))
     yamls = _task_yamls(folder)
-    task_files, directions = {}, {}
+    task_files, directions, code_tasks = {}, {}, set()
     for i, task in enumerate(spec.tasks):
         if task.task not in yamls:
             raise RecipeError(f"task '{task.task}' has no task YAML in {folder} (found: "
@@ -147,11 +170,13 @@ def load_suite(folder: Path) -> Suite:
         _check_task(folder, path, i, task, task_path, data)
         task_files[task.task] = task_path
         directions[task.task] = metric_direction(task, data, file=str(path), field=f"tasks.{i}.higher_is_better")
+        if data.get("unsafe_code"):
+            code_tasks.add(task.task)
     kl = folder / spec.kl_texts if spec.kl_texts else None
     if kl is not None and not kl.is_file():
         raise RecipeError(f"kl_texts file '{spec.kl_texts}' does not exist in {folder}", file=str(path),
                           field="kl_texts")
-    return Suite(spec.name, folder, spec.tasks, kl, folder_sha256(folder), task_files, directions)
+    return Suite(spec.name, folder, spec.tasks, kl, folder_sha256(folder), task_files, directions, code_tasks)
 
 
 def load_suites(spec: QualitySpec, recipe_dir: Path) -> list[Suite]:
@@ -195,7 +220,7 @@ def sample_count(suite: Suite, task: str) -> int | None:
     path = suite.task_files.get(task)
     if suite.folder is None or path is None:
         return None
-    data = yaml.load(path.read_text(), Loader=_TaskYamlLoader)  # noqa: S506 (SafeLoader subclass)
+    data = load_file(path, loader=_TaskYamlLoader)
     files = (data.get("dataset_kwargs") or {}).get("data_files") or {}
     split = data.get("test_split") or "test"
     rel = files.get(split) if isinstance(files, dict) else None

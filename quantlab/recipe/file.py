@@ -23,6 +23,7 @@ from pydantic import (
     model_validator,
 )
 
+from quantlab.core import safe_yaml
 from quantlab.core.digest import json_sha256
 from quantlab.recipe.selection import SelectionSpec
 from quantlab.core.errors import RecipeError
@@ -232,12 +233,10 @@ def merged(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
 
 
 def _read_yaml(p: Path) -> Any:
-    try:
-        return yaml.safe_load(p.read_text(encoding="utf-8"))
+    try:  # within a size and alias budget: a parent recipe is read before anything walks it
+        return safe_yaml.load_file(p)
     except yaml.YAMLError as err:
         raise RecipeError(f"not valid YAML: {err}", file=str(p)) from None
-    except UnicodeDecodeError:
-        raise RecipeError("not a UTF-8 text file", file=str(p)) from None
 
 
 def read_recipe_data(path: str | Path) -> tuple[Any, tuple[Path, ...]]:

@@ -51,7 +51,8 @@ class GateVerdict(BaseModel):
     test: str | None = Field(None, description="The interval or test used (tango-score, bca-bootstrap, "
                              "hierarchical-bootstrap, count, threshold).")
     warnable: bool = Field(True, description="false: release.policy cannot make this gate only warn when it "
-                           "cannot decide (a task that could not run: drop it from the recipe instead).")
+                           "cannot decide (nothing measured, fewer samples than min_samples, a critical row not "
+                           "judged, a task that could not run: the evidence says how to fix it).")
 
     def beyond_limit(self) -> bool | None:
         """Whether the point estimate is on the wrong side of the limit (a breach the

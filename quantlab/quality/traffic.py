@@ -26,6 +26,7 @@ import yaml
 from quantlab.core.digest import json_sha256
 from quantlab.core.errors import RecipeError
 from quantlab.core.verdicts import GateVerdict
+from quantlab.quality.traffic_checks import MAX_JSON_DEPTH, json_depth
 from quantlab.recipe.quality import TrafficFile
 
 FORMAT = 1  # bump when the generated suite's meaning changes (its hash keys the baseline cache)
@@ -51,6 +52,10 @@ def _fail(path: Path, line: int, what: str) -> RecipeError:
     return RecipeError(what, file=f"{path}:{line}")  # file:line, as editors and compilers say it
 
 
+def _reason(err: Exception) -> str:
+    return "nested too deeply to read" if isinstance(err, RecursionError) else str(err)[:200]
+
+
 def _check(raw: Any, path: Path, line: int) -> dict[str, Any]:
     if not isinstance(raw, dict) or len(raw) != 1 or next(iter(raw)) not in CHECK_KINDS:
         raise _fail(path, line, f"check {json.dumps(raw)[:80]}: expected one of {{'exact': ...}}, {{'contains': ...}}, "
@@ -70,8 +75,11 @@ def _check(raw: Any, path: Path, line: int) -> dict[str, Any]:
         except OSError:
             raise _fail(path, line, f"check.json_schema: {schema_path} not found (paths are relative to the "
                         "traffic file)") from None
-        except json.JSONDecodeError as err:
-            raise _fail(path, line, f"check.json_schema: {schema_path} is not JSON: {err}") from None
+        except (ValueError, RecursionError) as err:  # not JSON, an integer past the digit limit, too deep
+            raise _fail(path, line, f"check.json_schema: {schema_path} is not JSON: {_reason(err)}") from None
+        if json_depth(schema, MAX_JSON_DEPTH) > MAX_JSON_DEPTH:  # its validator recurses once a level
+            raise _fail(path, line, f"check.json_schema: {schema_path} nests more than {MAX_JSON_DEPTH} levels deep; "
+                        "flatten it (a $ref to a definition reads the same)")
         from jsonschema import Draft202012Validator, validators
         from jsonschema.exceptions import SchemaError
 
@@ -120,8 +128,10 @@ def load_rows(path: Path) -> list[TrafficRow]:
             continue
         try:
             raw = json.loads(text)
-        except json.JSONDecodeError as err:
-            raise _fail(path, n, f"not JSON: {err}") from None
+        except (ValueError, RecursionError) as err:  # not JSON, an integer past the digit limit, too deep
+            raise _fail(path, n, f"not JSON: {_reason(err)}") from None
+        if json_depth(raw, MAX_JSON_DEPTH) > MAX_JSON_DEPTH:  # every record and hash of it recurses once a level
+            raise _fail(path, n, f"the row nests more than {MAX_JSON_DEPTH} levels deep")
         if not isinstance(raw, dict):
             raise _fail(path, n, "expected a JSON object per line")
         unknown = set(raw) - {"id", "prompt", "messages", "slice", "reference", "critical", "check"}

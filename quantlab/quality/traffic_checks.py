@@ -27,16 +27,61 @@ print(json.dumps(verdict))
 """
 
 
+# A generated answer is untrusted: whatever it holds, its check is a row that fails, never
+# an exception that ends the quality stage.
+MAX_JSON_DEPTH = 100  # deeper fails: no real answer nests so, and a schema's validator recurses per level
+# characters the decoder and its errors scan over all the starts tried (a failed start at
+# position p costs about p: the error counts the lines before it): a few ms of C, then give up
+MAX_DECODE_WORK = 4_000_000
+_START = re.compile(r"[{\[]")
+
+
+def _finite_only(name: str) -> Any:
+    raise ValueError(f"{name} is not JSON")  # Python's decoder would read NaN/Infinity, which pass range checks
+
+
+def _finite_float(text: str) -> float:
+    value = float(text)
+    if value != value or value in (float("inf"), float("-inf")):  # 1e999: too large for any JSON reader
+        raise ValueError(f"{text[:20]} is out of range")
+    return value
+
+
+def json_depth(value: Any, limit: int) -> int:
+    """How deep a decoded JSON value nests (a scalar: 0), counted without recursion;
+    counting stops past `limit` (returns limit + 1)."""
+    deepest, stack = 0, [(value, 1)]
+    while stack:
+        item, depth = stack.pop()
+        if isinstance(item, (dict, list)):
+            if depth > limit:
+                return limit + 1
+            deepest = max(deepest, depth)
+            stack.extend((v, depth + 1) for v in (item.values() if isinstance(item, dict) else item))
+    return deepest
+
+
 def first_json(text: str) -> Any:
     """The first JSON object or array in a generated answer (models wrap it in prose and
-    code fences), or None."""
-    decoder = json.JSONDecoder()
-    for i, ch in enumerate(text):
-        if ch in "{[":
-            try:
-                return decoder.raw_decode(text[i:])[0]
-            except ValueError:
-                continue
+    code fences), or None: none there, or none within bounds (nested deeper than
+    MAX_JSON_DEPTH, NaN or an out-of-range number, more than MAX_DECODE_WORK of decoding
+    to find it), which the check counts as a failed answer."""
+    decoder = json.JSONDecoder(parse_constant=_finite_only, parse_float=_finite_float)
+    looked = 0
+    for start in _START.finditer(text):
+        i = start.start()
+        try:
+            found = decoder.raw_decode(text, i)[0]
+        except json.JSONDecodeError as err:
+            looked += err.pos + 1
+        except ValueError:  # NaN, 1e999, an integer past Python's digit limit: read to there, or further
+            looked += len(text)
+        except RecursionError:  # nested past what Python can decode: far past MAX_JSON_DEPTH
+            return None
+        else:
+            return found if json_depth(found, MAX_JSON_DEPTH) <= MAX_JSON_DEPTH else None
+        if looked > MAX_DECODE_WORK:
+            return None
     return None
 
 
@@ -56,7 +101,10 @@ def check_answer(check: dict[str, Any], answer: str, row: dict[str, Any]) -> tup
         if found is None:
             return False, None
         cls = validators.validator_for(value, default=Draft202012Validator)
-        return cls(value).is_valid(found), None
+        try:
+            return cls(value).is_valid(found), None
+        except (RecursionError, ArithmeticError, ValueError, TypeError) as err:  # e.g. a 4,000-digit multipleOf
+            return False, f"json_schema could not be checked on this answer: {type(err).__name__}: {str(err)[:120]}"
     if kind == "python":
         payload = json.dumps({"answer": answer, "row": row})
         out = run_python(_SCORER, timeout_s=check["timeout_s"], stdin=payload,

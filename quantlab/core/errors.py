@@ -36,6 +36,12 @@ class EngineError(QuantlabError):
         super().__init__(message)
 
 
+class IntegrityError(EngineError):
+    """Files are not those recorded for them: a checkpoint that changed after it was recorded
+    (added, missing or changed files), or a result read back from shared storage or a shared
+    cache that is not what its writer handed back. Nothing is signed or reused from them."""
+
+
 class CheckError(QuantlabError):
     """A check could not produce a result."""
 

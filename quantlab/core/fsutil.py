@@ -1,4 +1,5 @@
-"""Atomic file and directory output: nothing is ever half-written."""
+"""Atomic file and directory output (nothing is ever half-written), hashing, and files
+that must stay private to their owner."""
 
 from __future__ import annotations
 
@@ -7,6 +8,8 @@ import hashlib
 import json
 import os
 import shutil
+import stat
+import sys
 import tempfile
 from pathlib import Path
 from typing import Any, Iterator
@@ -90,9 +93,72 @@ def atomic_directory(final: Path, *, replace: bool = False) -> Iterator[Path]:
             old = final.with_name(f".{final.name}.old-{os.getpid()}")
             os.replace(final, old)
             os.replace(tmp, final)
-            shutil.rmtree(old, ignore_errors=True)
+            remove_tree(old)  # a checkpoint is read-only while it is checked (folder_record.lock)
         else:
             os.replace(tmp, final)
     except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
+        remove_tree(tmp)
         raise
+
+
+def remove_tree(path: Path) -> None:
+    """Remove a folder and everything in it, read-only ones included (a folder without write
+    permission keeps its entries from rmtree); what cannot be removed is left, silently."""
+
+    def writable_then_retry(func, failed, _exc) -> None:
+        with contextlib.suppress(OSError):
+            parent = os.path.dirname(failed)
+            os.chmod(parent, stat.S_IMODE(os.lstat(parent).st_mode) | stat.S_IRWXU)
+            if not os.path.islink(failed) and os.path.isdir(failed):
+                os.chmod(failed, stat.S_IMODE(os.lstat(failed).st_mode) | stat.S_IRWXU)
+            func(failed)
+
+    if os.path.islink(path) or not os.path.isdir(path):
+        with contextlib.suppress(OSError):
+            os.unlink(path)
+        return
+    with contextlib.suppress(OSError):
+        if sys.version_info >= (3, 12):
+            shutil.rmtree(path, onexc=writable_then_retry)
+        else:
+            shutil.rmtree(path, onerror=writable_then_retry)
+
+
+class NotPrivate(Exception):
+    """A file that must be its owner's alone is not (another owner, group or world access, a link)."""
+
+
+def check_private_file(path: Path) -> None:
+    """A secret's file (a key, the cache's secret) must be a plain file (not a link) owned by this
+    user and readable by no one else: anyone else who could write it could plant one, anyone
+    else who could read it could forge what it authenticates. Raises NotPrivate saying which."""
+    st = os.lstat(path)
+    if stat.S_ISLNK(st.st_mode) or not stat.S_ISREG(st.st_mode):
+        raise NotPrivate(f"{path} is not a plain file (a link or a special file)")
+    if hasattr(os, "getuid") and st.st_uid != os.getuid():
+        raise NotPrivate(f"{path} is owned by user id {st.st_uid}, not by this user ({os.getuid()})")
+    if stat.S_IMODE(st.st_mode) & 0o077:
+        raise NotPrivate(f"{path} has mode {stat.S_IMODE(st.st_mode):04o}: group or others may access it "
+                         "(expected 0600)")
+
+
+def create_private_file(path: Path, data: bytes) -> bool:
+    """Create `path` holding `data`, mode 0600 from its first byte, atomically and never over
+    an existing file or link (another process may create it at the same moment: its file is
+    kept). The folder is created 0700 when missing. Returns whether this call created it."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)  # 0600
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        try:
+            os.link(tmp, path)  # fails if anything (a file, a link) is there: no clobbering, no following
+        except FileExistsError:
+            return False
+        return True
+    finally:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)

@@ -29,6 +29,14 @@ REGISTRATION_SIG = "quantlab-registration.sig"  # its signature, as copied into 
 ATTESTATION_FILE = "quantlab-attestation.intoto.jsonl"
 ATTESTATION_BUNDLE = "quantlab-attestation.sigstore.json"
 SBOM_DIR = "sbom"  # in a released folder: <environment>-env.cdx.json, a CycloneDX SBOM of each (release/environments)
+# what the release stage adds to a checkpoint folder: never part of a checkpoint's recorded files
+RELEASE_FILES = (MANIFEST_FILE, SIGNATURE_FILE, REGISTRATION_FILE, REGISTRATION_SIG, ATTESTATION_FILE,
+                 ATTESTATION_BUNDLE)
+
+
+def release_owned(rel: str) -> bool:
+    """Whether a path in a checkpoint folder (relative, POSIX) is one a release writes there."""
+    return rel in RELEASE_FILES or rel.split("/")[0] == SBOM_DIR
 PROVENANCE_FILE = "quantlab-provenance.json"  # in a converted model folder
 # under the runs root, beside <recipe>/<run id>/
 COMPARE_DIR = "compare"  # compare/<id>/: several candidates
@@ -36,6 +44,13 @@ CANDIDATES_DIR = "candidates"  # compare/<id>/candidates/<name>/<run id>/
 COMPARISON_FILE = "comparison.json"  # in compare/<id>/
 SEARCH_DIR = "search"  # search/<recipe>/<id>/
 SENSITIVITY_DIR = "sensitivity"  # sensitivity/<recipe>/<id>/
+
+
+def config_dir() -> Path:
+    """quantlab's per-user settings folder ($XDG_CONFIG_HOME/quantlab, else ~/.config/quantlab): what
+    must stay this user's own even when the cache folder is shared (the cache's secret)."""
+    base = os.environ.get("XDG_CONFIG_HOME") or Path.home() / ".config"
+    return Path(base).expanduser() / "quantlab"
 
 
 def cache_dir() -> Path:

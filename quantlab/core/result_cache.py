@@ -13,20 +13,34 @@ served max_model_len, the engine version and arguments, and the hardware. Checkp
 the quantize stage's inputs (model files, quantization and calibration sections,
 calibration data), quantlab's code (a hash of its sources) and the quantization
 libraries' versions.
+
+Integrity: a reader never trusts an entry because of a record inside it. Each entry holds an
+index of its files' sizes and sha256 (`index.json`), with an HMAC under this user's cache
+secret (core/cache_secret) over the index, the entry's kind and key, and its complete.json.
+An entry whose index is missing, not authenticated, or does not match its files on disk
+(one added, missing or changed) is a miss with a warning (CacheEntryWarning), never reused;
+a reused entry's files are hashed again as they are copied or read (copy_entry,
+read_entry_file) and any difference stops the stage (IntegrityError, exit 3). An entry
+made under another secret (another user's, an older quantlab's) is replaced by the next
+store of its key.
 """
 
 from __future__ import annotations
 
+import fnmatch
+import hashlib
 import json
-import shutil
+import os
 import tempfile
+import warnings
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from quantlab.core import cache_secret, folder_record
 from quantlab.core.digest import json_sha256
-from quantlab.core.errors import RecipeError
-from quantlab.core.fsutil import write_text_atomic
+from quantlab.core.errors import IntegrityError, RecipeError
+from quantlab.core.fsutil import remove_tree, write_text_atomic
 from quantlab.core.layout import cache_dir
 
 QUALITY = "quality-baselines"
@@ -34,6 +48,8 @@ STABILITY = "stability-baselines"
 CHECKPOINTS = "checkpoints"
 
 COMPLETE = "complete.json"
+INDEX = "index.json"  # the entry's files' digests and their HMAC under the cache secret
+INDEX_FORMAT = 1
 JUDGED = ".judged"  # <key>.judged/<candidate>.json: the candidates judged against an entry's answers
 
 
@@ -64,17 +80,101 @@ def lookup_parts(kind: str, parts: Callable[[], dict[str, Any]]) -> Path | None:
         return None
 
 
-def lookup(kind: str, key: str) -> Path | None:
-    """The cached folder for a key, or for a key stored as an alias of another (see store)."""
+class CacheEntryWarning(UserWarning):
+    """A cached entry (or alias) that does not authenticate: it is not reused."""
+
+
+def _not_listed(rel: str) -> bool:
+    return rel in (COMPLETE, INDEX)
+
+
+def _warn(what: Path, problem: str) -> None:
+    warnings.warn(f"cached entry {what} is not reused: {problem}. It is evaluated again (and the entry replaced "
+                  "when it is stored)", CacheEntryWarning, stacklevel=3)
+
+
+def _index_body(kind: str, key: str, complete: bytes, files: dict[str, Any]) -> dict[str, Any]:
+    return {"format": INDEX_FORMAT, "kind": kind, "key": key,
+            "complete_sha256": hashlib.sha256(complete).hexdigest(), "files": files}
+
+
+def _entry_problem(kind: str, folder: Path, *, deep: bool) -> tuple[str | None, dict[str, Any]]:
+    """(what is wrong with an entry, or None; its authenticated files). `deep`: every file
+    hashed (the small kinds); else sizes only (a checkpoint is hashed as it is copied)."""
+    try:
+        index = json.loads((folder / INDEX).read_bytes())
+        complete = (folder / COMPLETE).read_bytes()
+    except FileNotFoundError:
+        return "it has no authenticated index (made by an older quantlab, or not by quantlab)", {}
+    except (OSError, ValueError) as err:
+        return f"its index cannot be read ({err})", {}
+    if not isinstance(index, dict):
+        return "its index is not a JSON object", {}
+    files = index.get("files")
+    if not isinstance(files, dict):
+        return "its index lists no files", {}
+    if not cache_secret.holds(_index_body(kind, folder.name, complete, files), index.get("hmac")):
+        return ("its index is not authenticated by this user's cache secret (written by someone without it, or "
+                "edited since)"), {}
+    if deep:
+        problems, _ = folder_record.differences(folder, files, skip=_not_listed)
+    else:
+        on_disk, others = folder_record.walk(folder)
+        listed = [rel for rel in on_disk if not _not_listed(rel)]
+        problems = [f"not a plain file: {rel}" for rel in others]
+        problems += [f"added file: {rel}" for rel in listed if rel not in files]
+        problems += [f"missing file: {rel}" for rel in files if rel not in listed]
+        problems += [f"changed file: {rel} (its size)" for rel in listed
+                     if rel in files and os.lstat(folder / rel).st_size != files[rel].get("size")]
+    if problems:
+        return "its files differ from its authenticated index: " + "; ".join(problems[:5]), {}
+    return None, files
+
+
+def entry_files(kind: str, folder: Path, *, warn: bool = True, deep: bool | None = None) -> dict[str, Any] | None:
+    """An entry's files ({path: {size, sha256}}) as its authenticated index lists them, or None
+    (with a CacheEntryWarning) when it does not authenticate or its files differ."""
+    problem, files = _entry_problem(kind, Path(folder), deep=kind != CHECKPOINTS if deep is None else deep)
+    if problem is not None:
+        if warn:
+            _warn(folder, problem)
+        return None
+    return files
+
+
+def lookup(kind: str, key: str, *, warn: bool = True) -> Path | None:
+    """The cached folder for a key, or for a key stored as an alias of another (see store);
+    only an entry that authenticates (entry_files)."""
     folder = cache_root(kind) / key
     if (folder / COMPLETE).is_file():
-        return folder
+        return folder if entry_files(kind, folder, warn=warn) is not None else None
     alias = cache_root(kind) / f"{key}.alias"
     if alias.is_file():
-        target = alias.read_text().strip()
-        if target != key and (cache_root(kind) / target / COMPLETE).is_file():
-            return cache_root(kind) / target
+        target = _alias_target(kind, key, alias, warn=warn)
+        if target is not None and target != key and (cache_root(kind) / target / COMPLETE).is_file():
+            found = cache_root(kind) / target
+            return found if entry_files(kind, found, warn=warn) is not None else None
     return None
+
+
+def _alias_body(kind: str, alias: str, key: str) -> dict[str, Any]:
+    return {"format": INDEX_FORMAT, "kind": kind, "alias": alias, "key": key}
+
+
+def _alias_target(kind: str, alias: str, path: Path, *, warn: bool) -> str | None:
+    """The key an alias file leads to, if its HMAC holds (an alias planted by someone without
+    the secret could otherwise lead a lookup to another key's answers)."""
+    try:
+        doc = json.loads(path.read_text())
+        key = doc["key"]
+        ok = isinstance(key, str) and cache_secret.holds(_alias_body(kind, alias, key), doc.get("hmac"))
+    except (OSError, ValueError, TypeError, KeyError):
+        ok, key = False, None
+    if not ok:
+        if warn:
+            _warn(path, "the alias is not authenticated by this user's cache secret")
+        return None
+    return key
 
 
 def lookup_covering(kind: str, parts: dict[str, Any], field: str) -> tuple[Path, str, list[Any]] | None:
@@ -98,7 +198,8 @@ def lookup_covering(kind: str, parts: dict[str, Any], field: str) -> tuple[Path,
         except (OSError, ValueError):
             continue
         have = stored.pop(field, None) if isinstance(stored, dict) else None
-        if isinstance(have, list) and set(want) <= set(have) and stored == rest:
+        if isinstance(have, list) and set(want) <= set(have) and stored == rest \
+                and entry_files(kind, complete.parent) is not None:  # authenticated: complete.json is in its HMAC
             found.append((len(have), complete.parent.name, complete.parent, have))
     if not found:
         return None
@@ -118,25 +219,85 @@ def store(kind: str, key: str, source: Path, parts: dict[str, Any], *, aliases: 
     root = cache_root(kind)
     root.mkdir(parents=True, exist_ok=True)
     final = root / key
-    if not lookup(kind, key):
+    if not lookup(kind, key, warn=False):
         tmp = Path(tempfile.mkdtemp(prefix=f".{key[:12]}-", dir=root))
         try:
-            shutil.copytree(source, tmp, dirs_exist_ok=True)
-            (tmp / COMPLETE).write_text(json.dumps(parts, indent=2, sort_keys=True, default=str))
-            if final.exists() and not (final / COMPLETE).is_file():
-                shutil.rmtree(final, ignore_errors=True)  # a left-over without its completion mark
+            # the index lists the bytes the copy holds, hashed as they are written
+            files = folder_record.copy_files(source, tmp, folder_record.walk(source)[0])
+            complete = json.dumps(parts, indent=2, sort_keys=True, default=str).encode()
+            (tmp / COMPLETE).write_bytes(complete)
+            body = _index_body(kind, key, complete, files)
+            (tmp / INDEX).write_text(json.dumps({**body, "hmac": cache_secret.sign(body)}, indent=1, sort_keys=True))
+            if final.exists() and entry_files(kind, final, warn=False, deep=False) is None:
+                _set_aside(final)  # a left-over without its completion mark, or made under another secret
             tmp.rename(final)
         except OSError:
-            shutil.rmtree(tmp, ignore_errors=True)
+            remove_tree(tmp)
             if not _finished_by_another(final):  # not another writer's finished entry: a real failure
                 raise
         except BaseException:  # Ctrl-C, a cancelled Ray task: no half-copied folder stays in the cache
-            shutil.rmtree(tmp, ignore_errors=True)
+            remove_tree(tmp)
             raise
     for alias in aliases:
         if alias != key:
-            write_text_atomic(root / f"{alias}.alias", key)
+            body = _alias_body(kind, alias, key)
+            write_text_atomic(root / f"{alias}.alias", json.dumps({**body, "hmac": cache_secret.sign(body)}))
     return final
+
+
+def _set_aside(final: Path) -> None:
+    """Move an entry that does not authenticate out of its key's place, then remove it (a
+    reader mid-copy of it fails its own check; another writer racing here loses the rename)."""
+    aside = final.with_name(f".{final.name[:12]}-stale-{os.getpid()}-{os.urandom(4).hex()}")
+    try:
+        os.rename(final, aside)
+    except OSError:
+        return
+    remove_tree(aside)
+
+
+def copy_entry(kind: str, folder: Path, dest: Path, *, skip: tuple[str, ...] = ()) -> dict[str, Any]:
+    """An entry's files into `dest` (each file replaced there), hashed as they are written and
+    compared with the entry's authenticated index: only listed files are copied, never through
+    a link. `skip`: glob patterns; a file is skipped when any part of its path matches one.
+    Returns {path: {size, sha256}} of what was copied; a difference raises IntegrityError."""
+    files = entry_files(kind, folder, warn=False, deep=False)
+    if files is None:
+        raise IntegrityError(f"the cached entry {folder} no longer matches its authenticated index (changed while "
+                             "this run used it); remove it and run again")
+    wanted = [rel for rel in files if not any(fnmatch.fnmatch(part, pat) for part in rel.split("/") for pat in skip)]
+    copied = {}
+    for rel in wanted:
+        (Path(dest) / rel).unlink(missing_ok=True)
+        try:
+            copied[rel] = folder_record.copy_hashed(Path(folder) / rel, Path(dest) / rel)
+        except OSError as err:
+            raise IntegrityError(f"the cached entry {folder}: {rel} cannot be copied ({err})") from None
+        if copied[rel] != {"size": files[rel]["size"], "sha256": files[rel]["sha256"]}:
+            raise IntegrityError(f"the cached entry {folder}: {rel} is not the file its authenticated index lists "
+                                 f"(sha256 {copied[rel]['sha256'][:12]}... copied, {files[rel]['sha256'][:12]}... "
+                                 "listed); it was changed after it was stored: remove the entry and run again")
+    return copied
+
+
+def read_entry_file(kind: str, folder: Path, rel: str) -> bytes:
+    """One file of an entry, checked against its authenticated index (IntegrityError if not)."""
+    files = entry_files(kind, folder, warn=False, deep=False)
+    if files is None or rel not in files:
+        raise IntegrityError(f"the cached entry {folder}: {rel} is not in its authenticated index (the entry "
+                             "changed while this run used it); remove it and run again")
+    fd = os.open(Path(folder) / rel, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))
+    with os.fdopen(fd, "rb") as f:
+        data = f.read()
+    if hashlib.sha256(data).hexdigest() != files[rel]["sha256"]:
+        raise IntegrityError(f"the cached entry {folder}: {rel} is not the file its authenticated index lists; it "
+                             "was changed after it was stored: remove the entry and run again")
+    return data
+
+
+def discard(folder: Path) -> None:
+    """Remove a cached entry found broken (its files not those its index lists)."""
+    _set_aside(Path(folder))
 
 
 def mark_judged(kind: str, key: str, candidate: str, info: dict[str, Any]) -> int:

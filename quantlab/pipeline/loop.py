@@ -24,6 +24,7 @@ from quantlab.release.decision import importance
 from quantlab.reports.stage_plots import draw as draw_plots
 from quantlab.core.engine_time import engine_seconds
 from quantlab.core.errors import EngineError, GateFailure, QuantlabError, RecipeError
+from quantlab.core import folder_record
 from quantlab.core.fsutil import write_text_atomic
 from quantlab.core.layout import ERROR_DIR
 from quantlab.recipe.family import Family
@@ -127,6 +128,8 @@ def run_pipeline(loaded: LoadedRecipe, runs_root: Path, *, resume: Path | None =
     (pipeline/families.py). Any error raised after the run folder exists carries it as
     `.run_dir`, so the caller can summarise the run whatever its outcome."""
     clock = (time.perf_counter(), engine_seconds())
+    if checkpoint is not None:  # a missing folder or an outside link: refused before a run folder exists
+        checkpoint_stage.check_source(checkpoint)
     run = open_run(loaded, runs_root, resume)
     try:
         return _run_stages(loaded, run, progress, verbose, checkpoint, clock, family)
@@ -181,14 +184,18 @@ def _run_stages(loaded: LoadedRecipe, run: RunDir, progress: Progress, verbose: 
                 continue
             if stage.NAME not in todo:
                 progress(f"stage {stage.NAME}: done earlier with the same inputs, skipped")
-                continue
-            progress(f"stage {stage.NAME}: {todo[stage.NAME]}")
-            run_stage(ctx, stage)
+            else:
+                progress(f"stage {stage.NAME}: {todo[stage.NAME]}")
+                run_stage(ctx, stage)
+            if stage.NAME in CHECKPOINT_STAGES:
+                lock_checkpoint(ctx)
     except BaseException:
         ctx.close_engines()
+        unlock_checkpoint(ctx)
         save_with_time(run, clock, progress)  # a failed run gets its report too
         raise
     ctx.close_engines()  # servers live across the check stages, never past the run
+    unlock_checkpoint(ctx)
     decided = release_stage.decide_run(ctx)  # an optional target's failures block that target only
     run.record.status = "blocked" if decided.blocked else "ok"
     save_with_time(run, clock, progress)
@@ -208,6 +215,21 @@ def _run_stages(loaded: LoadedRecipe, run: RunDir, progress: Progress, verbose: 
 
 
 MAX_LISTED = 5  # gates named when a run ends blocked; every one is in the report
+CHECKPOINT_STAGES = (quantize_stage.NAME, checkpoint_stage.NAME)  # where the candidate's files are recorded
+
+
+def lock_checkpoint(ctx: RunContext) -> None:
+    """The recorded checkpoint read-only (files 0444, folders 0555) through the checks: a check
+    that could write there (a completion run by a code task) finds no room. The release stage
+    compares every file with the record before signing whatever the modes held."""
+    if ctx.checkpoint_dir.is_dir():
+        folder_record.lock(ctx.checkpoint_dir)
+
+
+def unlock_checkpoint(ctx: RunContext) -> None:
+    """Ordinary modes again (files 0644, folders 0755) when the run ends, whatever its outcome."""
+    if ctx.checkpoint_dir.is_dir():
+        folder_record.release_modes(ctx.checkpoint_dir)
 
 
 def by_importance(verdicts: list) -> list:

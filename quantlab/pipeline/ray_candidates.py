@@ -17,6 +17,16 @@ runs each release stage itself (only the driver signs), then the comparison's fi
 the local comparison does. The manifest names the node the checks ran on (its hardware
 from that node's own probe, in the serve result) and the Ray job.
 
+Read-back: nothing on the shared storage is trusted for being there. Each task hands back,
+as its Ray return value, the sha256 of every file it left in its run folder (its checkpoint's
+as the quantize stage recorded them); the driver hashes the folder it reads against those
+(and the files it wrote itself before the task, against its own digests) and refuses the
+comparison (IntegrityError, exit 3, naming each file) on an added, missing or changed file,
+before any decision or signature; the release then compares the checkpoint's files with
+their record. The shared cache's entries are authenticated under the driver's cache secret,
+which each task receives as its argument (core/cache_secret.use), never through an
+environment variable, a record or a log.
+
 Racing: with `quality.samples: auto`, a candidate that has failed a required gate after
 its quality stage stops there (its servers stopped, its node free for the next task) and
 is recorded as stopped early, with the gate that stopped it.
@@ -25,16 +35,16 @@ is recorded as stopped early, with the gate that stopped it.
 from __future__ import annotations
 
 import os
-import shutil
 import socket
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from quantlab.core.errors import EngineError, QuantlabError, RecipeError
-from quantlab.core.fsutil import write_text_atomic
-from quantlab.core.layout import QUALITY_DIR
+from quantlab.core import cache_secret, folder_record
+from quantlab.core.errors import EngineError, IntegrityError, QuantlabError, RecipeError
+from quantlab.core.fsutil import remove_tree, write_text_atomic
+from quantlab.core.layout import CHECKPOINT_DIR, QUALITY_DIR, RECORD_FILE
 from quantlab.core.progress import Progress
 from quantlab.core.result_cache import SHARED_CACHE_ENV
 from quantlab.core.run import RunDir
@@ -44,7 +54,8 @@ from quantlab.core.engine_time import engine_seconds
 from quantlab.pipeline.candidates.conclusion import conclude
 from quantlab.pipeline.candidates.run import choose_then_release, comparison_family, finish_candidate
 from quantlab.pipeline.context import RunContext
-from quantlab.pipeline.loop import STAGES, baseline_needed, blocking_line, enabled, run_stage, stages_to_run
+from quantlab.pipeline.loop import (CHECKPOINT_STAGES, STAGES, baseline_needed, blocking_line, enabled,
+                                    lock_checkpoint, run_stage, stages_to_run, unlock_checkpoint)
 from quantlab.pipeline.ray_cluster import (RUNS_SUBDIR, check_fits, check_storage, check_storage_on_nodes,
                                            shared_cache, task_resources)
 from quantlab.recipe.family import Family
@@ -73,6 +84,7 @@ class NodeOutcome:
     refused: str | None = None  # by a preflight on its node, before any work
     failed: str | None = None  # a stage failed, or the task itself (after Ray's retry)
     stopped_early: str | None = None  # racing: the required gate that failed, and where
+    written: dict[str, Any] | None = None  # what the task left in its run folder (written_files), over Ray's channel
 
 
 def run_comparison_on_ray(recipes: list[Path | LoadedRecipe], storage: Path, *, progress: Progress = print,
@@ -102,9 +114,13 @@ def run_comparison_on_ray(recipes: list[Path | LoadedRecipe], storage: Path, *, 
         c.ctx.baseline_model()  # the release here hashes the baseline's files: it must resolve here too
         c.run.record.registration = register(c.ctx)  # signed here, before any task starts an engine
         c.run.save()
+    # what this machine wrote into each run folder (the registration): checked against its own digests
+    own = {c.name: {rel: folder_record.file_digest(c.run.path / rel)["sha256"]
+                    for rel in folder_record.walk(c.run.path)[0] if rel != RECORD_FILE} for c in cands}
     try:
         outcomes = run_tasks(cands, storage, progress=progress, cpus=cpus,
                              stop_on_refusal=selection.unservable == "stop", family=family)
+        check_read_back(cands, outcomes, own)
     except BaseException as err:  # Ctrl-C, the deadline, a refusal that stops all: no record stays "running"
         for c in cands:
             run = RunDir.open(c.run.path)
@@ -131,9 +147,10 @@ def run_tasks(cands: list[Candidate], storage: Path, *, progress: Progress, cpus
     task = ray.remote(max_retries=TASK_RETRIES, retry_exceptions=False)(_candidate_task)
     env = {"env_vars": {SHARED_CACHE_ENV: str(shared_cache(storage))}}
     job = ray.get_runtime_context().get_job_id()
+    secret = cache_secret.current()  # the shared cache's entries are authenticated under this machine's secret
     submitted = time.time()
     refs = {task.options(runtime_env=env, name=f"candidate:{c.name}", **task_resources(c.loaded, cpus))
-            .remote(c.loaded, str(c.run.path), job, family): c.name for c in cands}
+            .remote(c.loaded, str(c.run.path), job, family, secret): c.name for c in cands}
     progress(f"ray: {len(refs)} candidate task(s) submitted (job {job})")
     outcomes: dict[str, NodeOutcome] = {}
     deadline = time.monotonic() + COMPARISON_DEADLINE_S
@@ -189,6 +206,78 @@ def _collected(ray, ref, name: str, submitted: float, progress: Progress) -> Nod
     return out
 
 
+def written_files(run_path: Path, record) -> dict[str, Any]:
+    """What a task hands back over Ray's channel: the sha256 of every plain file in its run
+    folder, what is not a plain file there, and its checkpoint's files as the quantize stage
+    recorded them (the release hashes those against the folder)."""
+    files, others = folder_record.walk(run_path)
+    made = record.result("quantize") or record.result("checkpoint")
+    return {"files": {rel: folder_record.file_digest(run_path / rel)["sha256"] for rel in files
+                      if not rel.startswith(f"{CHECKPOINT_DIR}/")},
+            "not_files": sorted(rel for rel in others if not rel.startswith(f"{CHECKPOINT_DIR}/")),
+            "checkpoint": {rel: f.sha256 for rel, f in made.files.items()} if made is not None else None}
+
+
+def read_back_problems(run_path: Path, written: dict[str, Any], own: dict[str, str]) -> list[str]:
+    """The run folder on the shared storage against what its task handed back (`written`) and
+    what this machine wrote there before the task (`own`, which wins): each added, missing or
+    changed file, in words; the record's checkpoint files against the task's. Empty: it holds."""
+    expected = {**written["files"], **own}
+    files, others = folder_record.walk(run_path)
+    problems = [f"not a plain file: {rel}" for rel in others
+                if not rel.startswith(f"{CHECKPOINT_DIR}/") and rel not in written.get("not_files", [])]
+    seen = set()
+    for rel in files:
+        if rel.startswith(f"{CHECKPOINT_DIR}/"):
+            continue  # hashed against the checkpoint's record by the release stage
+        seen.add(rel)
+        if rel not in expected:
+            problems.append(f"added file: {rel} (its task did not write it)")
+        elif folder_record.file_digest(run_path / rel)["sha256"] != expected[rel]:
+            problems.append(f"changed file: {rel} (not the sha256 its task handed back)")
+    problems += [f"missing file: {rel} (its task wrote it)" for rel in expected if rel not in seen]
+    if not problems and (record_problem := _checkpoint_record_problem(run_path, written)):
+        problems.append(record_problem)
+    return problems
+
+
+def _checkpoint_record_problem(run_path: Path, written: dict[str, Any]) -> str | None:
+    """run.json (its bytes checked already) against the checkpoint files the task recorded."""
+    record = RunDir.open(run_path).record
+    made = record.result("quantize") or record.result("checkpoint")
+    mine = {rel: f.sha256 for rel, f in made.files.items()} if made is not None else None
+    if mine != written.get("checkpoint"):
+        return f"{RECORD_FILE}: its checkpoint files are not those its task recorded"
+    return None
+
+
+def check_read_back(cands: list[Candidate], outcomes: dict[str, NodeOutcome], own: dict[str, dict[str, str]]) -> None:
+    """Every candidate's run folder as its task handed it back, before any decision or signature
+    is made from it; IntegrityError (exit 3) naming the files otherwise (the records say so)."""
+    wrong = {}
+    for c in cands:
+        out = outcomes.get(c.name)
+        if out is None or out.written is None:  # the task itself failed: nothing is read from it to release
+            continue
+        problems = read_back_problems(c.run.path, out.written, own.get(c.name, {}))
+        if problems:
+            wrong[c.name] = problems
+    if not wrong:
+        return
+    for c in [c for c in cands if c.name in wrong]:
+        try:
+            run = RunDir.open(c.run.path)
+            run.record.status = "failed"
+            run.save()
+        except (QuantlabError, OSError, ValueError):
+            pass  # a record that cannot be read back is among the problems named
+    folders = {c.name: c.run.path for c in cands}
+    said = "; ".join(f"candidate {n} ({folders[n]}): " + ", ".join(p[:8]) for n, p in wrong.items())
+    raise IntegrityError(f"ray: the shared storage does not hold what the candidates' tasks wrote; nothing is decided "
+                         f"or signed from it: {said}. Something changed the storage folder after the tasks ended: "
+                         "run the comparison again", cause="the shared storage changed after its tasks wrote it")
+
+
 def _adopt(c: Candidate, out: NodeOutcome, progress: Progress, verbose: bool, family: Family) -> None:
     """The candidate's run folder as its task left it, ready for the driver's release."""
     c.run = RunDir.open(c.run.path)
@@ -206,12 +295,16 @@ def _adopt(c: Candidate, out: NodeOutcome, progress: Progress, verbose: bool, fa
         c.run.save()
 
 
-def _candidate_task(loaded: LoadedRecipe, run_path: str, job: str, family: Family | None = None) -> dict[str, Any]:
+def _candidate_task(loaded: LoadedRecipe, run_path: str, job: str, family: Family | None = None,
+                    secret: bytes | None = None) -> dict[str, Any]:
     """Runs on a Ray node: the candidate's stages but release, in its run folder in the
     storage folder (a retry resumes there: the stages already done with the same inputs
-    are kept). Each attempt leaves a mark, so a retry is known and said."""
+    are kept). Each attempt leaves a mark, so a retry is known and said. `secret`: the
+    driver's cache secret (the shared cache's entries are authenticated under it). Returns
+    what it did and what it wrote (written_files), which the driver checks the folder against."""
     import ray
 
+    cache_secret.use(secret)
     started_at, t0 = time.time(), time.monotonic()
     node_id = ray.get_runtime_context().get_node_id()
     node = f"{socket.gethostname()}/{node_id[:8]}"
@@ -224,7 +317,7 @@ def _candidate_task(loaded: LoadedRecipe, run_path: str, job: str, family: Famil
     if attempts > 1:  # what the lost node served and measured is redone here; a finished checkpoint is kept
         run.record.stages = {n: r for n, r in run.record.stages.items() if n in ("quantize", "checkpoint")}
         for partial in [*run.path.glob(".*.partial"), *run.path.glob(".*.old-*")]:
-            shutil.rmtree(partial, ignore_errors=True)  # what the lost attempt was writing
+            remove_tree(partial)  # what the lost attempt was writing
     run.record.status = "running"
     run.save()
     said = _node_log(run.path / NODE_LOG)
@@ -242,14 +335,17 @@ def _candidate_task(loaded: LoadedRecipe, run_path: str, job: str, family: Famil
             return out
         ctx.needs_baseline = lambda: baseline_needed(ctx)
         for stage in ctx.stages:
-            if not enabled(stage, ctx) or stage.NAME not in todo:
+            if not enabled(stage, ctx):
                 continue
-            said(f"stage {stage.NAME}: {todo[stage.NAME]}")
-            try:
-                run_stage(ctx, stage)
-            except QuantlabError as err:
-                out["failed"] = f"stage {stage.NAME} failed on {node}: {err}"
-                return out
+            if stage.NAME in todo:
+                said(f"stage {stage.NAME}: {todo[stage.NAME]}")
+                try:
+                    run_stage(ctx, stage)
+                except QuantlabError as err:
+                    out["failed"] = f"stage {stage.NAME} failed on {node}: {err}"
+                    return out
+            if stage.NAME in CHECKPOINT_STAGES:
+                lock_checkpoint(ctx)  # read-only through the checks, as in a single run
             stop = _stopped_early(ctx, stage.NAME)
             if stop:
                 out["stopped_early"] = run.record.stopped_early = stop
@@ -258,8 +354,10 @@ def _candidate_task(loaded: LoadedRecipe, run_path: str, job: str, family: Famil
         return out
     finally:
         ctx.close_engines()
+        unlock_checkpoint(ctx)
         run.save()
         out["seconds"] = round(time.monotonic() - t0, 1)
+        out["written"] = written_files(run.path, run.record)  # last: nothing is written after it
 
 
 def _stopped_early(ctx: RunContext, stage: str) -> str | None:
@@ -295,4 +393,5 @@ def write_placement(folder: Path, outcomes: dict[str, NodeOutcome]) -> None:
     comparison's files."""
     import json
 
-    write_text_atomic(folder / PLACEMENT_FILE, json.dumps({n: o.__dict__ for n, o in outcomes.items()}, indent=2))
+    write_text_atomic(folder / PLACEMENT_FILE, json.dumps({n: {k: v for k, v in o.__dict__.items() if k != "written"}
+                                                          for n, o in outcomes.items()}, indent=2))

@@ -6,7 +6,6 @@ divergence, and gates per task and per slice."""
 from __future__ import annotations
 
 import json
-import shutil
 import threading
 import time
 from collections.abc import Callable
@@ -274,8 +273,8 @@ def _baseline(ctx: StageContext, suites: list[Suite], work: list[tuple[Suite, An
         ctx.progress(f"quality baseline: reusing cached results ({key[:12]}{share})")
         # a copy in the run folder: the run stays self-contained and the manifest hashes what was
         # compared (so not the answers of tasks this run did not ask for)
-        skip = [result_cache.COMPLETE] + [f"{t}.*" for t in others]
-        shutil.copytree(cached, base_dir, dirs_exist_ok=True, ignore=shutil.ignore_patterns(*skip))
+        # only the files the entry's authenticated index lists, each hashed as it is copied
+        result_cache.copy_entry(result_cache.QUALITY, cached, base_dir, skip=tuple(f"{t}.*" for t in others))
         return cached, key, share
     base_dir.mkdir(parents=True, exist_ok=True)
     if alongside is None:

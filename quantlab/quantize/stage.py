@@ -1,18 +1,18 @@
 """Quantize stage: the recipe's model -> llm-compressor -> compressed-tensors checkpoint
-in the run folder."""
+in the run folder, its every file recorded (size, sha256) in the stage's result as it is
+exported: what the checks serve and the release signs is compared with that record."""
 
 from __future__ import annotations
 
 import json
-import shutil
 from pathlib import Path
 from typing import Any
 
-from quantlab.core import result_cache
+from quantlab.core import folder_record, result_cache
 from quantlab.core.stage_context import StageContext
 from quantlab.models.source import model_files_identity
 from quantlab.core.cpu_emulation import host_kernel_identity
-from quantlab.core.errors import RecipeError
+from quantlab.core.errors import EngineError, IntegrityError, RecipeError
 from quantlab.core.fsutil import atomic_directory, sha256_file
 from quantlab.core.layout import CHECKPOINT_DIR, LOG_DIR, QUANTIZE_RESULT_FILE
 from quantlab.models.source import source_fingerprint
@@ -96,25 +96,27 @@ def _cache_parts(ctx: StageContext) -> dict[str, Any]:
 
 def run(ctx: StageContext) -> QuantizeResult:
     parts, key, cached = _cache_hit(ctx)
+    recorded: dict[str, dict[str, Any]] | None = None
     if cached is not None:
         ctx.progress(f"quantize: reusing the checkpoint quantized earlier from the same inputs ({key[:12]}; "
                      "quantization.reuse_checkpoint: false quantizes again)")
-        with atomic_directory(ctx.checkpoint_dir, replace=True) as tmp:
-            shutil.copytree(cached, tmp, dirs_exist_ok=True, ignore=shutil.ignore_patterns(result_cache.COMPLETE))
-        out = json.loads((ctx.checkpoint_dir / QUANTIZE_RESULT_FILE).read_text())
-        wrong = _digest_problem(ctx.checkpoint_dir, out["checkpoint"]["files"])
-        if wrong:  # another node may have written it: a broken entry is replaced, never served
-            ctx.progress(f"quantize: the cached checkpoint {cached} does not match its record ({wrong}); it is "
-                         "removed and the recipe quantized again")
-            shutil.rmtree(cached, ignore_errors=True)
+        try:
+            with atomic_directory(ctx.checkpoint_dir, replace=True) as tmp:
+                # only the files the entry's authenticated index lists, each hashed as it is copied
+                recorded = result_cache.copy_entry(result_cache.CHECKPOINTS, cached, tmp)
+            out = json.loads((ctx.checkpoint_dir / QUANTIZE_RESULT_FILE).read_text())
+        except IntegrityError as err:  # another node may have written it: a broken entry is replaced, never served
+            ctx.progress(f"quantize: {err}; the entry is removed and the recipe quantized again")
+            result_cache.discard(cached)
             cached = None
     if cached is None:
         out = _quantize(ctx)
+        recorded = record_checkpoint(ctx.checkpoint_dir, out["checkpoint"]["files"])
         if key is not None:  # before later stages add the manifest and signature to the folder
             result_cache.store(result_cache.CHECKPOINTS, key, ctx.checkpoint_dir, parts)
     ckpt = out["checkpoint"]
     ctx.add_artifact(f"{CHECKPOINT_DIR}/{QUANTIZE_RESULT_FILE}", "quantize-result")
-    for name in ckpt["files"]:
+    for name in recorded:
         if name.endswith(".safetensors"):
             ctx.add_artifact(f"{CHECKPOINT_DIR}/{name}", "checkpoint-weights")
     return QuantizeResult(
@@ -125,7 +127,7 @@ def run(ctx: StageContext) -> QuantizeResult:
         calibration=out["calibration"],
         quantization_config=ckpt["quantization_config"],
         size_bytes=ckpt["size_bytes"],
-        files={k: FileFact(**v) for k, v in ckpt["files"].items()},
+        files={k: FileFact(**v) for k, v in recorded.items()},
         timings=out["timings"],
         peak_rss_bytes=out["peak_rss_bytes"],
         versions=out["versions"],
@@ -136,6 +138,20 @@ def run(ctx: StageContext) -> QuantizeResult:
         shims=out["shims"],
         reused_from_cache=key if cached is not None else None,
     )
+
+
+def record_checkpoint(folder: Path, exported: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """Every file of the checkpoint just exported, with its size and sha256: the record every
+    later stage and the release read (the release compares the folder with it, file by file).
+    The export hashed its weights and configs as it wrote them (quantize.json's list); the rest
+    (quantize.json itself, tokenizer files in subfolders) is hashed here, before any check runs.
+    A link in the export is refused: a checkpoint holds plain files."""
+    files, others = folder_record.walk(folder)
+    if others:
+        raise EngineError(f"the exported checkpoint {folder} holds what is not a plain file: "
+                          + ", ".join(f"{rel} ({what})" for rel, what in others.items()))
+    return {rel: ({"size": exported[rel]["size"], "sha256": exported[rel]["sha256"]} if rel in exported
+                  else folder_record.file_digest(folder / rel)) for rel in files}
 
 
 def _quantize(ctx: StageContext) -> dict[str, Any]:
@@ -155,16 +171,3 @@ def _quantize(ctx: StageContext) -> dict[str, Any]:
                  f"oneshot; its output: {log})")
     return run_distributed(write_rank_recipe(ctx.loaded, log.parent), ctx.checkpoint_dir,
                            distributed.nproc_per_node, log_file=log)
-
-
-def _digest_problem(folder: Path, files: dict[str, Any]) -> str | None:
-    """What differs between a checkpoint taken from the cache and the record its quantize.json
-    keeps, file by file (None: it is the one recorded)."""
-    for name, fact in files.items():
-        path = folder / name
-        want = fact.get("sha256") if isinstance(fact, dict) else None
-        if want and not path.is_file():
-            return f"{name} is missing"
-        if want and sha256_file(path) != want:
-            return f"{name} has another sha256"
-    return None

@@ -1,17 +1,27 @@
 """Release stage: the decision from every gate verdict, the manifest written into the
-checkpoint folder (and beside the run record), and one signature over both."""
+checkpoint folder (and beside the run record), and one signature over both.
+
+Only what was evaluated is signed: before anything is written, every file in the checkpoint
+folder is hashed and compared with the record the quantize (or checkpoint) stage made when
+the candidate first existed; an added, missing or changed file stops the release
+(IntegrityError, exit 3, naming the file), on a resume too. The manifest lists the recorded
+files and the release's own (registration, SBOMs); the folder, read-only through the checks,
+gets room for those only, and ends with ordinary modes (files 0644, folders 0755)."""
 
 from __future__ import annotations
 
 import os
 import shutil
+from pathlib import Path
 from typing import Any
 
 from quantlab.core.provenance import quantlab_identity
 from quantlab.core.digest import stage_digest
 from quantlab.core.stage_context import StageContext
-from quantlab.core.errors import RecipeError
-from quantlab.core.fsutil import sha256_file, write_json_atomic
+from quantlab.core import folder_record
+from quantlab.core.errors import IntegrityError, RecipeError
+from quantlab.core.fsutil import remove_tree, sha256_file, write_json_atomic
+from quantlab.core.layout import RELEASE_FILES, SBOM_DIR, release_owned
 from quantlab.core.verdicts import all_verdicts
 from quantlab.release.error_budget import ledger
 from quantlab.release.decision import Decided, decide, policy_for, targets_line
@@ -22,7 +32,6 @@ from quantlab.release.manifest import (
     Manifest,
     RawFile,
     Signer,
-    folder_files,
     public_key_fingerprint,
     public_pem_of,
     sign_folder,
@@ -79,6 +88,53 @@ def decide_run(ctx: StageContext, *, fallback: str = "") -> Decided:
 
 def run(ctx: StageContext) -> ReleaseResult:
     ctx.close_engines()  # the checks are done; logs are final from here on
+    evaluated = checked_checkpoint(ctx)  # before anything is written: refused here if the folder changed
+    try:
+        return _release(ctx, evaluated)
+    finally:  # a deploy step running as another user can read what is released
+        folder_record.release_modes(ctx.checkpoint_dir)
+
+
+def recorded_checkpoint(ctx: StageContext) -> dict[str, dict[str, Any]]:
+    """The checkpoint's files as the quantize or checkpoint stage recorded them, when the
+    candidate first existed."""
+    record = ctx.run.record
+    made = record.result("quantize") or record.result("checkpoint")
+    if not isinstance(made, (QuantizeResult, CheckpointResult)):
+        raise IntegrityError(f"nothing is released: the run record {ctx.run.path / 'run.json'} holds no quantize or "
+                             "checkpoint result, so there is no record of the checkpoint's files to compare the "
+                             "folder with; run the pipeline from its first stage")
+    return {rel: f.model_dump() for rel, f in made.files.items()}
+
+
+def checked_checkpoint(ctx: StageContext) -> dict[str, dict[str, Any]]:
+    """Every file in the checkpoint folder hashed and compared with the record (the release's
+    own files aside); the recorded files, when they all hold. IntegrityError naming each
+    file that differs otherwise: a resume never trusts the record over the disk."""
+    folder = ctx.checkpoint_dir
+    recorded = recorded_checkpoint(ctx)
+    ctx.progress(f"release: {len(recorded)} checkpoint files hashed and compared with the record made when it "
+                 "was created")
+    problems, found = folder_record.differences(folder, recorded, skip=release_owned)
+    if problems:
+        shown = problems[:10] + ([f"... and {len(problems) - 10} more"] if len(problems) > 10 else [])
+        raise IntegrityError(f"nothing is released: the checkpoint folder {folder} is not the checkpoint that was "
+                             "evaluated (recorded when it was created); " + "; ".join(shown) + ". Something wrote "
+                             "into it after it was recorded: start a new run (a resume does not re-record it)",
+                             cause="checkpoint changed after it was recorded: " + problems[0])
+    return found
+
+
+def _make_room(folder: Path) -> None:
+    """The folder writable for the release's own files only, an earlier release's removed (its
+    subfolders stay read-only)."""
+    os.chmod(folder, folder_record.RELEASED[1])
+    for name in RELEASE_FILES:  # never leave an old signature or attestation next to a new manifest
+        (folder / name).unlink(missing_ok=True)
+    remove_tree(folder / SBOM_DIR)
+
+
+def _release(ctx: StageContext, evaluated: dict[str, dict[str, Any]]) -> ReleaseResult:
     results = check_results(ctx)
     verdicts = all_verdicts(results)
     decided = decide_run(ctx, fallback=_fallback(ctx, ctx.baseline_model()))
@@ -92,13 +148,12 @@ def run(ctx: StageContext) -> ReleaseResult:
     signer = Signer(method=s.method, key_fingerprint=fingerprint, development_key=local_key) \
         if s.method != "none" else None
     folder = ctx.checkpoint_dir
-    for stale in NOT_SIGNED:  # never leave an old signature or attestation next to a new manifest
-        (folder / stale).unlink(missing_ok=True)
+    _make_room(folder)
     registered = copy_into(ctx, folder)  # before the manifest lists the folder's files
     environments = record_environments(ctx, folder)  # the SBOMs too: the signature binds them
     manifest = build_manifest(ctx, results, verdicts, decision, targets).model_copy(
         update={"signer": signer, "registration": registered, "environments": environments,
-                "attestation": planned(s.method)})
+                "attestation": planned(s.method), "checkpoint_files": released_files(folder, evaluated)})
     write_json_atomic(folder / MANIFEST_FILE, manifest.model_dump(mode="json"))
     signed = False
     if s.method != "none":
@@ -123,6 +178,14 @@ def run(ctx: StageContext) -> ReleaseResult:
                          manifest=f"{folder.name}/{MANIFEST_FILE}",
                          signed=signed, signing_method=s.method, public_key_fingerprint=fingerprint,
                          local_development_key=local_key, attestation=attestation, gates=[])
+
+
+def released_files(folder: Path, evaluated: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """What the manifest lists: the evaluated files as checked against their record, and the
+    files this release added (registration, SBOMs), hashed now."""
+    own = folder_record.digests(folder, skip=lambda rel: not release_owned(rel) or rel in (MANIFEST_FILE, *NOT_SIGNED))
+    files = {**evaluated, **own}
+    return {rel: files[rel] for rel in sorted(files, key=lambda r: tuple(r.split("/")))}
 
 
 def _fallback(ctx: StageContext, baseline) -> str:
@@ -152,7 +215,7 @@ def build_manifest(ctx: StageContext, results: dict[str, Any], verdicts, decisio
                "files": _model_files(baseline)},
         calibration=q.calibration if isinstance(q, QuantizeResult) else None,
         quantization=_quantization(q, results.get("checkpoint")),
-        checkpoint_files=folder_files(ctx.checkpoint_dir),
+        checkpoint_files={},  # the release sets it: the evaluated files and its own (released_files)
         runtime=runtime,
         hardware=hardware,
         results=_check_summaries(results),

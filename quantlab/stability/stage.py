@@ -19,7 +19,7 @@ from quantlab.core.roles import ROLES
 from quantlab.core.errors import CheckError, RecipeError
 from quantlab.core.fsutil import sha256_file, write_text_atomic
 from quantlab.core.progress import step
-from quantlab.core.result_cache import STABILITY, cache_key, lookup, lookup_parts, store
+from quantlab.core.result_cache import STABILITY, cache_key, lookup, lookup_parts, read_entry_file, store
 from quantlab.core.results import PerfResult, StabilityResult
 from quantlab.core.together import run_together
 from quantlab.stability import gates as stability_gates
@@ -188,7 +188,7 @@ def run(ctx: StageContext) -> StabilityResult:
         rel = f"{OUT_DIR}/{role}.json"
         if role == "baseline" and cached:
             ctx.progress(f"stability baseline: reusing cached results ({key[:12]})")
-            stab[role] = json.loads((cached / "baseline.json").read_text())
+            stab[role] = json.loads(read_entry_file(STABILITY, cached, "baseline.json"))  # checked against its index
         elif role not in stab:
             stab[role] = _run_role(ctx, role, spec, prompts, pool, max_len, len(tok))
         write_text_atomic(ctx.run.path / rel, json.dumps(stab[role], indent=1, default=str))

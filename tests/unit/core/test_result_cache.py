@@ -34,16 +34,16 @@ def test_a_writer_that_loses_the_race_for_a_key_keeps_the_winners_entry(tmp_path
         (folder / "baseline.json").write_text(text)
     entry = result_cache.store(result_cache.QUALITY, key, first, {"n": 1})
     assert entry.parent == tmp_path / "shared" / result_cache.QUALITY  # the shared kinds live there
-    monkeypatch.setattr(result_cache, "lookup", lambda kind, k: None)  # it looked before the first finished
+    monkeypatch.setattr(result_cache, "lookup", lambda kind, k, **_: None)  # it looked before the first finished
     assert result_cache.store(result_cache.QUALITY, key, second, {"n": 1}) == entry
     assert (entry / "baseline.json").read_text() == "first"
     assert not list(entry.parent.glob(".*"))  # its own copy is gone
 
 
 def test_an_interrupted_store_leaves_no_half_copied_folder(tmp_path, monkeypatch):
-    import shutil
-
     import pytest
+
+    from quantlab.core import folder_record
 
     monkeypatch.setenv("QUANTLAB_CACHE_DIR", str(tmp_path / "cache"))
     src = tmp_path / "src"
@@ -53,7 +53,7 @@ def test_an_interrupted_store_leaves_no_half_copied_folder(tmp_path, monkeypatch
     def interrupted(*_a, **_k):
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(shutil, "copytree", interrupted)
+    monkeypatch.setattr(folder_record, "copy_files", interrupted)
     with pytest.raises(KeyboardInterrupt):
         result_cache.store(result_cache.STABILITY, "k", src, {})
     assert not list((tmp_path / "cache" / result_cache.STABILITY).iterdir())

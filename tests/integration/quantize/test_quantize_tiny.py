@@ -248,6 +248,17 @@ def test_the_quantize_stage_reuses_a_checkpoint_made_from_the_same_inputs(tiny_m
     assert not (ctx2.run.path / "logs" / "llmcompressor.log").exists()
     names = [sorted(p.name for p in c.checkpoint_dir.iterdir()) for c in (ctx1, ctx2)]
     assert names[0] == names[1]
+    assert "quantize.json" in first.files  # every file of the export is in the record the release checks
+    # the cached entry's weights edited in place (same size): found as it is copied, removed, quantized again
+    entry = next((tmp_path / "cache" / "checkpoints").glob("*/model.safetensors"))
+    raw = bytearray(entry.read_bytes())
+    raw[-1] ^= 0xFF
+    entry.write_bytes(bytes(raw))
+    lines.clear()
+    _, fourth, _, _ = quantize("d.yaml")
+    assert fourth.reused_from_cache is None and fourth.files["model.safetensors"] == first.files["model.safetensors"]
+    assert any("model.safetensors is not the file its authenticated index lists" in x and "quantized again" in x
+               for x in lines), lines
     data["calibration"]["num_samples"] = 7  # other calibration: another checkpoint
     _, third, reuses, checked = quantize("c.yaml")
     assert third.reused_from_cache is None and reuses is None and checked and third.calibration["num_samples"] == 7

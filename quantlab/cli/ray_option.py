@@ -25,13 +25,15 @@ def storage_for(address: str, storage: Path | None, runs_dir: Path) -> Path:
 @contextmanager
 def on_ray(address: str, storage: Path | None, runs_dir: Path) -> Iterator[Path]:
     """Joined to the cluster (or one started here) for the block; yields the storage
-    folder, checked writable first. The run folders go there (<storage>/runs/compare/<id>/)."""
-    from quantlab.pipeline.ray_cluster import check_storage, connect, disconnect
+    folder, created and checked writable once joined. The run folders go there
+    (<storage>/runs/compare/<id>/)."""
+    from quantlab.pipeline.ray_cluster import check_storage, check_storage_creatable, connect, disconnect
 
-    folder = check_storage(storage_for(address, storage, runs_dir))
-    connect(address, progress=progress)
+    target = storage_for(address, storage, runs_dir)
+    check_storage_creatable(target)  # bad input is refused before anything is created:
+    connect(address, progress=progress)  # an address nobody answers at too
     try:
-        yield folder
+        yield check_storage(target)
     finally:
         disconnect()
 
@@ -40,6 +42,8 @@ def compare_on_ray(recipes: list[Path], address: str, storage: Path | None, runs
                    verbose: bool = False, family=None):
     """The candidates' stages on the cluster's nodes, their release and the choice here."""
     from quantlab.pipeline.ray_candidates import run_comparison_on_ray
+    from quantlab.recipe.file import load_recipe
 
+    loaded = [load_recipe(r) for r in recipes]  # every file valid before the cluster is joined or storage made
     with on_ray(address, storage, runs_dir) as folder:
-        return run_comparison_on_ray(recipes, folder, progress=progress, cpus=cpus, verbose=verbose, family=family)
+        return run_comparison_on_ray(loaded, folder, progress=progress, cpus=cpus, verbose=verbose, family=family)

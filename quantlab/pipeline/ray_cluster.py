@@ -47,6 +47,18 @@ def check_storage(storage: Path) -> Path:
     return folder
 
 
+def check_storage_creatable(storage: Path) -> None:
+    """What can be told of the storage folder without creating anything (check_storage
+    creates it once the cluster is joined): its nearest existing folder must be a folder
+    this process can write in."""
+    folder = Path(storage).expanduser().resolve()
+    existing = next(p for p in (folder, *folder.parents) if p.exists())
+    if not existing.is_dir() or not os.access(existing, os.W_OK | os.X_OK):
+        what = "is not a folder" if not existing.is_dir() else "is not writable by this user"
+        raise RecipeError(f"--storage {storage}: {existing} {what}; give a folder every Ray node can write (NFS or "
+                          "a mounted bucket)", field="--storage")
+
+
 def connect(address: str, *, progress: Progress) -> dict[str, Any]:
     """Join the cluster at `address` ('auto': the one `ray start` made here; 'local': start
     one in this process). Returns what the cluster has (its nodes and resources)."""

@@ -88,13 +88,11 @@ def _encode(sample: dict[str, Any], tokenizer, tokens: int) -> Sequence | None:
     return Sequence(ids, len(head) - 1, len(ids) - 1)
 
 
-def run_answers(run_dir: Path, tokenizer, *, tasks: list[str] | None, count: int,
-                tokens: int) -> tuple[list[Sequence], str]:
-    """Up to `count` sequences (prompt + the baseline's answer, at most `tokens` tokens),
-    taken in turn from each task's samples: `tasks`, else the run's failed ones, else every
-    task with generated answers. Only the answer positions are scored. RecipeError on a
-    folder that is not a run with quality samples."""
-    run_dir = Path(run_dir)
+def answer_tasks(run_dir: Path, tasks: list[str] | None) -> tuple[list[str], str]:
+    """The tasks whose answers are scored (`tasks`, else the run's failed ones, else every
+    task with samples) and why; RecipeError on a folder that is not a run with quality
+    samples. Reads only the record and the sample file names: `quantlab sensitivity` asks
+    before it creates anything."""
     where = "--answers-from"
     if not (run_dir / RECORD_FILE).is_file():
         raise RecipeError(f"{where} {run_dir}: no {RECORD_FILE} there; pass a run folder "
@@ -103,17 +101,25 @@ def run_answers(run_dir: Path, tokenizer, *, tasks: list[str] | None, count: int
     if not present:
         raise RecipeError(f"{where} {run_dir}: no baseline samples under {SAMPLES_DIR}/; the run's quality stage "
                           "did not run or kept no samples", field=where)
-    why = "named"
     if tasks:
         unknown = [t for t in tasks if t not in present]
         if unknown:
             raise RecipeError(f"--tasks: {', '.join(unknown)} not evaluated in {run_dir}; it has {', '.join(present)}",
                               field="--tasks")
-        chosen = list(tasks)
-    else:
-        chosen, why = failed_tasks(run_dir), "failed there"
-        if not chosen:
-            chosen, why = present, "no gate failed there: every task"
+        return list(tasks), "named"
+    chosen = failed_tasks(run_dir)
+    return (chosen, "failed there") if chosen else (present, "no gate failed there: every task")
+
+
+def run_answers(run_dir: Path, tokenizer, *, tasks: list[str] | None, count: int,
+                tokens: int) -> tuple[list[Sequence], str]:
+    """Up to `count` sequences (prompt + the baseline's answer, at most `tokens` tokens),
+    taken in turn from each task's samples: `tasks`, else the run's failed ones, else every
+    task with generated answers. Only the answer positions are scored. RecipeError on a
+    folder that is not a run with quality samples."""
+    run_dir = Path(run_dir)
+    where = "--answers-from"
+    chosen, why = answer_tasks(run_dir, tasks)
     per_task: dict[str, list[Sequence]] = {}
     for task in chosen:
         rows = [json.loads(line) for line in (run_dir / SAMPLES_DIR / f"{task}.jsonl").read_text().splitlines()

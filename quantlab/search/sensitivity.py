@@ -21,6 +21,7 @@ def run_sensitivity(loaded: LoadedRecipe, runs_root: Path, spec: Any, *, losses_
     alone on the unquantized model, ranked by how far it moves the next-token
     distribution on held-out text; sensitivity.json, .md and .png in a new folder (and
     the engines' output in its logs/). Returns the folder and the result."""
+    import contextlib
     import hashlib
     import json
     import shutil
@@ -33,7 +34,7 @@ def run_sensitivity(loaded: LoadedRecipe, runs_root: Path, spec: Any, *, losses_
     from quantlab.quantize.calibration import held_out_chunks
     from quantlab.quantize.llmcompressor import check_layout, llmcompressor_log
     from quantlab.reports.plots import sensitivity_bars
-    from quantlab.search.answers import run_answers, whole
+    from quantlab.search.answers import answer_tasks, run_answers, whole
     from quantlab.search.measure import PROXY, measure
     from quantlab.search.ranking import markdown, ranked, with_quantizer_loss
 
@@ -52,6 +53,8 @@ def run_sensitivity(loaded: LoadedRecipe, runs_root: Path, spec: Any, *, losses_
         losses = (json.loads(qfile.read_text()).get("gptq") or {}).get("layer_losses")
         if not losses:
             progress(f"--losses-from {losses_from}: no per-layer quantizer losses recorded there (not GPTQ)")
+    if spec.answers_from:  # a folder that is not a run with samples: refused before anything is made
+        answer_tasks(Path(spec.answers_from), spec.tasks)
     model = resolve_recipe_model(loaded, progress=progress)
     digest = hashlib.sha256((loaded.content_hash + spec.model_dump_json()).encode()).hexdigest()
     folder = new_run_folder(Path(runs_root) / SENSITIVITY_DIR / recipe.name, digest)
@@ -72,6 +75,9 @@ def run_sensitivity(loaded: LoadedRecipe, runs_root: Path, spec: Any, *, losses_
                                progress=progress, log_file=log_file)
     except RecipeError:
         shutil.rmtree(folder, ignore_errors=True)  # bad input, found before any result: leave nothing behind
+        for parent in (folder.parent, folder.parent.parent):  # <runs>/sensitivity/<recipe>/, when made for it
+            with contextlib.suppress(OSError):
+                parent.rmdir()  # only an empty one
         raise
     rows = with_quantizer_loss(ranked(measured.pop("groups")), losses)
     result = {"recipe": recipe.name, "recipe_sha256": loaded.content_hash, "model": str(model.path),

@@ -92,10 +92,11 @@ def _sigterm_as_interrupt() -> None:
 
 
 def _show_warning(message, category, filename, lineno, file=None, line=None) -> None:
-    """An old name in a recipe is one line for the user, not a Python warning."""
+    """An old name in a recipe, a cached entry not reused: one line for the user, not a Python warning."""
+    from quantlab.core.result_cache import CacheEntryWarning
     from quantlab.core.verdicts import OldNameWarning
 
-    if issubclass(category, OldNameWarning):
+    if issubclass(category, (OldNameWarning, CacheEntryWarning)):
         err.print(f"[yellow]warning:[/] {escape(str(message))}", highlight=False, soft_wrap=True)
     else:
         _python_showwarning(message, category, filename, lineno, file, line)

@@ -209,6 +209,8 @@ class QualityResult(_Result):
                             "said before the run (quality/planner.py): one line per comparison, then the run's.")
     traffic: list[dict[str, Any]] = Field(default_factory=list, description="Per traffic task: rows, checks "
                                           "errored, critical rows; unchecked rows' agreement with the baseline.")
+    code_sandbox: str | None = Field(None, description="Where model code ran (quality/sandbox.py): bwrap, unshare "
+                                     "or unsandboxed; None: no task executed model code.")
 
 
 class StabilityResult(_Result):

@@ -20,8 +20,10 @@ from typing import Any
 
 from quantlab.core.engine_time import engine_busy
 from quantlab.core.errors import EngineError
+from quantlab.core.process_death import die_with_parent
 from quantlab.core.together import Stopped
 from quantlab.quality.sample_format import compact_sample
+from quantlab.quality.sandbox import ENV_VAR as SANDBOX_ENV
 
 PROGRESS = "QUANTLAB-EVAL "  # prefix of the child's progress lines on stdout
 FAILED_FILE = "failed.json"
@@ -69,9 +71,14 @@ def _child(spec_path: str) -> int:
                                         random_seed=spec["seed"],
                                         numpy_random_seed=spec["seed"], torch_random_seed=spec["seed"],
                                         fewshot_random_seed=spec["seed"], bootstrap_iters=0,
-                                        apply_chat_template=part["chat"], fewshot_as_multiturn=part["chat"])
+                                        apply_chat_template=part["chat"], fewshot_as_multiturn=part["chat"],
+                                        confirm_run_unsafe_code=bool(spec.get("code_sandbox")))
         except BaseException as err:  # noqa: BLE001 (reported to the parent, then re-raised)
-            (out / FAILED_FILE).write_text(json.dumps({"task": task, "error": f"{type(err).__name__}: {err}"}))
+            said = f"{type(err).__name__}: {err}"
+            if "marked as unsafe" in said:  # lm-eval's own refusal of a task that runs model code
+                said += (" (quantlab runs model code only in its sandbox, for a suite task marked unsafe_code with "
+                         "quality.allow_code_execution: true; a hub task would run it inside lm-eval's process)")
+            (out / FAILED_FILE).write_text(json.dumps({"task": task, "error": said}))
             raise
         rows = [compact_sample(s) for s in r["samples"][task]]
         tmp = out / f".{task}.jsonl.tmp"
@@ -92,11 +99,14 @@ def run_tasks(*, tasks: list[str], chat_tasks: list[str] | None = None, base_url
               limit: int | None, num_concurrent: int, samples: dict[str, list[int]] | None = None,
               request_timeout_s: float, max_retries: int,
               deadline_s: float, offline: bool, trust_remote_code: bool, progress: Callable[[str], None],
-              is_alive: Callable[[], bool] = lambda: True, stop: threading.Event | None = None) -> None:
+              is_alive: Callable[[], bool] = lambda: True, stop: threading.Event | None = None,
+              code_sandbox: str | None = None) -> None:
     """Run `tasks` (completions API) then `chat_tasks` (chat completions API, the model's
     chat template) against a served model, in one lm-eval process; per-task sample files
     land in out_dir. `stop` set (another role's evaluation failed, the run was
-    interrupted): the child is killed within a second and `Stopped` raised."""
+    interrupted): the child is killed within a second and `Stopped` raised. `code_sandbox`: the
+    kind model code runs in (quality/sandbox.py), for a local suite only; None: lm-eval refuses
+    every task marked unsafe_code (a hub task's code would run inside lm-eval's own process)."""
     # the child runs in the suite folder (task YAML name their data relative to it): absolute paths only
     out_dir, log_path = Path(out_dir).resolve(), Path(log_path).resolve()
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -115,18 +125,22 @@ def run_tasks(*, tasks: list[str], chat_tasks: list[str] | None = None, base_url
 
     spec = {"parts": [part(names, chat) for names, chat in ((tasks, False), (chat_tasks or [], True)) if names],
             "seed": seed, "limit": limit, "samples": samples, "out_dir": str(out_dir),
+            "code_sandbox": code_sandbox if suite_dir is not None else None,
             "include_path": str(suite_dir) if suite_dir else None, "include_defaults": suite_dir is None}
     spec_path = out_dir / "lmeval-spec.json"
     spec_path.write_text(json.dumps(spec, indent=2))
     env = {**os.environ, "TOKENIZERS_PARALLELISM": "false"}
     if offline:
         env.update(HF_DATASETS_OFFLINE="1", HF_HUB_OFFLINE="1")
+    env.pop(SANDBOX_ENV, None)  # only the run's own choice reaches the scorers
+    if spec["code_sandbox"]:
+        env[SANDBOX_ENV] = spec["code_sandbox"]
     (out_dir / FAILED_FILE).unlink(missing_ok=True)
     started = time.monotonic()
     with engine_busy(), open(log_path, "a") as log:
         proc = subprocess.Popen([sys.executable, "-m", "quantlab.quality.lmeval", str(spec_path)],
                                 cwd=suite_dir or out_dir, env=env, stdout=subprocess.PIPE, stderr=log, text=True,
-                                start_new_session=True)
+                                start_new_session=True, preexec_fn=die_with_parent)  # its sandboxes die with it
         try:
             _follow(proc, log, started, deadline_s, progress, is_alive, stop)
         finally:

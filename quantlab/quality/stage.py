@@ -24,8 +24,8 @@ from quantlab.quality import gates as quality_gates
 from quantlab.recipe.quality import QualitySpec
 from quantlab.core.results import QualityResult
 from quantlab.serving import stage as serve_stage
-from quantlab.quality.work import (baseline_entry, baseline_folder, cache_parts, mark_judged, runnable, suites_of,
-                                   task_limit)
+from quantlab.quality.work import (baseline_entry, baseline_folder, cache_parts, code_sandbox, mark_judged, runnable,
+                                   suites_of, task_limit)
 from quantlab.quality.gate_plan import gate_plans, plan, plan_summary
 from quantlab.quality.kl_run import kl_dists, kl_of_candidate, kl_prompt_ids
 from quantlab.quality.pairing import compare_tasks, pool_everything, pool_slices
@@ -85,6 +85,7 @@ def preflight(ctx: StageContext) -> None:
         suites_of(ctx)
     except RecipeError as err:
         raise RecipeError(str(err), file=err.file or str(ctx.loaded.path), field=err.field) from None
+    code_sandbox(ctx)  # model code only where the recipe allows it, isolated unless it says unsandboxed
     if spec.kl.texts and not ctx.loaded.resolve(spec.kl.texts).is_file():
         raise RecipeError(f"KL text file '{spec.kl.texts}' does not exist", file=str(ctx.loaded.path),
                           field="quality.kl.texts")
@@ -171,6 +172,7 @@ def _evaluate(ctx: StageContext, role: str, work: list[tuple[Suite, Any]], out: 
                       max_retries=spec.max_retries, deadline_s=deadline_s or spec.timeout_s,
                       offline=folders[suite_name] is not None,
                       trust_remote_code=ctx.recipe.model.trust_remote_code, progress=progress,
+                      code_sandbox=code_sandbox(ctx),
                       is_alive=lambda s=server: s.proc is None or s.proc.poll() is None, stop=stop)
             try:
                 server.ensure_alive(f"during quality tasks {', '.join(tasks)}")
@@ -244,6 +246,7 @@ def run(ctx: StageContext) -> QualityResult:
         lm_eval_version=lm_eval_version,
         suites=[{"name": s.name, "folder": str(s.folder) if s.folder else None, "sha256": s.sha256} for s in suites],
         raw_files=raw, flips_file=f"{OUT_DIR}/flips.jsonl", plots=[], gates=gates, notes=notes, traffic=traffic,
+        code_sandbox=code_sandbox(ctx),
         plan=_plan_lines(ctx))
 
 

@@ -28,11 +28,17 @@ BUILD_HINT = "python scripts/build_standard_suite.py (make setup runs it)"
 
 def built_copy(shipped: Path) -> Path:
     """Where a shipped suite whose data is built on this machine is read from: a copy of its
-    files with the built data/ beside them, in the user cache (never in the package),
-    one folder per lock so that a new lock builds anew."""
+    files with the built data/ beside them, in the user cache (never in the package), one
+    folder per version of the shipped files (the lock, task YAML, scorers), so that a new
+    lock builds anew and a copy made before never runs an older scorer."""
     from quantlab.core.shipped import built_suites_dir
 
-    return built_suites_dir() / shipped.name / sha256_file(shipped / LOCK_FILE)[:16]
+    h = hashlib.sha256()
+    for p in sorted(shipped.rglob("*")):
+        rel = p.relative_to(shipped)
+        if p.is_file() and rel.parts[0] != DATA_DIR and "__pycache__" not in rel.parts and p.suffix != ".md":
+            h.update(rel.as_posix().encode() + b"\0" + bytes.fromhex(sha256_file(p)))
+    return built_suites_dir() / shipped.name / h.hexdigest()[:16]
 
 
 def build_copy(wheels: Path, shipped: Path, *, replace: bool = False) -> tuple[Path, dict[str, Any]]:

@@ -184,10 +184,12 @@ from quantlab.quality.traffic_checks import score_checked, score_unchecked  # no
 '''
 
 
-def _task_yaml(task: str, data: str, scorer: str, metrics: list[str], max_tokens: int) -> str:
+def _task_yaml(task: str, data: str, scorer: str, metrics: list[str], max_tokens: int, unsafe: bool = False) -> str:
     body = yaml.safe_dump({
         "task": task, "dataset_path": "json", "dataset_kwargs": {"data_files": {"test": data}},
-        "test_split": "test", "output_type": "generate_until", "doc_to_text": "{{prompt}}",
+        "test_split": "test", "output_type": "generate_until",
+        # a python check hands the model's answer to the user's scorer: code execution, opted into
+        **({"unsafe_code": True} if unsafe else {}), "doc_to_text": "{{prompt}}",
         "doc_to_target": "{{reference}}",
         "generation_kwargs": {"until": [], "max_gen_toks": max_tokens, "do_sample": False, "temperature": 0.0},
         "metric_list": [{"metric": m, "aggregation": "mean", "higher_is_better": True} for m in metrics],
@@ -220,7 +222,8 @@ def build_suite(spec: TrafficFile, path: Path, tokenizer, root: Path) -> Path:
         files[f"data/{task}.jsonl"] = "".join(json.dumps(d, sort_keys=True) + "\n" for d in docs)
         files[f"{task}.yaml"] = _task_yaml(task, f"data/{task}.jsonl", "score_checked" if checked else
                                            "score_unchecked", ["passed", "errored"] if checked else ["answered"],
-                                           spec.max_tokens)
+                                           spec.max_tokens, unsafe=any((d["check"] or {}).get("kind") == "python"
+                                                                       for d in docs))
         tasks.append({"task": task, "api": "completions", "metric": "passed" if checked else "answered",
                       "slice": slices[task], **({} if checked else {"gated": False})})
     files["suite.yaml"] = yaml.safe_dump({"name": f"traffic-{name}", "description": f"Replay of {path.name}",

@@ -15,6 +15,8 @@ from typing import Any
 
 from quantlab.quality.sandbox import run_python
 
+# run in the code sandbox with the scorer's folder shown read-only; its verdict is the last
+# line it prints, and counts only if the program ran to its end (a scorer that exits says nothing)
 _SCORER = """
 import json, sys
 sys.path.insert(0, sys.argv[1])
@@ -22,7 +24,7 @@ module = __import__(sys.argv[2], fromlist=[sys.argv[3]])
 data = json.loads(sys.stdin.read())
 verdict = getattr(module, sys.argv[3])(data["answer"], data["row"])
 if not isinstance(verdict, bool):
-    raise SystemExit(f"the scorer returned {type(verdict).__name__}, not a bool")
+    raise TypeError(f"the scorer returned {type(verdict).__name__}, not a bool")
 print(json.dumps(verdict))
 """
 
@@ -107,14 +109,15 @@ def check_answer(check: dict[str, Any], answer: str, row: dict[str, Any]) -> tup
             return False, f"json_schema could not be checked on this answer: {type(err).__name__}: {str(err)[:120]}"
     if kind == "python":
         payload = json.dumps({"answer": answer, "row": row})
-        out = run_python(_SCORER, timeout_s=check["timeout_s"], stdin=payload,
+        out = run_python(_SCORER, timeout_s=check["timeout_s"], stdin=payload, readable=(value["folder"],),
                          args=(value["folder"], value["module"], value["function"]))
+        name = f"scorer {value['module']}:{value['function']}"
         if out.timed_out:
-            return False, f"scorer {value['module']}:{value['function']} took over {check['timeout_s']:g} s"
-        if not out.ok:
-            last = (out.stderr.strip().splitlines() or ["exited non-zero"])[-1]
-            return False, f"scorer {value['module']}:{value['function']} failed: {last[:200]}"
-        return json.loads(out.stdout.strip().splitlines()[-1]), None
+            return False, f"{name} took over {check['timeout_s']:g} s"
+        said = (out.stdout.strip().splitlines() or [""])[-1]
+        if not out.ok or said not in ("true", "false"):
+            return False, f"{name} failed: {out.reason or 'it printed after its verdict'}"
+        return said == "true", None
     raise ValueError(f"unknown check kind {kind!r}")
 
 

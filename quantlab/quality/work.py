@@ -49,6 +49,44 @@ def _traffic_suites(ctx: StageContext) -> list[Suite]:
             for f in ctx.recipe.quality.traffic]
 
 
+def code_tasks(suites: list[Suite]) -> list[str]:
+    """The selected tasks that execute model output (their task YAML says `unsafe_code: true`;
+    a traffic task of python checks says it too)."""
+    return sorted(t.task for s in suites for t in s.tasks if t.task in s.code_tasks)
+
+
+def code_sandbox(ctx: StageContext) -> str | None:
+    """Where this run's model code runs (sandbox.KINDS), decided once, at the preflight;
+    None when no selected task executes model code. Refused (RecipeError) without
+    quality.allow_code_execution, or where the chosen isolation does not work."""
+    return once(ctx, "quality.code_sandbox", lambda: _code_sandbox(ctx))
+
+
+def _code_sandbox(ctx: StageContext) -> str | None:
+    from quantlab.quality.sandbox import resolve, unreadable
+    from quantlab.quality.traffic import load_rows
+
+    spec: QualitySpec = ctx.recipe.quality
+    tasks = code_tasks(suites_of(ctx))
+    if not tasks:
+        return None
+    if not spec.allow_code_execution:
+        raise RecipeError(f"quality tasks {', '.join(tasks)} execute code the model writes (a task YAML with "
+                          "unsafe_code: true; a traffic row's python check hands the answer to your scorer), and "
+                          "quality.allow_code_execution is false. Set quality.allow_code_execution: true to run it "
+                          "in the code sandbox (quality.code_sandbox), or leave these tasks out (quality.tasks)",
+                          file=str(ctx.loaded.path), field="quality.allow_code_execution")
+    kind = resolve(spec.code_sandbox, file=str(ctx.loaded.path))
+    for i, f in enumerate(spec.traffic):  # a python check's scorer runs as nobody when quantlab runs as root
+        path = ctx.loaded.resolve(f.path)
+        if any(r.check and r.check["kind"] == "python" for r in load_rows(path)) and unreadable(path.parent, kind):
+            raise RecipeError(f"model code runs as the user nobody here (quantlab runs as root), and the scorers "
+                              f"next to {path} cannot be read by other users: {', '.join(unreadable(path.parent, kind))}"
+                              f". Make them readable (chmod o+rX {path.parent})", file=str(ctx.loaded.path),
+                              field=f"quality.traffic.{i}.path")
+    return kind
+
+
 def cache_parts(ctx: StageContext, suites: list[Suite], tasks: list[str], plan) -> dict[str, Any]:
     from quantlab.quality.lmeval import lm_eval_version
 

@@ -178,6 +178,17 @@ class QualitySpec(_Strict):
     task_gates: dict[TaskName, GateOverride] = Field(default_factory=dict)
     slice_gates: dict[str, GateOverride] = Field(default_factory=dict)
     kl: KLSpec = Field(default_factory=KLSpec)
+    allow_code_execution: bool = Field(False, description="Run code the model wrote: the tasks that execute "
+                                       "model output (a task YAML with `unsafe_code: true`, such as the default "
+                                       "suite's ql_code and the standard suite's std_humaneval, and traffic rows "
+                                       "with a python check, whose scorer is handed the model's answer) run it in "
+                                       "the code sandbox (quality.code_sandbox). false: a recipe selecting such a "
+                                       "task is refused before any work, naming the tasks.")
+    code_sandbox: Literal["auto", "bwrap", "unshare", "unsandboxed"] = Field(
+        "auto", description="Where model code runs. auto: bubblewrap (bwrap) where it works, else unshare; refused "
+        "when neither isolates on this host (install the Debian package bubblewrap). bwrap or unshare: that one, or "
+        "refused. unsandboxed: no isolation (the user's rights, files and network; limits and a deadline only), "
+        "recorded in the manifest and said in the report's headline.")
     baseline_cache: bool = Field(True, description="Reuse the baseline's results from an earlier run with the "
                                  "same baseline weights, suite, engine version and engine arguments.")
     bootstrap_iters: int = Field(2000, ge=100, le=100_000)

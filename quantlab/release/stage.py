@@ -275,7 +275,8 @@ def _check_summaries(results: dict[str, Any]) -> dict[str, Any]:
                        "confidence": t.confidence, "recovery": t.recovery, "lost": t.worse, "gained": t.better,
                        "mcnemar_p": t.mcnemar_p} for t in quality.tasks + quality.slices],
             "kl": quality.kl, "baseline_cached": quality.baseline_cached, "skipped": quality.skipped,
-            "lm_eval_version": quality.lm_eval_version, "suites": quality.suites, "flips_file": quality.flips_file}
+            "lm_eval_version": quality.lm_eval_version, "suites": quality.suites, "flips_file": quality.flips_file,
+            "code_sandbox": quality.code_sandbox}
     extra = results.get("targets")
     if isinstance(extra, TargetsResult):
         summaries["targets"] = {"primary": extra.primary, "prompts": extra.prompts, "max_tokens": extra.max_tokens,

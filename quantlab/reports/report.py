@@ -29,6 +29,8 @@ def decision_line(record: RunRecord) -> str:
     release = record.result("release")
     if isinstance(release, ReleaseResult):
         word = {"release": "RELEASE", "blocked": "BLOCKED", "not_shown": "NOT SHOWN"}[release.decision]
+        if getattr(record.result("quality"), "code_sandbox", None) == "unsandboxed":  # first: never cut off
+            word += " (model code ran UNSANDBOXED)"
         fallback = f" Fallback: {release.fallback}." if release.fallback else ""
         targets = ""
         if release.targets:

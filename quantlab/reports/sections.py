@@ -64,7 +64,9 @@ def _quality_section(q: QualityResult) -> Section:
     notes += [f"skipped {s}" for s in q.skipped] + q.notes + _traffic_notes(q.traffic)
     secs = ", ".join(f"{k} {v:.0f} s" for k, v in q.seconds.items())
     notes.append(f"lm-eval {q.lm_eval_version}; evaluation time {secs or '-'}"
-                 + ("; baseline from cache" if q.baseline_cached else ""))
+                 + ("; baseline from cache" if q.baseline_cached else "")
+                 + (f"; model code ran in the {q.code_sandbox} sandbox" if q.code_sandbox in ("bwrap", "unshare")
+                    else "; model code ran UNSANDBOXED (quality.code_sandbox)" if q.code_sandbox else ""))
     return ("Quality", ["task", "slice", "metric", "n", "baseline", "candidate", "difference [CI]", "recovery",
                         "flips", "McNemar p"], rows, notes)
 

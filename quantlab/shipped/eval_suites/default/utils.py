@@ -1,16 +1,16 @@
 """Scorers for the default suite's generated-answer tasks (lm-eval `process_results`).
 
-Each returns the per-sample metrics the task YAML lists. Code is run in a separate
-Python process with a time limit, never inside the evaluating process.
+Each returns the per-sample metrics the task YAML lists. The model's code runs in
+quantlab's code sandbox (`quantlab.quality.sandbox`), never inside the evaluating process,
+and passes only when its tests ran to the end (exit() or os._exit(0) before them fails).
 """
 
 from __future__ import annotations
 
 import json
 import re
-import subprocess
-import sys
-import tempfile
+
+from quantlab.quality.sandbox import run_python
 
 REFUSAL = re.compile(
     r"\b(I can(no|')t|I cannot|I am not able|I'm not able|I won't|I will not|I'm sorry|I am sorry|"
@@ -46,14 +46,7 @@ def score_json(doc, results):
 
 def score_code(doc, results):
     program = doc["prompt"] + results[0] + "\n\n" + "".join(f"assert {t}\n" for t in doc["tests"])
-    with tempfile.TemporaryDirectory() as tmp:
-        try:
-            r = subprocess.run([sys.executable, "-I", "-c", program], cwd=tmp, capture_output=True,
-                               timeout=CODE_TIMEOUT_S, stdin=subprocess.DEVNULL)
-            ok = r.returncode == 0
-        except subprocess.TimeoutExpired:
-            ok = False
-    return {"pass": int(ok)}
+    return {"pass": int(run_python(program, timeout_s=CODE_TIMEOUT_S).ok)}
 
 
 def score_chat(doc, results):

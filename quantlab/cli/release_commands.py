@@ -28,6 +28,8 @@ def verify(
                                                 "decision was 'blocked'.")] = False,
     require_attestation: Annotated[bool, typer.Option(help="A folder without the in-toto attestation (a release "
                                                       "made before attestations) is not verified.")] = False,
+    allow_dev_key: Annotated[bool, typer.Option(help="Accept a release signed with quantlab's local development "
+                                                "key (a trial's: never for shipping).")] = False,
     here: Annotated[bool, typer.Option(help="Also compare this host with the hardware and runtime the release was "
                                        "validated on (kernel library and AMX, or GPU model, compute capability, "
                                        "count and driver; the exact vLLM version); exit 1 naming each "
@@ -39,11 +41,12 @@ def verify(
                                                            "$QUANTLAB_VLLM_PYTHON).")] = None,
 ) -> None:
     """Check a released folder: the signature, every file hash, no file added, missing or
-    linked, the signer the manifest names, that the decision follows from the gate
-    verdicts, the registered gate set and the attestation; with --here, that this host is
-    one the release was validated on. Exit 0 verified and released, 1 not verified (or
-    verified but blocked, unless --allow-blocked; or, with --here, another host), 2 bad
-    input."""
+    linked, the signer the manifest names (the local development key only with
+    --allow-dev-key), that the decision follows from the gate verdicts under a rule its
+    quantlab knew, that its gates are the registered gate set, and that the attestation's
+    predicate is the manifest's; with --here, that this host is one the release was
+    validated on. Exit 0 verified and released, 1 not verified (or verified but blocked,
+    unless --allow-blocked; or, with --here, another host), 2 bad input."""
     from quantlab.release.manifest import read_manifest
     from quantlab.release.verify import verify_release
 
@@ -55,9 +58,9 @@ def verify(
                 raise RecipeError(f"key or certificate file not found: {p}")
         if allow and not here:
             raise RecipeError("--allow names host differences: it needs --here")
-        checked = verify_release(folder, require_attestation=require_attestation, public_key=public_key,
-                                 certificate_chain=certificate_chain, sigstore_identity=sigstore_identity,
-                                 sigstore_issuer=sigstore_issuer)
+        checked = verify_release(folder, require_attestation=require_attestation, allow_dev_key=allow_dev_key,
+                                 public_key=public_key, certificate_chain=certificate_chain,
+                                 sigstore_identity=sigstore_identity, sigstore_issuer=sigstore_issuer)
         problems = checked.problems
         if problems:
             err.print(f"[bold red]NOT VERIFIED[/] {escape(str(folder))}: {len(problems)} problem(s)", highlight=False,
@@ -73,11 +76,12 @@ def verify(
             typer.echo(f"registered {r['created_at']} before any engine started ("
                        + (f"signed, {r['signing_method']}" if r["signed"] else "unsigned")
                        + (f", log time {r['log_time']}" if r.get("log_time") else "")
-                       + f"); decided under that gate set ({r['gates_sha256'][:12]})")
+                       + f"); decided under that gate set ({r['gates_sha256'][:12]}), its {len(m.gates)} gates "
+                       f"the ones it calls for, under decision rule {m.decision.rule_version or 1}")
         if m.signer is not None and m.signer.key_fingerprint:
             typer.echo(f"signed by key {m.signer.key_fingerprint}"
-                       + (" (quantlab's local development key: not for shipping)" if m.signer.development_key
-                          else ""))
+                       + (" (quantlab's local development key, accepted by --allow-dev-key: not for shipping)"
+                          if m.signer.development_key else ""))
         for note in checked.notes:
             typer.echo(f"note: {note}")
         if m.attestation is not None:

@@ -7,8 +7,8 @@ from that signature's own statement: the model's name with its root digest (so t
 the two statements on it) and every signed file with its sha256. The file itself is
 outside what model-signing signs (its ignored paths), and `verify` does not count it as
 an added file. What `verify` checks: the envelope's signature, that its subjects are the
-files on disk and model-signing's subject, and that its predicate is the signed
-manifest's (same sha256, same decision and gates).
+files on disk and model-signing's subject, and that its predicate is the one the release
+builds from the signed manifest (predicate_of), field by field.
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from quantlab.core.digest import canonical_json
 from quantlab.core.fsutil import sha256_file, write_text_atomic
 from quantlab.core.layout import ATTESTATION_BUNDLE, ATTESTATION_FILE, MANIFEST_FILE, REGISTRATION_FILE, SIGNATURE_FILE
 from quantlab.core.verdicts import gate_id
@@ -123,10 +124,8 @@ def _kernels(runtime: dict[str, Any]) -> dict[str, Any]:
 
 def statement(folder: Path, manifest: Any) -> dict[str, Any]:
     ms = signed_statement(folder)
-    registered = Path(folder) / REGISTRATION_FILE
-    data = json.loads(registered.read_text()).get("data") if registered.is_file() else None
     predicate = predicate_of(manifest, manifest_sha256=sha256_file(Path(folder) / MANIFEST_FILE),
-                             model_signing_subject=ms["subject"][0], data=data)
+                             model_signing_subject=ms["subject"][0], data=_registered_data(folder))
     return {"_type": STATEMENT_TYPE, "subject": subjects_of(ms), "predicateType": PREDICATE_TYPE,
             "predicate": predicate.model_dump(mode="json")}
 
@@ -194,8 +193,8 @@ def _sigstore_sign(payload: bytes, *, use_staging: bool, identity_token: str | N
 
     trust = models.ClientTrustConfig.staging() if use_staging else models.ClientTrustConfig.production()
     context = sign.SigningContext.from_trust_config(trust)
-    token = oidc.IdentityToken(identity_token) if identity_token else \
-        oidc.Issuer(trust.signing_config.get_oidc_url()).identity_token()
+    raw = identity_token or oidc.detect_credential()  # the CI's workload identity, afresh (as sign_folder)
+    token = oidc.IdentityToken(raw) if raw else oidc.Issuer(trust.signing_config.get_oidc_url()).identity_token()
     with context.signer(token) as signer:
         return signer.sign_dsse(dsse.Statement(payload)).to_json()
 
@@ -232,6 +231,8 @@ def verify_attestation(folder: Path, manifest: Any, *, require: bool = False,
         doc = json.loads(payload)
     except ValueError as err:
         return problems + [f"attestation {named}: its statement is not JSON ({err})"], []
+    if not isinstance(doc, dict):
+        return problems + [f"attestation {named}: its statement is a JSON {type(doc).__name__}, not an object"], []
     return problems + [f"attestation {named}: {p}" for p in _statement_problems(folder, manifest, doc)], []
 
 
@@ -247,7 +248,7 @@ def _dsse_verified(folder: Path, path: Path, *, public_key: Path | None = None,
 
     try:
         envelope = Envelope.from_dict(json.loads(path.read_text()))
-    except (ValueError, KeyError, TypeError) as err:
+    except (ValueError, KeyError, TypeError, AttributeError) as err:  # AttributeError: JSON that is no object
         raise _NotVerified(f"not a DSSE envelope ({type(err).__name__}: {err})") from None
     if public_key is not None:
         key = SSlibKey.from_crypto(_load_public_key(Path(public_key).read_bytes()))
@@ -257,7 +258,7 @@ def _dsse_verified(folder: Path, path: Path, *, public_key: Path | None = None,
         raise _NotVerified("no key to check it with (--public-key or --certificate-chain)")
     try:
         envelope.verify([key], 1)
-    except VerificationError:
+    except (VerificationError, ValueError, TypeError):  # a signature that is no signature: not verified
         signed_by = sorted(s.keyid[:16] for s in envelope.signatures.values())
         raise _NotVerified(f"its signature does not verify with the key given (key id {key.keyid[:16]}; the "
                            f"envelope is signed by {', '.join(signed_by) or 'no key'}): tampered with, or signed "
@@ -276,12 +277,16 @@ def _signing_certificate_key(folder: Path):
     checks that certificate against the chain given)."""
     from cryptography import x509
 
-    material = json.loads((folder / SIGNATURE_FILE).read_text()).get("verificationMaterial") or {}
-    chain = (material.get("x509CertificateChain") or {}).get("certificates") or []
-    raw = chain[0]["rawBytes"] if chain else (material.get("certificate") or {}).get("rawBytes")
-    if not raw:
-        raise _NotVerified(f"{SIGNATURE_FILE} holds no signing certificate to check the attestation with")
-    return x509.load_der_x509_certificate(base64.b64decode(raw)).public_key()
+    try:
+        material = json.loads((folder / SIGNATURE_FILE).read_text()).get("verificationMaterial") or {}
+        chain = (material.get("x509CertificateChain") or {}).get("certificates") or []
+        raw = chain[0]["rawBytes"] if chain else (material.get("certificate") or {}).get("rawBytes")
+        if not raw:
+            raise _NotVerified(f"{SIGNATURE_FILE} holds no signing certificate to check the attestation with")
+        return x509.load_der_x509_certificate(base64.b64decode(raw)).public_key()
+    except (OSError, ValueError, KeyError, TypeError, AttributeError, IndexError) as err:
+        raise _NotVerified(f"no signing certificate can be read from {SIGNATURE_FILE} ({type(err).__name__})") \
+            from None
 
 
 def _sigstore_verified(path: Path, *, sigstore_identity: str | None = None, sigstore_issuer: str | None = None,
@@ -311,20 +316,23 @@ def _statement_problems(folder: Path, manifest: Any, doc: dict[str, Any]) -> lis
         predicate = Predicate.model_validate(doc.get("predicate"))
     except ValidationError as err:
         return problems + [f"its predicate is not a {PREDICATE_TYPE} predicate: {str(err).splitlines()[0]}"]
-    subjects = {s.get("name"): (s.get("digest") or {}).get("sha256") for s in doc.get("subject") or []}
+    try:
+        subjects = {s.get("name"): (s.get("digest") or {}).get("sha256") for s in doc.get("subject") or []}
+    except (AttributeError, TypeError):
+        return problems + ["its subjects are not a list of names with digests"]
     try:
         ms = signed_statement(folder)
-    except (OSError, ValueError, KeyError, TypeError):
+        root = ms["subject"][0]
+        signed = {r["name"]: r["digest"] for r in ms["predicate"]["resources"]}
+        root_sha256 = root["digest"]["sha256"]
+    except (OSError, ValueError, KeyError, TypeError, IndexError, AttributeError):
         return problems + [f"it cannot be joined to the folder's signature ({SIGNATURE_FILE} unreadable)"]
-    root = ms["subject"][0]
-    if subjects.pop(root["name"], None) != root["digest"]["sha256"] or \
-            predicate.model_signing_subject.sha256 != root["digest"]["sha256"]:
-        problems.append(f"its subject is not the model-signing subject of this folder ({root['name']} "
-                        f"{root['digest']['sha256'][:12]}...): an attestation for other files")
+    if subjects.pop(root.get("name"), None) != root_sha256 or predicate.model_signing_subject.sha256 != root_sha256:
+        problems.append(f"its subject is not the model-signing subject of this folder ({root.get('name')} "
+                        f"{str(root_sha256)[:12]}...): an attestation for other files")
     # every file the folder's signature covers (model-signing's own resources: verify_folder checks them
     # against the disk), by name and digest; the disk is read only to say which file differs
-    signed = {r["name"]: r["digest"] for r in ms["predicate"]["resources"]}
-    for name in sorted(set(signed) | set(subjects)):
+    for name in sorted(set(signed) | set(subjects), key=str):
         if name not in subjects:
             problems.append(f"the signed file {name} is not among its subjects")
         elif name not in signed:
@@ -333,11 +341,50 @@ def _statement_problems(folder: Path, manifest: Any, doc: dict[str, Any]) -> lis
             on_disk = sha256_file(folder / name) if (folder / name).is_file() else "missing"
             problems.append(f"its subject {name} has sha256 {str(subjects[name])[:12]}..., the folder's file "
                             f"{on_disk[:12]}...: an attestation for other files")
-    if predicate.manifest.sha256 != sha256_file(folder / MANIFEST_FILE):
-        problems.append(f"its predicate is about another manifest (sha256 {predicate.manifest.sha256[:12]}...)")
-    if predicate.decision.decision != manifest.decision.decision or \
-            [g.id for g in predicate.gates] != [gate_id(v) for v in manifest.gates] or \
-            [g.verdict for g in predicate.gates] != [v.verdict for v in manifest.gates]:
-        problems.append("its decision or gates differ from the signed manifest's")
+    manifest_sha256 = sha256_file(folder / MANIFEST_FILE)
+    if predicate.manifest.sha256 != manifest_sha256:
+        return problems + [f"its predicate is about another manifest (sha256 {predicate.manifest.sha256[:12]}...)"]
+    # the predicate the release would have written from this manifest, field by field
+    try:
+        expected = predicate_of(manifest, manifest_sha256=manifest_sha256, model_signing_subject=root,
+                                data=_registered_data(folder))
+    except (AttributeError, TypeError, KeyError, ValueError) as err:  # a manifest no release would have written
+        return problems + [f"no predicate can be built from the signed manifest as the release builds it "
+                           f"({type(err).__name__}: {err})"]
+    differing = differences(expected.model_dump(mode="json"), predicate.model_dump(mode="json"))
+    if differing:
+        shown = ", ".join(differing[:MAX_NAMED])
+        more = f" and {len(differing) - MAX_NAMED} more" if len(differing) > MAX_NAMED else ""
+        problems.append(f"its predicate is not this manifest's evaluation: {shown}{more} differ")
     return problems
+
+
+MAX_NAMED = 6  # differing predicate fields named in one problem line
+
+
+def _registered_data(folder: Path) -> dict[str, Any] | None:
+    """The data digests and seeds the folder's registration statement holds (as the release read them)."""
+    try:
+        doc = json.loads((Path(folder) / REGISTRATION_FILE).read_text())
+    except (OSError, ValueError):
+        return None
+    return doc.get("data") if isinstance(doc, dict) else None
+
+
+def differences(want: Any, got: Any, path: str = "") -> list[str]:
+    """The paths at which two JSON values differ (gates named by id), in order."""
+    if isinstance(want, dict) and isinstance(got, dict):
+        out = []
+        for key in [*want, *(k for k in got if k not in want)]:
+            out += differences(want.get(key), got.get(key), f"{path}.{key}" if path else str(key))
+        return out
+    if isinstance(want, list) and isinstance(got, list):
+        if len(want) != len(got):
+            return [f"{path} ({len(got)} entries, the manifest implies {len(want)})"]
+        out = []
+        for i, (w, g) in enumerate(zip(want, got)):
+            name = w.get("id") if isinstance(w, dict) and isinstance(w.get("id"), str) else i
+            out += differences(w, g, f"{path}[{name}]")
+        return out
+    return [] if canonical_json(want) == canonical_json(got) else [path or "the predicate"]
 

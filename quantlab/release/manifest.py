@@ -205,7 +205,10 @@ def sign_folder(folder: Path, *, method: str, private_key: Path | None = None, p
         cfg = cfg.use_certificate_signer(private_key=private_key, signing_certificate=signing_certificate,
                                          certificate_chain=certificate_chain or [])
     elif method == "sigstore":
-        cfg = cfg.use_sigstore_signer(use_staging=use_staging, identity_token=identity_token)
+        # no token given: the CI's workload identity (GitHub Actions with id-token: write), asked
+        # afresh for each signing (its tokens live minutes, a run hours), else Sigstore's browser flow
+        cfg = cfg.use_sigstore_signer(use_staging=use_staging, identity_token=identity_token,
+                                      use_ambient_credentials=identity_token is None)
     else:
         raise ValueError(f"unknown signing method {method}")
     target = Path(folder) / SIGNATURE_FILE
@@ -216,6 +219,46 @@ def sign_folder(folder: Path, *, method: str, private_key: Path | None = None, p
     finally:
         tmp.unlink(missing_ok=True)
     return target
+
+
+def check_verification_args(*, public_key: Path | None = None, certificate_chain: list[Path] | None = None,
+                            sigstore_identity: str | None = None, sigstore_issuer: str | None = None) -> None:
+    """Refuse (RecipeError, exit 2) what a verifier was given that cannot verify anything:
+    a key or certificate file that is missing or not what its option says. A folder that
+    does not verify is a problem found (exit 1); this is the command used wrongly."""
+    from cryptography import x509
+    from cryptography.hazmat.primitives import serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+
+    if sigstore_identity and not sigstore_issuer:
+        raise RecipeError("--sigstore-identity needs --sigstore-issuer: an identity means something only with "
+                          "the OIDC issuer that vouched for it (e.g. https://token.actions.githubusercontent.com)")
+    if public_key is None and not certificate_chain and not sigstore_identity:
+        raise RecipeError("say how to verify the signature: --public-key (key signing), --certificate-chain, "
+                          "or --sigstore-identity with --sigstore-issuer")
+    if public_key is not None:
+        data = _read_given(public_key, "--public-key")
+        try:
+            key = serialization.load_pem_public_key(data)
+        except (ValueError, TypeError) as err:
+            raise RecipeError(f"--public-key {public_key} is not a PEM public key ({str(err).splitlines()[0]}): pass "
+                              "the .pub.pem file `quantlab keygen` wrote beside the private key") from None
+        if not isinstance(key, ec.EllipticCurvePublicKey):
+            raise RecipeError(f"--public-key {public_key} is a {type(key).__name__.lstrip('_')}, not an elliptic-curve "
+                              "key: quantlab signs with EC P-256 keys (quantlab keygen)")
+    for cert in certificate_chain or []:
+        try:
+            x509.load_pem_x509_certificates(_read_given(cert, "--certificate-chain"))
+        except ValueError as err:
+            raise RecipeError(f"--certificate-chain {cert} is not a PEM X.509 certificate ({str(err).splitlines()[0]}):"
+                              " pass the certificates up to the root, one PEM file each") from None
+
+
+def _read_given(path: Path, option: str) -> bytes:
+    try:
+        return Path(path).read_bytes()
+    except OSError as err:
+        raise RecipeError(f"{option} {path}: {err.strerror or err}; pass an existing file") from None
 
 
 def verify_signature(folder: Path, *, public_key: Path | None = None, certificate_chain: list[Path] | None = None,

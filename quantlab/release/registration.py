@@ -29,6 +29,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from quantlab.core import redact
 from quantlab.core.digest import json_sha256
 from quantlab.core.errors import RecipeError
 from quantlab.core.fsutil import sha256_file, write_text_atomic
@@ -57,7 +58,7 @@ def gate_set(ctx: StageContext) -> dict[str, Any]:
     family = ctx.family
     return {"serve": {"allow_kernels": r.serve.allow_kernels},  # the serve check's gate: serve.kernel_path
             "quality": dump(r.quality), "performance": dump(r.performance), "stability": dump(r.stability),
-            "targets": [t.model_dump(mode="json") for t in r.serve.targets],
+            "targets": [redact.serve_section(t.model_dump(mode="json")) for t in r.serve.targets],
             "policy": r.release.policy.model_dump(mode="json"),
             "rule_version": RULE_VERSION, "family": family.as_dict() if family is not None else None}
 
@@ -80,7 +81,10 @@ def data_digests(ctx: StageContext) -> dict[str, Any]:
             if w.dataset:
                 path = ctx.loaded.resolve(w.dataset)
                 files[str(path)] = sha256_file(path) if path.is_file() else None
-    return {"suites": [{"name": s.name, "sha256": s.sha256} for s in suites_of(ctx)] if r.quality else [],
+    # each suite's tasks as the run will judge them: verify holds every gated task to its gates (or a skipped gate)
+    return {"suites": [{"name": s.name, "sha256": s.sha256,
+                        "tasks": [{"task": t.task, "slice": t.slice, "metric": t.metric, "gated": t.gated}
+                                  for t in s.tasks]} for s in suites_of(ctx)] if r.quality else [],
             "files": files,
             "seeds": {"quality": r.quality.seed if r.quality else None,
                       "calibration": r.calibration.seed if r.calibration else None,

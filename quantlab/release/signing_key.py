@@ -1,31 +1,102 @@
 """Which key signs a run's statements (its registration, its release manifest), and the
-arguments model-signing takes for the recipe's signing method."""
+arguments model-signing takes for the recipe's signing method.
+
+A private key is used only when this user owns it and nobody else can read or write it:
+a key in a shared folder (a QUANTLAB_CACHE_DIR several users share) may have been planted
+by another user, who would then know every signature quantlab makes with it. The local
+development key is created once, mode 0600, in a folder only its owner can enter, and
+appears whole or not at all (written beside, then linked into place)."""
 
 from __future__ import annotations
 
 import os
+import stat
+import tempfile
 from pathlib import Path
 from typing import Any
 
+from quantlab.core.errors import RecipeError
 from quantlab.core.layout import cache_dir
 from quantlab.core.stage_context import StageContext
 
 LOCAL_KEY = "keys/quantlab-local-signing.pem"
+LOOSE = stat.S_IRWXG | stat.S_IRWXO  # any permission for the group or others
+
+
+def local_key_path() -> Path:
+    """The local development key's private half (its public half: with .pub.pem)."""
+    return cache_dir() / LOCAL_KEY
+
+
+def local_public_key() -> Path:
+    return local_key_path().with_suffix(".pub.pem")
 
 
 def signing_key(ctx: StageContext) -> tuple[Path, bool]:
-    """The private key path and whether it is the local development key (created once)."""
-    from quantlab.release.manifest import generate_keypair
-
+    """The private key path and whether it is the local development key (created once),
+    after checking that only this user can read it."""
     s = ctx.recipe.signing
     if s.private_key:
-        return ctx.loaded.resolve(s.private_key), False
-    key = cache_dir() / LOCAL_KEY
-    if not key.is_file():
-        generate_keypair(key, key.with_suffix(".pub.pem"))
-        ctx.progress(f"created a local development signing key (public half: {key.with_suffix('.pub.pem')}); "
-                     "set signing.private_key to sign with a key of your own")
+        key = ctx.loaded.resolve(s.private_key)
+        check_private_key_file(key, file=str(ctx.loaded.path), field="signing.private_key")
+        return key, False
+    key = local_key_path()
+    if not (key.exists() or key.is_symlink()):
+        if _create_local_key(key):
+            ctx.progress(f"created a local development signing key (public half: {key.with_suffix('.pub.pem')}); "
+                         "set signing.private_key to sign with a key of your own")
+    check_private_key_file(key, file=str(ctx.loaded.path), field="signing.private_key", local=True)
     return key, True
+
+
+def check_private_key_file(key: Path, *, file: str | None = None, field: str | None = None,
+                           local: bool = False) -> None:
+    """Refuse (RecipeError, exit 2) a private key this user does not own, that others may
+    read or write, or (the local key) that is a link or not a plain file."""
+    where = "the local development key" if local else "the signing key"
+    try:
+        st = os.lstat(key) if local else os.stat(key)
+    except FileNotFoundError:
+        raise RecipeError(f"{where} {key} does not exist; create one with `quantlab keygen {key}`", file=file,
+                          field=field) from None
+    except OSError as err:
+        raise RecipeError(f"cannot read {where} {key}: {err.strerror}", file=file, field=field) from None
+    if not stat.S_ISREG(st.st_mode):
+        kind = "a symbolic link" if stat.S_ISLNK(st.st_mode) else "not a plain file"
+        raise RecipeError(f"{where} {key} is {kind}; quantlab signs only with a plain key file it can vouch for: "
+                          f"remove it (quantlab creates a new local key) or set signing.private_key to your own key",
+                          file=file, field=field)
+    if st.st_uid != os.getuid():
+        fix = ("remove it, or set QUANTLAB_CACHE_DIR to a folder of your own" if local else
+               "make one with `quantlab keygen`")
+        raise RecipeError(f"{where} {key} belongs to user id {st.st_uid}, not to you ({os.getuid()}): a key someone "
+                          f"else made (in a shared cache folder, for one) may be known to them. Use a key of your own: "
+                          f"{fix}", file=file, field=field)
+    if st.st_mode & LOOSE:
+        raise RecipeError(f"{where} {key} has mode {stat.S_IMODE(st.st_mode):04o}: others can read or write it, so "
+                          f"it may be known or replaced. Make it yours alone: chmod 600 {key}", file=file,
+                          field=field)
+
+
+def _create_local_key(key: Path) -> bool:
+    """The local development key written beside its place and linked in: a concurrent run
+    that made one first keeps its own (False: this one was not needed)."""
+    from quantlab.release.manifest import generate_keypair
+
+    key.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+    tmp = Path(tempfile.mkdtemp(prefix=".new-key-", dir=key.parent))
+    try:
+        generate_keypair(tmp / key.name, tmp / key.with_suffix(".pub.pem").name)  # private half 0600 (O_EXCL)
+        try:
+            os.link(tmp / key.name, key)  # never replaces: whoever links first made the key
+        except FileExistsError:
+            return False
+        os.replace(tmp / key.with_suffix(".pub.pem").name, key.with_suffix(".pub.pem"))
+        return True
+    finally:
+        for p in tmp.iterdir():
+            p.unlink()
+        tmp.rmdir()
 
 
 def signing_args(ctx: StageContext) -> dict[str, Any]:

@@ -1,0 +1,62 @@
+"""Which decision rules each quantlab version decided under, and what a manifest's own
+fields say about the rule it can have been made with (pure).
+
+A signer can write any `rule_version` into a manifest; rule 1 released a run with no gate
+at all. So `verify` holds the recorded rule to the quantlab that recorded it: a rule that
+version never decided under, or a version this table does not know, is a problem. The
+history (git log of release/decision.py and core/version.py): every quantlab so far is
+0.1.0; rule 2 came with the error budget (the manifest's `error_budget`, which records the
+rule) and the first recorded `rule_version`; registrations (which record the rule they
+were registered under) came after it; rule 3 later. A new rule ships in a new quantlab
+version with a row of its own (tests/unit/release/test_rule_history.py holds the current
+version's row to decision.RULES).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from quantlab.core.version import __version__
+from quantlab.release.decision import RULES
+
+# quantlab version -> the decision rules a release made by it can have been decided under. The version
+# in development decides under the newest rule and has verified under every older one; freeze its row
+# as a tuple when it is released and the next rule comes with the next version.
+RULES_BY_VERSION: dict[str, tuple[int, ...]] = {__version__: RULES}
+FIRST_RECORDED_RULE = 2  # the first rule a manifest records as `rule_version` (rule 1: none recorded)
+
+
+def recorded_rule(decision_rule: int | None) -> int:
+    """The rule a manifest's decision claims (none recorded: rule 1)."""
+    return decision_rule or 1
+
+
+def rule_problems(manifest: Any, registered_rule: Any = None) -> list[str]:
+    """Problems with the rule a manifest (release.manifest.Manifest) claims: unknown to the
+    quantlab version it records, or at odds with what its error budget and its registration
+    statement (`registered_rule`: the statement's gates.rule_version; None: no statement)
+    record."""
+    rule = recorded_rule(manifest.decision.rule_version)
+    version = (manifest.quantlab or {}).get("version")
+    problems = []
+    known = RULES_BY_VERSION.get(str(version))
+    if known is None:
+        problems.append(f"the manifest records quantlab {version!r}, a version this verifier (quantlab "
+                        f"{__version__}) does not know ({', '.join(sorted(RULES_BY_VERSION))}): verify it with the "
+                        "quantlab that made it, or it is not a manifest quantlab wrote")
+    elif rule not in known:
+        problems.append(f"decision rule {rule} is not one quantlab {version} decided under "
+                        f"({', '.join(map(str, known))}): the manifest claims a rule its own quantlab never had")
+    budget = manifest.error_budget
+    if budget is not None:
+        said = budget.get("rule_version") if isinstance(budget, dict) else None
+        if manifest.decision.rule_version is None:
+            problems.append(f"the manifest carries an error budget, which only a quantlab recording its decision "
+                            f"rule writes (rule {FIRST_RECORDED_RULE} on), yet claims rule 1 (no rule_version): "
+                            "rule 1 released a run with no gate at all")
+        elif said != rule:
+            problems.append(f"the decision claims rule {rule}, its error budget records rule {said}")
+    if registered_rule is not None and registered_rule != rule:
+        problems.append(f"the decision claims rule {rule}, but the gate set was registered under rule "
+                        f"{registered_rule} before any engine started")
+    return problems

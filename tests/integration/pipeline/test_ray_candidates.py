@@ -210,8 +210,8 @@ def test_each_candidate_is_checked_on_a_node_and_decided_as_a_local_run(local_an
         assert manifest["hardware"]["cpu"], manifest["hardware"]  # the node's own probe, from its serve stage
     public = cache_dir() / "keys" / "quantlab-local-signing.pub.pem"
     v = subprocess.run([sys.executable, "-m", "quantlab", "verify", runs["good"].path / "checkpoint", "--public-key",
-                        public], capture_output=True, text=True, cwd=REPO, timeout=120)
-    assert v.returncode == 0, v.stdout + v.stderr  # signed here, verifiable as a local release
+                        public, "--allow-dev-key"], capture_output=True, text=True, cwd=REPO, timeout=120)
+    assert v.returncode == 0, v.stdout + v.stderr  # signed here, verifiable as a local (development-key) release
     assert runs["good"].record.placement["node"] != runs["broken"].record.placement["node"] or \
         runs[lost].record.placement["attempt"] == 2
     # performance measured on the good one's node, baseline and candidate interleaved there

@@ -83,5 +83,5 @@ def test_validate_a_gptq_format_checkpoint(tiny_w4a16_checkpoint, tiny_model_dir
     public = cache_dir() / "keys" / "quantlab-local-signing.pub.pem"
     # integrity alone: this run may be blocked by a gate (verify then exits 1 without --allow-blocked)
     v = subprocess.run([sys.executable, "-m", "quantlab", "verify", run_dir / "checkpoint", "--public-key", public,
-                        "--allow-blocked"], capture_output=True, text=True, cwd=REPO, timeout=120)
+                        "--allow-blocked", "--allow-dev-key"], capture_output=True, text=True, cwd=REPO, timeout=120)
     assert v.returncode == 0, v.stdout + v.stderr

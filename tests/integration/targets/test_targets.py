@@ -66,8 +66,8 @@ def test_per_target_decisions_through_validate(tiny_server, tiny_served_checkpoi
     assert "### Serve targets" in report and "blocked for gpu (optional)" in report
     assert "FAIL (optional target)" in report
     public = tmp_path / "cache" / "keys" / "quantlab-local-signing.pub.pem"
-    v = subprocess.run([sys.executable, "-m", "quantlab", "verify", run_dir / "checkpoint", "--public-key", public],
-                       capture_output=True, text=True, cwd=REPO, timeout=120)
+    v = subprocess.run([sys.executable, "-m", "quantlab", "verify", run_dir / "checkpoint", "--public-key", public,
+                        "--allow-dev-key"], capture_output=True, text=True, cwd=REPO, timeout=120)
     assert v.returncode == 0, v.stdout + v.stderr
 
 

@@ -100,14 +100,20 @@ def trial_name(name: str, k: int) -> str:
 
 def parse_knob(text: str) -> tuple[str, list[Any]]:
     """'quantization.group_size=128,64,32' -> ('quantization.group_size', [128, 64, 32]);
-    each value read as YAML (numbers, booleans, strings). ValueError when malformed."""
+    each value read as YAML (numbers, booleans, strings), within core/safe_yaml's budget.
+    ValueError when malformed."""
     import yaml
+
+    from quantlab.core.safe_yaml import load_text
 
     field, sep, values = text.partition("=")
     field = field.strip()
     if not sep or not field or not values.strip() or not re.fullmatch(r"[a-z_][a-z0-9_]*(\.[a-z_][a-z0-9_]*)+", field):
         raise ValueError(f"--knob {text!r}: expected SECTION.FIELD=V1,V2,... (e.g. quantization.group_size=128,64)")
-    choices = [yaml.safe_load(v.strip()) for v in values.split(",") if v.strip()]
+    try:
+        choices = [load_text(v.strip(), source=f"--knob {field}") for v in values.split(",") if v.strip()]
+    except yaml.YAMLError as err:
+        raise ValueError(f"--knob {text!r}: a choice is not a YAML value ({str(err).splitlines()[0]})") from None
     if len(set(map(repr, choices))) != len(choices):
         raise ValueError(f"--knob {text!r}: a choice is listed twice")
     return field, choices

@@ -173,3 +173,13 @@ def test_the_budget_is_what_the_docs_say():
     text = (REPO / "docs" / "recipes.md").read_text()
     assert f"{MAX_FILE_BYTES >> 20} MiB" in text and f"{MAX_NODES:,} nodes" in text
     assert f"{safe_yaml.MAX_SCALAR_CHARS >> 20} MiB" in text and f"{MAX_DEPTH} levels" in text
+
+
+def test_a_search_knob_value_is_read_by_the_same_loader():
+    from quantlab.search.state import parse_knob
+
+    assert parse_knob("quantization.group_size=128,null") == ("quantization.group_size", [128, None])
+    with pytest.raises(ValueError, match="not a YAML value"):  # --knob's RecipeError (exit 2), not a crash
+        parse_knob("quantization.group_size=[1")
+    with pytest.raises(RecipeError, match="refers to a node that contains it"):
+        parse_knob("quantization.targets=&a [*a]")

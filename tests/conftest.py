@@ -194,6 +194,9 @@ def tiny_served_checkpoint(tiny_checkpoints, served_format) -> Path:
 
 
 TINY_SERVED_NAME = "tiny-quantized"  # not a role name: external-endpoint tests discover it
+# the session server's API key, for recipes that name it as an endpoint (serve.api_key_env)
+# in a `quantlab` child process; set while the server runs
+TINY_SERVER_KEY_ENV = "QUANTLAB_TINY_SERVER_KEY"
 
 
 @pytest.fixture(scope="session")
@@ -210,7 +213,11 @@ def tiny_server(tiny_served_checkpoint, serving_probe, tmp_path_factory):
     target = EngineTarget("candidate", tiny_served_checkpoint, TINY_SERVED_NAME)
     plan = plan_serving(spec, [target], dtype="bfloat16", probe=serving_probe)
     with open_engine(plan, "candidate", log_dir=tmp_path_factory.mktemp("tiny-server"), progress=quiet) as server:
-        yield server, collect_facts(server, target, device=plan.device), plan
+        os.environ[TINY_SERVER_KEY_ENV] = server.api_key
+        try:
+            yield server, collect_facts(server, target, device=plan.device), plan
+        finally:
+            os.environ.pop(TINY_SERVER_KEY_ENV, None)
 
 
 def serving_env_processes() -> set[int]:

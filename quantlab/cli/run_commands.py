@@ -364,10 +364,10 @@ def serve(
     from quantlab.recipe.serve import ServeSpec
 
     with exit_codes():
-        dtype, spec, role = "bfloat16", ServeSpec(), "candidate"
+        dtype, spec, role, trust = "bfloat16", ServeSpec(), "candidate", False
         if target.suffix in (".yaml", ".yml"):
             loaded = load_recipe(target)
-            spec, dtype = loaded.recipe.serve, loaded.recipe.model.dtype
+            spec, dtype, trust = loaded.recipe.serve, loaded.recipe.model.dtype, loaded.recipe.model.trust_remote_code
             if baseline:
                 from quantlab.models.source import resolve_recipe_model
 
@@ -380,16 +380,17 @@ def serve(
             model_dir = target
         if recipe is not None:
             settings = load_recipe(recipe).recipe
-            spec, dtype = settings.serve, settings.model.dtype
+            spec, dtype, trust = settings.serve, settings.model.dtype, settings.model.trust_remote_code
         if spec.mode == "endpoint":
             raise RecipeError("`quantlab serve` starts a server; this recipe's serve.mode is 'endpoint' (a server "
                               "that already runs). Use a recipe with mode launch or command", field="serve.mode")
         log_dir = log_dir or Path(tempfile.mkdtemp(prefix="quantlab-serve-"))
-        with serve_one(Path(model_dir), role, spec, dtype=dtype, log_dir=log_dir, progress=progress) as (server,
-                                                                                                         facts):
+        with serve_one(Path(model_dir), role, spec, dtype=dtype, log_dir=log_dir, progress=progress,
+                       trust_remote_code=trust) as (server, facts):
             # plain stdout (no wrapping): scripts read the JSON and the URL line
             typer.echo(json.dumps(facts, indent=2))
-            typer.echo(f"serving {model_dir} as '{server.served_name}' at {server.base_url}/v1 (Ctrl-C to stop)")
+            key = f"; send Authorization: Bearer <the key in {facts['api_key_file']}>" if facts["api_key_file"] else ""
+            typer.echo(f"serving {model_dir} as '{server.served_name}' at {server.base_url}/v1{key} (Ctrl-C to stop)")
             try:
                 while True:
                     server.ensure_alive("while serving")

@@ -122,6 +122,8 @@ class ServeResult(_Result):
         "actual per layer type, KV-cache dtype, attention backend, status (pass, fail, inconclusive, not gated, "
         "not measured) and why.")
     gates: list[GateVerdict] = Field(default_factory=list, description="serve.kernel_path@primary, when judged.")
+    exposed: str | None = Field(None, description="In words, when serve.host let other hosts reach the servers "
+                                "(serve.expose: true); None: only this host could.")
 
 
 class PerfPoint(_Result):

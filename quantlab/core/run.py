@@ -15,6 +15,7 @@ from typing import Any, Literal, Protocol
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from quantlab.core import redact
 from quantlab.core.layout import RECORD_FILE  # noqa: F401 (also read from here)
 from quantlab.core.version import __version__
 from quantlab.core.errors import RecipeError
@@ -132,7 +133,7 @@ class RunDir:
             recipe_name=loaded.recipe.name,
             recipe_path=str(loaded.path),
             recipe_sha256=loaded.content_hash,
-            recipe=loaded.recipe.model_dump(mode="json"),
+            recipe=redact.recipe(loaded.recipe.model_dump(mode="json")),  # secrets as digests
             host={"platform": platform.platform(), "machine": platform.machine(),
                   "python": platform.python_version()},
         )
@@ -171,7 +172,7 @@ class RunDir:
         if self.record.recipe_sha256 != loaded.content_hash:
             self.record.recipe_history.append(self.record.recipe_sha256)
             self.record.recipe_sha256 = loaded.content_hash
-            self.record.recipe = loaded.recipe.model_dump(mode="json")
+            self.record.recipe = redact.recipe(loaded.recipe.model_dump(mode="json"))
             self.record.recipe_path = str(loaded.path)
 
     def save(self) -> None:

@@ -7,6 +7,7 @@ as ok, error or timeout; nothing is dropped, and the whole point has a deadline.
 Why our own client: it records per-request data with little CPU (on a 2-core machine
 the client competes with a CPU engine), and runs in quantlab's environment without a
 second vLLM install. scripts/crosscheck_vllm_bench.py compares it with `vllm bench serve`.
+Requests carry the server's API key (serving/api_keys).
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from quantlab.performance.metrics import RequestRecord
+from quantlab.serving import api_keys
 
 
 @dataclass
@@ -102,7 +104,8 @@ async def _run(base_url: str, requests: list[PreparedRequest], *, concurrency: i
     conn = aiohttp.TCPConnector(limit=0, force_close=False)
     cpu0, t_start = time.process_time(), time.perf_counter()
     stop_sending_at = t_start + duration_s if duration_s else None
-    async with aiohttp.ClientSession(connector=conn, timeout=aiohttp.ClientTimeout(total=None)) as session:
+    async with aiohttp.ClientSession(connector=conn, timeout=aiohttp.ClientTimeout(total=None),
+                                     headers=api_keys.headers(base_url)) as session:
         if rate is None:  # closed loop: `concurrency` workers pull from one queue
             queue: asyncio.Queue = asyncio.Queue()
             for item in enumerate(requests):

@@ -11,6 +11,8 @@ from typing import Any
 
 import httpx
 
+from quantlab.serving import api_keys
+
 # vLLM's metric names (0.32/0.33); older releases called KV usage gpu_cache_usage_perc.
 KV_USAGE = ("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc")
 GAUGES = {"running": "vllm:num_requests_running", "waiting": "vllm:num_requests_waiting"}
@@ -46,7 +48,7 @@ class Monitor:
 
     def _scrape(self) -> dict[str, float] | None:
         try:
-            r = httpx.get(self.base_url + "/metrics", timeout=2)
+            r = httpx.get(self.base_url + "/metrics", timeout=2, headers=api_keys.headers(self.base_url))
             return parse_metrics(r.text) if r.status_code == 200 else None
         except (httpx.HTTPError, ValueError):
             return None

@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from quantlab.core import redact
 from quantlab.core.stage_context import StageContext
 from quantlab.core.roles import ROLES
 from quantlab.core.fsutil import safetensors_bytes
@@ -155,8 +156,8 @@ def _context(ctx: StageContext, plan) -> dict[str, Any]:
     vllm = (probe.get("versions") or {}).get("vllm")
     label = f"{ctx.recipe.name} on vLLM {vllm or '?'}, {hw}"
     return {"label": label, "recipe": ctx.recipe.name, "device": plan.device, "hardware": hw, "vllm": vllm,
-            "engine_args": plan.engine_args, "side_by_side": ctx.recipe.serve.side_by_side,
-            "env": {k: v for k, v in ctx.recipe.serve.env.items()},
+            "engine_args": redact.engine_args(plan.engine_args), "side_by_side": ctx.recipe.serve.side_by_side,
+            "env": redact.env(ctx.recipe.serve.env),  # names kept, values as digests
             "workloads": [w.model_dump(mode="json") for w in ctx.recipe.performance.workloads]}
 
 

@@ -115,7 +115,7 @@ def plan_predicted_serving(loaded: LoadedRecipe, baseline_dir: Path):
     targets = [t for t in serve_targets(spec, baseline_dir=baseline_dir, candidate_dir=Path("."))
                if t.role == "candidate"]
     return plan_serving(spec, targets, dtype=loaded.recipe.model.dtype, probe=probe_for(spec),
-                        quant_configs={"candidate": predicted})
+                        quant_configs={"candidate": predicted}, trust_remote_code=loaded.recipe.model.trust_remote_code)
 
 
 def first_servable(files: list[Path]) -> tuple[Path | None, dict[Path, str]]:
@@ -144,22 +144,37 @@ def latest_checkpoint(runs_root: Path, loaded: LoadedRecipe) -> Path:
     return folder
 
 
+API_KEY_FILE = "api-key"  # `quantlab serve`: the server's key, in its log folder, mode 0600
+
+
 @contextlib.contextmanager
 def serve_one(model_dir: Path, role: str, spec: ServeSpec, *, dtype: str, log_dir: Path,
-              progress: Progress) -> Iterator[tuple[Any, dict[str, Any]]]:
+              progress: Progress, trust_remote_code: bool = False) -> Iterator[tuple[Any, dict[str, Any]]]:
     """`quantlab serve`: one model on one engine, with the same planning and checks as
-    the serve stage. Yields (server, facts as a dict)."""
+    the serve stage. Yields (server, facts as a dict). The server's API key is in
+    <log_dir>/api-key (mode 0600, removed when the server stops), never printed."""
+    from quantlab.core import redact
+    from quantlab.core.fsutil import create_private_file
     from quantlab.serving.vllm_facts import collect_facts
     from quantlab.serving.vllm_probe import probe_for
     from quantlab.serving.vllm_server import open_engine
-    from quantlab.serving.plan import EngineTarget, plan_serving
+    from quantlab.serving.plan import EngineTarget, plan_serving, served_name_for
 
     probe = probe_for(spec)
-    target = EngineTarget(role, Path(model_dir), role)
-    plan = plan_serving(spec, [target], dtype=dtype, probe=probe)
+    target = EngineTarget(role, Path(model_dir), served_name_for(role))
+    plan = plan_serving(spec, [target], dtype=dtype, probe=probe, trust_remote_code=trust_remote_code)
+    key_file = Path(log_dir) / API_KEY_FILE
     with open_engine(plan, role, log_dir=log_dir, progress=progress) as server:
         facts = collect_facts(server, target, device=plan.device)
-        yield server, {"url": server.base_url, "model": server.served_name, "device": plan.device,
-                       "engine_args": plan.engine_args, "compat": plan.compat[role].as_record(),
-                       "dtype": plan.dtype.as_record() if plan.dtype is not None else None,
-                       "facts": facts.model_dump(mode="json")}
+        key_file.unlink(missing_ok=True)
+        if server.api_key:
+            create_private_file(key_file, server.api_key.encode())
+        try:
+            yield server, {"url": server.base_url, "model": server.served_name, "device": plan.device,
+                           "api_key_file": str(key_file) if server.api_key else None, "exposed": plan.exposed,
+                           "engine_args": redact.engine_args(plan.engine_args),
+                           "compat": plan.compat[role].as_record(),
+                           "dtype": plan.dtype.as_record() if plan.dtype is not None else None,
+                           "facts": facts.model_dump(mode="json")}
+        finally:
+            key_file.unlink(missing_ok=True)

@@ -12,6 +12,7 @@ import httpx
 
 from quantlab.core.engine_time import engine_busy
 from quantlab.core.errors import CheckError
+from quantlab.serving import api_keys
 
 
 def texts_as_token_ids(path: Path, tokenizer, *, max_texts: int, max_tokens: int) -> list[list[int]]:
@@ -33,7 +34,8 @@ def top_logprobs(base_url: str, served_name: str, token_ids: list[int], *, top_k
     last: Exception | None = None
     for _ in range(retries + 1):
         try:
-            r = httpx.post(f"{base_url}/v1/completions", json=body, timeout=timeout_s)
+            r = httpx.post(f"{base_url}/v1/completions", json=body, timeout=timeout_s,
+                           headers=api_keys.headers(base_url))
             if r.status_code != 200:
                 raise CheckError(f"{base_url} answered {r.status_code} to a logprobs request: {r.text[:300]}")
             top = r.json()["choices"][0]["logprobs"]["top_logprobs"]

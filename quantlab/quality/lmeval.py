@@ -24,6 +24,7 @@ from quantlab.core.process_death import die_with_parent
 from quantlab.core.together import Stopped
 from quantlab.quality.sample_format import compact_sample
 from quantlab.quality.sandbox import ENV_VAR as SANDBOX_ENV
+from quantlab.serving import api_keys
 
 PROGRESS = "QUANTLAB-EVAL "  # prefix of the child's progress lines on stdout
 FAILED_FILE = "failed.json"
@@ -130,6 +131,13 @@ def run_tasks(*, tasks: list[str], chat_tasks: list[str] | None = None, base_url
     spec_path = out_dir / "lmeval-spec.json"
     spec_path.write_text(json.dumps(spec, indent=2))
     env = {**os.environ, "TOKENIZERS_PARALLELISM": "false"}
+    # lm-eval's local-completions sends OPENAI_API_KEY as its bearer token: the server's own
+    # key (serving/api_keys), through the child's environment, never the spec file; and no
+    # key of the user's for another service where the server has none
+    env.pop("OPENAI_API_KEY", None)
+    key = api_keys.key_for(base_url)
+    if key:
+        env["OPENAI_API_KEY"] = key
     if offline:
         env.update(HF_DATASETS_OFFLINE="1", HF_HUB_OFFLINE="1")
     env.pop(SANDBOX_ENV, None)  # only the run's own choice reaches the scorers

@@ -8,7 +8,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from quantlab.core import cpu_emulation, result_cache
+from quantlab.core import cpu_emulation, redact, result_cache
 from quantlab.core.digest import json_sha256
 from quantlab.core.stage_context import StageContext, once
 from quantlab.core.errors import RecipeError
@@ -93,7 +93,8 @@ def cache_parts(ctx: StageContext, suites: list[Suite], tasks: list[str], plan) 
     spec: QualitySpec = ctx.recipe.quality
     return {"baseline": ctx.baseline_identity(), "suites": {s.name: s.sha256 for s in suites}, "tasks": tasks,
             "limit": spec.limit, "seed": spec.seed, "num_concurrent": spec.num_concurrent,
-            "engine": (plan.probe.get("versions") or {}).get("vllm"), "engine_args": plan.engine_args,
+            "engine": (plan.probe.get("versions") or {}).get("vllm"),
+            "engine_args": redact.engine_args(plan.engine_args),  # written into the cache entry: no secret
             "device": plan.device, "lm_eval": lm_eval_version(),
             # the shared cache of --ray spans machines: a baseline's answers on one CPU or GPU kind are not another's
             "hardware": cpu_emulation.cache_hardware(plan.probe),

@@ -91,6 +91,7 @@ def run_distributed(rank_recipe: Path, output: Path, nproc: int, *, log_file: Pa
     finally:
         if log:
             log.close()
+        rank_recipe.unlink(missing_ok=True)  # the recipe's serve.env and engine args: not left in the run folder
     where = f" (its output: {log_file})" if log_file else ""
     if rc != 0:
         raise EngineError(f"distributed quantization ({nproc} ranks under torchrun) failed with exit code {rc}{where}")

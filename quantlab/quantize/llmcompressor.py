@@ -19,6 +19,7 @@ import yaml
 
 from quantlab.quantize.calibration import build_calibration_set
 from quantlab.quantize.compute_dtype import SIXTEEN_BIT, DtypeChoice, choose_dtype, float32_bytes
+from quantlab.core import redact
 from quantlab.core.engine_time import engine_busy
 from quantlab.quantize import dtype_speed
 from quantlab.core.errors import EngineError, RecipeError
@@ -233,7 +234,9 @@ def _quantize_checkpoint(loaded: LoadedRecipe, model_ref: ResolvedModel, output:
             export_in_dtype(tmp, compute.model_dtype)
         t = lap("oneshot_and_save_s", t)
         _check_quantized(tmp, recipe.name)
-        write_text_atomic(tmp / RECIPE_COPY_FILE, yaml.safe_dump(recipe.model_dump(mode="json"), sort_keys=False))
+        # the released recipe copy: secrets (serve.env, secret engine args) as their digests (core/redact)
+        write_text_atomic(tmp / RECIPE_COPY_FILE, yaml.safe_dump(redact.recipe(recipe.model_dump(mode="json")),
+                                                                 sort_keys=False))
         result = {
             "stage": "quantize",
             "recipe": {"name": recipe.name, "path": str(loaded.path), "sha256": loaded.content_hash},

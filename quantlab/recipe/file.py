@@ -23,7 +23,7 @@ from pydantic import (
     model_validator,
 )
 
-from quantlab.core import safe_yaml
+from quantlab.core import redact, safe_yaml
 from quantlab.core.digest import json_sha256
 from quantlab.recipe.selection import SelectionSpec
 from quantlab.core.errors import RecipeError
@@ -188,7 +188,9 @@ def _format_validation_error(err: ValidationError, file: str) -> RecipeError:
             lines.append(f"field '{dotted}': required but missing")
         else:
             got = e.get("input")
-            shown = "" if isinstance(got, (dict, list)) else f" (got {got!r})"
+            # a value under env or a secret-looking name is not echoed: the message reaches terminals and logs
+            hidden = "env" in loc or any(redact.secret_name(str(p)) for p in loc) or redact.secret_value(got)
+            shown = "" if isinstance(got, (dict, list)) or hidden else f" (got {got!r})"
             msg = e["msg"].removeprefix("Value error, ")
             lines.append(f"field '{dotted or '<top>'}': {msg}{shown}")
     head = f"{file}: invalid recipe ({len(lines)} problem{'s' if len(lines) > 1 else ''})"

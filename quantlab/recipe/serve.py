@@ -26,7 +26,53 @@ def _kernel_name(name: str) -> str:
 
 AllowedKernels = list[Annotated[str, AfterValidator(_kernel_name)]]
 TARGET_OVERRIDES = ("mode", "device", "python", "command", "endpoint", "candidate_endpoint", "served_model_name",
-                    "candidate_served_model_name", "allow_same_endpoint", "startup_timeout_s", "cpu_kv_cache_space_gib")
+                    "candidate_served_model_name", "allow_same_endpoint", "startup_timeout_s", "cpu_kv_cache_space_gib",
+                    "api_key_env")
+
+# vLLM options quantlab sets itself (or must not be set at all), with the recipe field to use
+# instead. vLLM's parser takes any unambiguous prefix of an option (argparse's allow_abbrev),
+# so a key is refused here when it is one of these or a prefix of one; the preflight resolves
+# every key with the serving environment's own parser (serving/engine_args.py).
+QUANTLAB_OPTIONS = {
+    "--host": "serve.host (with serve.expose: true for an address other hosts can reach)",
+    "--port": "serve.port",
+    "--api-key": "nothing: quantlab gives every server it starts a random key of its own for the run",
+    "--trust-remote-code": "model.trust_remote_code (quantlab passes it to the servers)",
+    "--no-trust-remote-code": "model.trust_remote_code (quantlab passes it to the servers)",
+    "--served-model-name": "serve.served_model_name / candidate_served_model_name (an external server's name); "
+                           "a server quantlab starts serves under a name of its own",
+    "--config": "serve.engine_args itself (one key per option); a config file would set options unseen",
+    "--model": "model.source (the baseline) or the run's checkpoint (the candidate)",
+}
+ENGINE_ARG_KEY = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]*(\.[A-Za-z0-9_-]+)*\+?")
+QUANTLAB_ENV = {"VLLM_API_KEY": "quantlab gives every server it starts a random API key through it; for a server "
+                "it does not start, name the variable holding that server's key in serve.api_key_env"}
+
+
+def option_of(key: str) -> str:
+    """The command-line option an engine_args key becomes, as vLLM's parser reads it: dashes
+    for underscores up to the first dot (a dotted key sets a field of a JSON option)."""
+    return "--" + key.split(".", 1)[0].rstrip("+").replace("_", "-")
+
+
+def quantlab_option(key: str) -> str | None:
+    """The option quantlab sets itself that this key names or abbreviates (None: none)."""
+    flag = option_of(key)
+    return next((o for o in QUANTLAB_OPTIONS if o.startswith(flag)), None)
+
+
+def check_engine_arg_keys(args: dict, field: str = "serve.engine_args") -> None:
+    """ValueError for a key that is not an option name, or that names (or abbreviates) an
+    option quantlab sets itself."""
+    for key in args:
+        if not ENGINE_ARG_KEY.fullmatch(str(key)):
+            raise ValueError(f"{field}.{key}: not an engine argument name; write vLLM's option without the leading "
+                             "dashes, one key per option, no '=' or spaces (max_model_len: 2048)")
+        option = quantlab_option(key)
+        if option is not None:
+            said = f"{option} is" if option == option_of(key) else \
+                f"vLLM would read {option_of(key)} as {option} (any unambiguous prefix of an option is that option),"
+            raise ValueError(f"{field}.{key}: {said} an option quantlab sets itself; use {QUANTLAB_OPTIONS[option]}")
 
 
 class ServeTarget(_Strict):
@@ -57,6 +103,7 @@ class ServeTarget(_Strict):
     allow_same_endpoint: bool | None = None
     startup_timeout_s: float | None = Field(None, gt=0, le=7200)
     cpu_kv_cache_space_gib: float | None = Field(None, gt=0)
+    api_key_env: str | None = Field(None, pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")
     engine_args: dict[str, str | int | float | bool | None] = Field(
         default_factory=dict, description="Merged over serve.engine_args (null removes a key).")
     env: dict[str, str] = Field(default_factory=dict, description="Merged over serve.env.")
@@ -92,7 +139,16 @@ class ServeSpec(_Strict):
     allow_same_endpoint: bool = Field(
         False, description="Mode 'endpoint': allow baseline and candidate to be the same server and model "
         "(a self-comparison, e.g. to check that the gates pass on identical models).")
-    host: str = Field("127.0.0.1", description="Interface a launched server binds to.")
+    host: str = Field("127.0.0.1", description="Interface a launched server binds to. An address other hosts can "
+                      "reach (0.0.0.0, a LAN address) needs serve.expose: true.")
+    expose: bool = Field(False, description="Allow serve.host to be an address other hosts can reach: the servers "
+                         "are then open to the network (each still needs the run's API key). Said in the dry run "
+                         "and the report.")
+    api_key_env: str | None = Field(
+        None, pattern=r"^[A-Za-z_][A-Za-z0-9_]*$", description="Modes endpoint and command: the environment "
+        "variable holding the API key of the server quantlab does not start itself; its value is read when the "
+        "run starts and never recorded. Unset: an endpoint is sent no key, a command's server gets quantlab's own "
+        "random key in VLLM_API_KEY (pass it on, e.g. docker run -e VLLM_API_KEY).")
     port: int | None = Field(None, ge=1, le=65535, description="Port for a launched server (default: a free one).")
     startup_timeout_s: float = Field(900, gt=0, le=7200, description="Deadline for /health to answer 200.")
     shutdown_timeout_s: float = Field(30, gt=0, le=600, description="Grace period after SIGTERM before SIGKILL.")
@@ -139,10 +195,13 @@ class ServeSpec(_Strict):
                     raise ValueError(f"'{key}' is only used with mode 'endpoint'")
         if self.mode != "command" and self.command:
             raise ValueError("'command' is only used with mode 'command'")
-        for key in self.engine_args:
-            if key.startswith("-") or key in ("model", "port", "host", "served_model_name", "served-model-name"):
-                raise ValueError(f"engine_args.{key}: quantlab sets model, port, host and the served name itself; "
-                                 "write other keys without dashes")
+        check_engine_arg_keys(self.engine_args)
+        for name, why in QUANTLAB_ENV.items():
+            if name in self.env:
+                raise ValueError(f"serve.env.{name}: {why}")
+        if self.api_key_env is not None and self.mode == "launch":
+            raise ValueError("serve.api_key_env names the key of a server quantlab does not start (mode endpoint or "
+                             "command); a launched server gets a random key of quantlab's own: remove it")
         names = [t.name for t in self.targets]
         for i, t in enumerate(self.targets):
             if t.name == PRIMARY_TARGET or names.count(t.name) > 1:
@@ -173,6 +232,8 @@ class ServeSpec(_Strict):
             for key in ("endpoint", "candidate_endpoint", "command"):  # the primary's mode-only fields
                 if getattr(target, key) is None:
                     data[key] = None
+            if target.mode == "launch" and target.api_key_env is None:  # a launched server's key is quantlab's
+                data["api_key_env"] = None
         if len(target.roles) == 1:  # one role served there: no baseline/candidate pair to confuse
             data["allow_same_endpoint"] = True
         args = {**self.engine_args, **target.engine_args}

@@ -250,6 +250,8 @@ def _serving_section(s: ServeResult) -> Section:
                      f"{log.get('kv_cache_dtype') or 'model dtype'}, {_fmt(log.get('kv_cache_tokens'))} tokens",
                      _fmt(f.startup_s), f.smoke_completion.text.strip()[:60]])
     notes = [f"device {s.device}; engine build {engine_build(s.probe)}; engine args {s.engine_args}"]
+    if s.exposed:
+        notes.insert(0, f"**EXPOSED to other hosts**: {s.exposed}")
     if s.dtype and s.dtype["dtype"] != s.dtype["model_dtype"]:
         notes.append(f"**served in {s.dtype['dtype']}, not the model's {s.dtype['model_dtype']}**: "
                      f"{s.dtype['reason']}. Both roles alike, so the comparison holds; absolute speeds are "

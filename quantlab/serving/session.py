@@ -96,7 +96,7 @@ class EngineSession:
             if not known:  # a raw recipe: only the checkpoint will tell
                 targets, overrides = [t for t in targets if t.role != "candidate"], {}
         plan = plan_serving(spec, targets, dtype=self.recipe.model.dtype, probe=self.serving_probe(),
-                            quant_configs=overrides)
+                            quant_configs=overrides, trust_remote_code=self.recipe.model.trust_remote_code)
         if not predicted:
             self._plan = plan
         return plan
@@ -139,7 +139,8 @@ class EngineSession:
                 probe = self._probes[key]
             plans[t.name] = plan_extra_target(primary, t, baseline_dir=self.baseline_model().path,
                                               candidate_dir=self.checkpoint_dir, dtype=self.recipe.model.dtype,
-                                              probe=probe, quant_configs=overrides)
+                                              probe=probe, quant_configs=overrides,
+                                              trust_remote_code=self.recipe.model.trust_remote_code)
         if not predicted:
             self._target_plans = plans
         return plans
@@ -171,9 +172,10 @@ class EngineSession:
             return self._pool.get(role, target)
         server = self._pool.get(role)
         # an endpoint's served name is discovered by the serve stage; a server got again
-        # later (one-at-a-time serving restarts it) carries the default until told
+        # later (one-at-a-time serving restarts it) carries the default until told. A server
+        # quantlab starts serves the name its plan gave it (a resumed run's differs from the record's).
         facts = getattr(self.run.record.result("serve"), "engines", {}).get(role)
-        if facts is not None:
+        if facts is not None and not self._pool.plans[PRIMARY_TARGET].target(role).name_is_explicit:
             server.served_name = facts.served_model_name
         return server
 

@@ -6,12 +6,14 @@ from __future__ import annotations
 
 from typing import Any
 
+from quantlab.core import redact
 from quantlab.core.stage_context import StageContext
 from quantlab.core.layout import SERVE_LOG_DIR
 from quantlab.models.source import source_fingerprint
 from quantlab.core.results import CheckpointResult, CompatRecord, QuantizeResult, ServeResult
 from quantlab.serving import gates as serve_gates
 from quantlab.serving.compat import CompatReport, engine_build
+from quantlab.serving.exposure import exposure
 from quantlab.serving.plan import ServingPlan
 
 NAME = "serve"
@@ -29,6 +31,20 @@ def inputs(ctx: StageContext) -> dict[str, Any]:
 def preflight(ctx: StageContext) -> None:
     """Refuse a recipe the target cannot serve before quantizing, not after."""
     ctx.serving_plan(predicted="quantize" in ctx.will_run or not (ctx.checkpoint_dir / "config.json").is_file())
+
+
+def plan(ctx: StageContext) -> list[str]:
+    """What the dry run says of the servers: how they are closed, or that they are exposed."""
+    spec = ctx.recipe.serve
+    if spec.mode == "endpoint":
+        key = f"the key in ${spec.api_key_env}" if spec.api_key_env else "no API key (serve.api_key_env unset)"
+        return [f"external servers: quantlab sends them {key}"]
+    lines = ["each server quantlab starts gets a random API key for the run (asked on every path but /health) "
+             "and a random served-model name"]
+    exposed = exposure(spec)
+    if exposed:
+        lines.append(f"EXPOSED: {exposed}")
+    return lines
 
 
 def compat_record(report: CompatReport) -> CompatRecord:
@@ -67,10 +83,12 @@ def run(ctx: StageContext) -> ServeResult:
         if (log_dir / f"{role}-server.log").is_file():
             ctx.add_artifact(f"{SERVE_LOG_DIR}/{role}-server.log", f"{role}-server-log")
     launched = plan.spec.mode != "endpoint"
+    if plan.exposed:
+        ctx.progress(f"EXPOSED: {plan.exposed}")
     return ServeResult(
         mode=plan.spec.mode,
         device=plan.device,
-        engine_args=plan.engine_args,
+        engine_args=redact.engine_args(plan.engine_args),  # a secret-looking value as its digest
         # one engine_args dict is passed to every server quantlab starts; it cannot know an endpoint's
         identical_engine_args=True if launched else None,
         side_by_side=plan.spec.side_by_side,
@@ -80,4 +98,5 @@ def run(ctx: StageContext) -> ServeResult:
         dtype=plan.dtype.as_record() if plan.dtype is not None else None,
         kernel_path=kernels,
         gates=serve_gates.verdicts(kernels, scope=plan.name),
+        exposed=plan.exposed,
     )

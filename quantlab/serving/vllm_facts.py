@@ -15,14 +15,17 @@ SMOKE_PROMPT = "The capital of France is"
 
 
 def resolve_served_name(server: VLLMServer, target: EngineTarget, models: list[dict]) -> str:
-    """The model name to put in requests. A name quantlab chose must be served; an
-    external server's own name is taken when it serves exactly one model."""
+    """The model name to put in requests. A name quantlab chose must be served (for a server
+    it started, the name that server was given: listed by the authenticated /v1/models, it
+    also says the server answering is ours); an external server's own name is taken when it
+    serves exactly one model."""
     ids = [m.get("id") for m in models]
-    if target.served_name in ids:
-        return target.served_name
+    wanted = server.plan.served_name if server.plan is not None else target.served_name
+    if wanted in ids:
+        return wanted
     field = "serve.candidate_served_model_name" if target.role == "candidate" else "serve.served_model_name"
     if server.plan is not None and target.name_is_explicit:
-        raise EngineError(f"the {target.role} server quantlab started serves {ids}, not '{target.served_name}' "
+        raise EngineError(f"the {target.role} server quantlab started serves {ids}, not '{wanted}' "
                           "as it was told to")
     if not target.name_is_explicit and len(ids) == 1:
         return ids[0]

@@ -65,6 +65,7 @@ except (ValueError, OSError):
     pass
 out["cpu"] = cpu
 out["engine_kernels"] = engine_kernels()
+out["engine_options"] = engine_options()
 out["dtype_speed"] = {"ms": {}} if out["gpus"] else measure()
 print("QUANTLAB_PROBE " + json.dumps(out))
 """
@@ -109,8 +110,27 @@ def engine_kernels():
 """
 
 
+# The api_server's option table, from the parser `python -m vllm.entrypoints.openai.api_server`
+# builds (argparse with allow_abbrev): every option string and its dest, so the preflight
+# resolves serve.engine_args as vLLM will (serving/engine_args.py) without importing vLLM.
+ENGINE_OPTIONS = r"""
+def engine_options():
+    try:
+        from vllm.utils.argparse_utils import FlexibleArgumentParser
+        try:
+            from vllm.entrypoints.launchers.cli_args import make_arg_parser  # vLLM 0.32, 0.33
+        except ImportError:
+            from vllm.entrypoints.openai.cli_args import make_arg_parser  # earlier versions
+        parser = make_arg_parser(FlexibleArgumentParser())
+    except Exception as e:
+        return {"error": f"building vLLM's api_server parser: {type(e).__name__}: {e}"}
+    return {"allow_abbrev": parser.allow_abbrev,
+            "options": {s: a.dest for a in parser._actions for s in a.option_strings}}
+"""
+
+
 # the script run in the serving Python: helpers first, then the main body
-PROBE = ENGINE_KERNELS + dtype_speed.source() + PROBE_MAIN
+PROBE = ENGINE_KERNELS + ENGINE_OPTIONS + dtype_speed.source() + PROBE_MAIN
 
 
 def serving_python(spec: ServeSpec) -> Path:
@@ -127,7 +147,7 @@ def serving_python(spec: ServeSpec) -> Path:
 
 DEVICE_VARIABLES = ("CUDA_VISIBLE_DEVICES", "NVIDIA_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES",
                     "ROCR_VISIBLE_DEVICES", "CUDA_DEVICE_ORDER")
-PROBE_FORMAT = 2
+PROBE_FORMAT = 3
 
 
 def _probe_key(python: Path) -> str | None:

@@ -5,6 +5,12 @@ the process exits, and on exit the whole process group is stopped (SIGTERM, then
 SIGKILL) so no engine process is left behind, also on Ctrl-C. quantlab talks to vLLM
 only as a subprocess and over HTTP: vLLM lives in its own environment (.venv-vllm)
 because it pins another compressed-tensors.
+
+A server quantlab launches is closed to everyone else on the host: a random API key for
+the run in the child's VLLM_API_KEY (not argv: `ps` shows argv to every user), a guard
+middleware that asks it on every path but /health (engine_guard/), and after /health
+answers, a check that the port's listener is the engine's own process group (another
+process may take the port between quantlab's pick and vLLM's bind).
 """
 
 from __future__ import annotations
@@ -22,7 +28,7 @@ from typing import Any
 
 import httpx
 
-from quantlab.core import cpu_emulation
+from quantlab.core import cpu_emulation, redact
 from quantlab.serving.engine_log import diagnose_failure, startup_phase
 from quantlab.core.engine_time import engine_busy
 from quantlab.core.process_death import die_with_parent
@@ -31,9 +37,13 @@ from quantlab.core.errors import EngineError, RecipeError
 from quantlab.core.layout import cache_dir
 from quantlab.core.progress import Progress, step
 from quantlab.recipe.serve import ServeSpec
+from quantlab.serving import api_keys
+from quantlab.serving.listener import owned_by_group
 from quantlab.serving.plan import ServingPlan, engine_arg_list
 
 LOG_TAIL_LINES = 40
+GUARD_DIR = Path(__file__).resolve().parent / "engine_guard"
+GUARD_MIDDLEWARE = "quantlab_engine_guard.Guard"
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -49,6 +59,21 @@ class LaunchPlan:
     base_url: str
     served_name: str
     port: int
+    api_key: str | None = None  # in env only (VLLM_API_KEY), never in argv, a log or a record
+    host: str = "127.0.0.1"
+    check_listener: bool = False  # launch mode: the port's listener must be the child's own group
+    secrets: list[str] | None = None  # values scrubbed from the server's log (secret engine args, env)
+
+    def __repr__(self) -> str:  # a plan printed in a traceback or a log shows no key
+        return f"LaunchPlan(argv={self.argv!r}, base_url={self.base_url!r}, served_name={self.served_name!r})"
+
+
+def log_secrets(spec: ServeSpec, engine_args: dict[str, Any], key: str | None) -> list[str]:
+    """Values that must not stay in a server log: the key, secret-looking engine arguments and env values."""
+    values = [str(v) for k, v in engine_args.items() if isinstance(v, str)
+              and (redact.secret_name(k) or redact.secret_value(v))]
+    values += [v for k, v in spec.env.items() if redact.secret_name(k) or redact.secret_value(v)]
+    return values + ([key] if key else [])
 
 
 def plan_launch(spec: ServeSpec, model: Path, served_name: str, device: str, engine_args: dict[str, Any],
@@ -72,6 +97,9 @@ def plan_launch(spec: ServeSpec, model: Path, served_name: str, device: str, eng
         if cpu_bind:
             env.setdefault("VLLM_CPU_OMP_THREADS_BIND", cpu_bind)
     env.update(spec.env)
+    # the run's key: the user's for a command whose server expects one, else a random one
+    key = (api_keys.user_key(spec) if spec.mode == "command" else None) or api_keys.new_key()
+    env["VLLM_API_KEY"] = key
     extra = engine_arg_list(engine_args)
     if spec.mode == "command":
         values = {"model": str(model), "port": str(port), "host": host, "served_model_name": served_name}
@@ -82,18 +110,21 @@ def plan_launch(spec: ServeSpec, model: Path, served_name: str, device: str, eng
                               "{served_model_name}", field="serve.command") from None
         argv += extra
     else:
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (str(GUARD_DIR), env.get("PYTHONPATH", "")) if p)
         argv = [str(python or serving_python(spec)), "-m", "vllm.entrypoints.openai.api_server",
                 "--model", str(model), "--served-model-name", served_name,
-                "--host", host, "--port", str(port), *extra]
-    return LaunchPlan(argv, env, f"http://{host}:{port}", served_name, port)
+                "--host", host, "--port", str(port), "--middleware", GUARD_MIDDLEWARE, *extra]
+    url_host = f"[{host}]" if ":" in host else host
+    return LaunchPlan(argv, env, f"http://{url_host}:{port}", served_name, port, api_key=key, host=host,
+                      check_listener=spec.mode == "launch", secrets=log_secrets(spec, engine_args, key))
 
 
-def _tail(path: Path, lines: int = LOG_TAIL_LINES) -> str:
+def _tail(path: Path, lines: int = LOG_TAIL_LINES, secrets_: list[str] | None = None) -> str:
     try:
         text = path.read_text(errors="replace").splitlines()
     except OSError:
         return "(no server log)"
-    return "\n".join(text[-lines:])
+    return redact.scrub_text("\n".join(text[-lines:]), secrets_ or [])
 
 
 class VLLMServer:
@@ -101,7 +132,7 @@ class VLLMServer:
 
     def __init__(self, plan: LaunchPlan | None, *, log_path: Path, startup_timeout_s: float,
                  shutdown_timeout_s: float = 30, endpoint: str | None = None, served_name: str | None = None,
-                 role: str = "candidate"):
+                 role: str = "candidate", api_key: str | None = None):
         self.plan = plan
         self.log_path = Path(log_path)
         self.startup_timeout_s = startup_timeout_s
@@ -109,6 +140,8 @@ class VLLMServer:
         self.base_url = (endpoint or (plan.base_url if plan else "")).rstrip("/")
         self.served_name = served_name or (plan.served_name if plan else None)
         self.role = role
+        self.api_key = api_key or (plan.api_key if plan else None)
+        self._secrets = (plan.secrets if plan else None) or ([self.api_key] if self.api_key else [])
         self.proc: subprocess.Popen | None = None
         self.started_at: float | None = None
         self.ready_after_s: float | None = None
@@ -126,8 +159,16 @@ class VLLMServer:
     def __exit__(self, *exc) -> None:
         self.stop()
 
+    @property
+    def headers(self) -> dict[str, str]:
+        """The Authorization header every request to this server carries: its own key, or the
+        key registered for its URL (an endpoint that is a server of this process); none: no key."""
+        key = self.api_key or api_keys.key_for(self.base_url)
+        return {"Authorization": f"Bearer {key}"} if key else {}
+
     def start(self) -> None:
         self.started_at = time.monotonic()
+        api_keys.register(self.base_url, self.api_key)
         if self.plan is None:
             return
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
@@ -158,6 +199,7 @@ class VLLMServer:
                 try:
                     if client.get(f"{self.base_url}/health").status_code == 200:
                         self.ready_after_s = round(time.monotonic() - self.started_at, 3)
+                        self.ensure_own_listener()
                         return
                 except httpx.HTTPError:
                     pass
@@ -165,12 +207,27 @@ class VLLMServer:
                     raise EngineError(
                         f"the {self.role} server at {self.base_url} was not healthy within "
                         f"{self.startup_timeout_s:.0f} s (serve.startup_timeout_s). Last log lines "
-                        f"({self.log_path}):\n{_tail(self.log_path)}")
+                        f"({self.log_path}):\n{_tail(self.log_path, secrets_=self._secrets)}")
                 time.sleep(0.5)
+
+    def ensure_own_listener(self) -> None:
+        """EngineError unless the port that answered /health is held by this engine's own
+        process group (the port was free when picked; another process may have bound it
+        before vLLM did, and would then see every request and its key)."""
+        if self.plan is None or not self.plan.check_listener or self.proc is None:
+            return
+        owned, seen = owned_by_group(self.plan.host, self.plan.port, self.proc.pid)
+        if owned is False:
+            self.ensure_alive("while its port was taken by another process")
+            raise EngineError(f"the {self.role} server's port {self.plan.port} on {self.plan.host} answers /health, "
+                              f"but not from the server quantlab started: {seen}. Another process took the port "
+                              "between quantlab's choice and vLLM's bind; nothing was sent to it. Run again (a new "
+                              "port is picked) or set serve.port to a port only quantlab uses",
+                              cause="the server's port is held by another process")
 
     def ensure_alive(self, when: str = "") -> None:
         if self.proc is not None and self.proc.poll() is not None:
-            tail = _tail(self.log_path)
+            tail = _tail(self.log_path, secrets_=self._secrets)
             cause = diagnose_failure(self.log_text())
             hint = ""
             if cause == "the port is already in use":
@@ -179,9 +236,30 @@ class VLLMServer:
             raise EngineError(f"the {self.role} server exited with code {self.proc.returncode} {when}{said}.{hint} "
                               f"Last log lines ({self.log_path}):\n{tail}", cause=cause)
 
+    def scrub_log(self) -> None:
+        """Secret values out of the stopped server's log (vLLM prints its non-default arguments)."""
+        values = [v for v in self._secrets if v and len(v) >= 4]
+        if not values or self.plan is None or not self.log_path.is_file():
+            return
+        text = self.log_path.read_text(errors="replace")
+        cleaned = redact.scrub_text(text, values)
+        if cleaned != text:
+            tmp = self.log_path.with_name(self.log_path.name + ".tmp")
+            tmp.write_text(cleaned)
+            tmp.replace(self.log_path)
+
     def stop(self) -> None:
         proc, self.proc = self.proc, None
-        if proc is None or proc.poll() is not None and not _group_alive(proc.pid):
+        api_keys.forget(self.base_url, self.api_key)
+        if proc is None:
+            return
+        try:
+            self._stop_group(proc)
+        finally:
+            self.scrub_log()
+
+    def _stop_group(self, proc: subprocess.Popen) -> None:
+        if proc.poll() is not None and not _group_alive(proc.pid):
             return
         with engine_busy():  # the engine's shutdown
             for sig, wait_s in ((signal.SIGTERM, self.shutdown_timeout_s), (signal.SIGKILL, 10)):
@@ -198,7 +276,7 @@ class VLLMServer:
     def get_json(self, path: str, timeout: float = 30) -> Any:
         try:
             with engine_busy():
-                r = httpx.get(f"{self.base_url}{path}", timeout=timeout)
+                r = httpx.get(f"{self.base_url}{path}", timeout=timeout, headers=self.headers)
             r.raise_for_status()
             return r.json()
         except httpx.HTTPError as err:
@@ -209,7 +287,7 @@ class VLLMServer:
         body = {"model": self.served_name, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0, **extra}
         try:
             with engine_busy():
-                r = httpx.post(f"{self.base_url}/v1/completions", json=body, timeout=timeout)
+                r = httpx.post(f"{self.base_url}/v1/completions", json=body, timeout=timeout, headers=self.headers)
             r.raise_for_status()
             return r.json()
         except httpx.HTTPError as err:
@@ -240,9 +318,10 @@ def prepare_engine(plan: ServingPlan, role: str, *, log_dir: Path, progress: Pro
     spec, target, label = plan.spec, plan.target(role), plan.label(role)
     log_path = Path(log_dir) / f"{label}-server.log"
     if spec.mode == "endpoint":
-        progress(f"using the external {label} server at {plan.endpoint_for(role)}")
+        progress(f"using the external {label} server at {redact.url(plan.endpoint_for(role))}")
         return VLLMServer(None, log_path=log_path, startup_timeout_s=spec.startup_timeout_s,
-                          endpoint=plan.endpoint_for(role), served_name=target.served_name, role=label)
+                          endpoint=plan.endpoint_for(role), served_name=target.served_name, role=label,
+                          api_key=api_keys.user_key(spec))
     assert target.model_dir is not None and plan.engine_args is not None
     launch = plan_launch(spec, target.model_dir, target.served_name, plan.device, plan.engine_args, port=spec.port,
                          cpu_bind=cpu_bind)

@@ -2,6 +2,8 @@
 the same greedy prompts alone and in batches, prompts up to and past the context limit,
 repeated greedy and seeded requests, malformed requests, and a soak. Each probe returns
 plain dicts with every request accounted for; judging them is the stability stage's job.
+Every request, the malformed ones too, carries the server's API key (serving/api_keys):
+a bad request must be judged by the model server, not refused at its door.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from typing import Any
 import httpx
 
 from quantlab.core.engine_time import engine_busy
+from quantlab.serving import api_keys
 
 MAX_EXAMPLES = 5  # mismatch examples kept per probe
 
@@ -76,7 +79,7 @@ def batch_sweep(base_url: str, served: str, prompts: list[list[int]], *, max_tok
     """Each prompt alone (the reference), then all prompts in flight together at each
     level (repeated to fill the batch); the mismatch rate is against the reference."""
     url = f"{base_url}/v1/completions"
-    with httpx.Client() as client:
+    with httpx.Client(headers=api_keys.headers(base_url)) as client:
         ref = [post(client, url, body=completion(served, p, max_tokens), timeout_s=timeout_s) for p in prompts]
         out: dict[str, Any] = {"reference_errors": sum(not r.ok for r in ref), "levels": {}, "examples": [],
                                "requests": len(ref)}
@@ -106,7 +109,7 @@ def length_sweep(base_url: str, served: str, token_pool: list[int], *, max_model
     is right, a 5xx or a dead server is a finding)."""
     url = f"{base_url}/v1/completions"
     rows = []
-    with httpx.Client() as client:
+    with httpx.Client(headers=api_keys.headers(base_url)) as client:
         for f in fractions:
             total = max(2, int(f * max_model_len))
             out_tokens = min(max_tokens, total - 1)
@@ -130,7 +133,7 @@ def determinism(base_url: str, served: str, prompts: list[list[int]], *, max_tok
     """Repeated greedy requests and repeated seeded sampled requests, one at a time."""
     url = f"{base_url}/v1/completions"
     out: dict[str, Any] = {}
-    with httpx.Client() as client:
+    with httpx.Client(headers=api_keys.headers(base_url)) as client:
         for mode, extra in (("greedy", {}), ("seeded", {"temperature": temperature, "seed": seed})):
             mismatched = compared = errors = 0
             examples = []
@@ -187,7 +190,7 @@ def bad_requests(base_url: str, served: str, *, vocab_size: int, timeout_s: floa
     connection is a finding), and whether the server still answers /health and a
     small greedy request afterwards."""
     rows = []
-    with httpx.Client() as client:
+    with httpx.Client(headers=api_keys.headers(base_url)) as client:
         for name, path, body in bad_request_cases(served, vocab_size):
             raw = body if isinstance(body, bytes) else None
             r = post(client, f"{base_url}{path}", body=None if raw else body, raw=raw, timeout_s=timeout_s)
@@ -225,7 +228,7 @@ def soak(base_url: str, served: str, prompts: list[list[int]], *, requests: int,
         gone.saw(reply)
         return reply
 
-    with httpx.Client() as client:
+    with httpx.Client(headers=api_keys.headers(base_url)) as client:
         first = sample_rss()
         if first:
             rss.append((0.0, first))

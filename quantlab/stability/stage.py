@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from quantlab.core.layout import STABILITY_DIR  # noqa: F401 (also read from here)
-from quantlab.core import cpu_emulation
+from quantlab.core import cpu_emulation, redact
 from quantlab.core.stage_context import StageContext
 from quantlab.core.roles import ROLES
 from quantlab.core.errors import CheckError, RecipeError
@@ -49,7 +49,7 @@ def _cache_parts(ctx: StageContext, tokenizer_dir: Path, max_len: int | None) ->
             "probes": spec.model_dump(mode="json", exclude={"gates", "fallback", "baseline_cache", "concurrent_roles"}),
             "prompts": {"texts": sha256_file(PROMPT_TEXTS), "tokens": PROMPT_TOKENS, "tokenizer": tok_files},
             "max_model_len": max_len, "engine": (plan.probe.get("versions") or {}).get("vllm"),
-            "engine_args": plan.engine_args, "device": plan.device,
+            "engine_args": redact.engine_args(plan.engine_args), "device": plan.device,  # no secret in the cache
             "hardware": cpu_emulation.cache_hardware(plan.probe), "format": 1}
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
+from quantlab.core import redact
 from quantlab.core.stage_context import StageContext
 from quantlab.core.errors import EngineError
 from quantlab.recipe.serve import PRIMARY_TARGET
@@ -65,7 +66,7 @@ def _check_target(ctx: StageContext, name: str, tp, sweep, primary: dict[str, di
                              reason=tp.unservable, mode=tp.spec.mode)
     plan = tp.plan
     outcome = TargetOutcome(name=name, required=t.required, roles=t.roles, status="checked", mode=plan.spec.mode,
-                            device=plan.device, engine_args=plan.engine_args, probe=plan.probe)
+                            device=plan.device, engine_args=redact.engine_args(plan.engine_args), probe=plan.probe)
     started = time.monotonic()
     for role in t.roles:
         label = plan.label(role)

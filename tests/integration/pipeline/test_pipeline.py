@@ -3,6 +3,7 @@ edited serve section, failure records, SIGTERM, and the early serving check."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import shutil
@@ -22,6 +23,19 @@ def ql(*args, cwd=REPO, timeout=900, env=None):
                           cwd=cwd, timeout=timeout, env=env)
 
 
+# planted in serve.env and a secret-named engine argument (vLLM's --hf-token): no file of the
+# run folder or the release, and no line quantlab prints, may hold either
+SECRET_ENV = "env-s3cret-" + "7f3a9c1e5b2d4f60"
+SECRET_ARG = "hf_" + "PlantedTokenValue0123456789abcdef"
+SECRET_SERVE = {"env": {"QUANTLAB_TEST_TOKEN": SECRET_ENV}, "engine_args": {"max_model_len": 512, "hf_token": SECRET_ARG}}
+
+
+def holding_secrets(folder) -> list[str]:
+    """Files under `folder` whose bytes hold a planted secret."""
+    return [str(p.relative_to(folder)) for p in sorted(folder.rglob("*")) if p.is_file()
+            and (SECRET_ENV.encode() in (data := p.read_bytes()) or SECRET_ARG.encode() in data)]
+
+
 TINY_PERF = {
     "workloads": [{"name": "short", "prompt_tokens": 32, "output_tokens": 8, "concurrency": [1, 2],
                    "num_requests": 4, "warmup_requests": 1}],
@@ -39,7 +53,7 @@ def test_failed_serve_then_resume_with_an_edited_serve_section(tmp_path, tiny_mo
     same servers), an edited gate re-runs only the performance stage and blocks the
     release with exit 1, and a further resume has nothing left to do."""
     data = tiny_variant(served_format.recipe, tiny_model_dir)
-    data["serve"] = {"engine_args": {"max_model_len": 512}, "startup_timeout_s": 2}
+    data["serve"] = {**SECRET_SERVE, "startup_timeout_s": 2}
     data["performance"] = TINY_PERF
     keys = tmp_path / "keys"
     assert ql("keygen", keys / "release.pem").returncode == 0
@@ -57,7 +71,7 @@ def test_failed_serve_then_resume_with_an_edited_serve_section(tmp_path, tiny_mo
     weights = {a["role"]: a for a in quantized["artifacts"]}["checkpoint-weights"]
     assert weights["sha256"] == quantized["result"]["files"]["model.safetensors"]["sha256"]
 
-    data["serve"] = {"engine_args": {"max_model_len": 512}, "side_by_side": True}  # both servers at once
+    data["serve"] = {**SECRET_SERVE, "side_by_side": True}  # both servers at once
     write_recipe(tmp_path, data)
     second = ql("run", recipe, "--runs-dir", tmp_path / "runs", "--resume", "latest")
     assert second.returncode == 0, second.stderr[-3000:]
@@ -133,6 +147,15 @@ def test_failed_serve_then_resume_with_an_edited_serve_section(tmp_path, tiny_mo
     attestation = manifest["attestation"]["file"]
     assert (ckpt / attestation).is_file() and attestation not in manifest["checkpoint_files"]
     assert f"attestation {attestation}: its signature holds" in ok.stdout
+    # secrets stay out: names kept, values as their sha256, in run.json, the manifest, the released
+    # recipe copy, the server logs, the reports and the printed lines
+    assert holding_secrets(run_dir) == [], holding_secrets(run_dir)
+    assert not any(s in r.stdout + r.stderr for s in (SECRET_ENV, SECRET_ARG) for r in (first, second, ok))
+    digest = "sha256:" + hashlib.sha256(SECRET_ENV.encode()).hexdigest()
+    assert record["recipe"]["serve"]["env"] == {"QUANTLAB_TEST_TOKEN": digest}
+    assert manifest["recipe"]["content"]["serve"]["env"] == {"QUANTLAB_TEST_TOKEN": digest}
+    assert serve["engine_args"]["hf_token"] == "sha256:" + hashlib.sha256(SECRET_ARG.encode()).hexdigest()
+    assert "QUANTLAB_TEST_TOKEN: " + digest in (ckpt / "quantlab-recipe.yaml").read_text()
     # the kernel the scheme should get on this host is the kernel that served it: a gate, passed
     [kernel] = [g for g in serve["gates"] if g["gate"] == "kernel_path"]
     assert (kernel["check"], kernel["scope"], kernel["verdict"]) == ("serve", "primary", "pass"), kernel
@@ -298,10 +321,13 @@ def test_recipes_check_preflight(tmp_path, tiny_model_dir, served_format):
 def test_dry_run_plans_without_starting_anything(tmp_path, tiny_model_dir, served_format):
     data = tiny_variant(served_format.recipe, tiny_model_dir)
     data["quality"] = {"tasks": ["ql_lastword"], "limit": 20}
+    data["serve"] = SECRET_SERVE
     good = write_recipe(tmp_path, data, "good.yaml")
     before = serving_env_processes()
     r = ql("run", good, "--dry-run", "--runs-dir", tmp_path / "runs")
     assert r.returncode == 0, r.stderr
+    assert SECRET_ENV not in r.stdout + r.stderr and SECRET_ARG not in r.stdout + r.stderr
+    assert "random API key for the run" in r.stdout and "EXPOSED" not in r.stdout
     lines = r.stdout.splitlines()
     assert "preflights passed; nothing was started" in lines[0]
     planned = [line.split()[0] for line in lines[1:-1] if not line.startswith("      ")]
@@ -311,6 +337,11 @@ def test_dry_run_plans_without_starting_anything(tmp_path, tiny_model_dir, serve
     assert "n 20" in gate_plan and "non-inferiority" in gate_plan and "P(release | unchanged) " in gate_plan
     assert "no estimate" in r.stdout  # no earlier run to estimate from
     assert not (tmp_path / "runs").exists() and serving_env_processes() - before == set()
+
+    # an address other hosts reach: said in words when the recipe asks for it (refused otherwise: unit tests)
+    exposed = write_recipe(tmp_path, dict(data, serve={"host": "0.0.0.0", "expose": True}), "exposed.yaml")
+    r = ql("run", exposed, "--dry-run", "--runs-dir", tmp_path / "runs")
+    assert r.returncode == 0 and "EXPOSED: the servers listen on every interface of this host" in r.stdout, r.stderr
 
     bad = dict(data, quality={"tasks": ["ql_nothing"]})
     r = ql("run", write_recipe(tmp_path, bad, "bad.yaml"), "--dry-run", "--runs-dir", tmp_path / "runs")

@@ -24,7 +24,7 @@ def counted(lm):
     return lm, calls
 
 
-def test_batched_rolling_scores_equal_lm_evals_own(tiny_server, tiny_served_checkpoint):
+def test_batched_rolling_scores_equal_lm_evals_own(tiny_server, tiny_served_checkpoint, monkeypatch):
     from lm_eval.api.instance import Instance
     from lm_eval.api.registry import get_model
 
@@ -32,6 +32,7 @@ def test_batched_rolling_scores_equal_lm_evals_own(tiny_server, tiny_served_chec
     from quantlab.quality.lmeval_rolling import document_windows
 
     server, _, _ = tiny_server
+    monkeypatch.setenv("OPENAI_API_KEY", server.api_key)  # lm-eval's local-completions sends it, as the child does
     args = {"base_url": f"{server.base_url}/v1/completions", "model": server.served_name, "num_concurrent": 4,
             "max_retries": 1, "timeout": 120, "max_length": 64, "tokenizer": str(tiny_served_checkpoint),
             "tokenizer_backend": "huggingface"}

@@ -9,7 +9,7 @@ import shutil
 from pathlib import Path
 
 import pytest
-from conftest import validate, write_recipe
+from conftest import TINY_SERVER_KEY_ENV, validate, write_recipe
 
 from quantlab.core.errors import EngineError, RecipeError
 
@@ -24,7 +24,8 @@ def self_check_recipe(tmp_path, server, model_dir):
         "model": {"source": str(model_dir)},
         "quantization": {"method": "rtn", "scheme": "W4A16", "group_size": 64},
         # side by side: both roles are up, so baseline and candidate are evaluated at the same time
-        "serve": {"mode": "endpoint", "endpoint": server.base_url, "allow_same_endpoint": True, "side_by_side": True},
+        "serve": {"mode": "endpoint", "endpoint": server.base_url, "allow_same_endpoint": True, "side_by_side": True,
+                  "api_key_env": TINY_SERVER_KEY_ENV},
         "quality": {"tasks": TASKS, "limit": 20, "kl": {"max_texts": 4, "max_tokens": 64, "max_mean_kl": 0.001,
                                                          "min_same_top_rate": 0.99}},
     })

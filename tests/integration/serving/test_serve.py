@@ -16,7 +16,8 @@ import time
 import httpx
 import psutil
 import pytest
-from conftest import REPO, TINY_SERVED_NAME, quiet, serving_env_processes, tiny_variant, write_recipe
+from conftest import REPO, TINY_SERVED_NAME, TINY_SERVER_KEY_ENV, quiet, serving_env_processes, tiny_variant, \
+    write_recipe
 
 from quantlab.serving.vllm_facts import collect_facts
 from quantlab.serving.vllm_probe import probe_serving_env, serving_python
@@ -86,7 +87,8 @@ def test_external_endpoint_under_its_own_model_name(tiny_server, tiny_served_che
     """An endpoint serving its own model name: discovered when the recipe names none, a
     clear error when the recipe names another; attaching never stops the server."""
     server, _, _ = tiny_server
-    spec = ServeSpec(mode="endpoint", endpoint=server.base_url, allow_same_endpoint=True, startup_timeout_s=10)
+    spec = ServeSpec(mode="endpoint", endpoint=server.base_url, allow_same_endpoint=True, startup_timeout_s=10,
+                     api_key_env=TINY_SERVER_KEY_ENV)  # the user's own way to give an endpoint's key
     [target] = [t for t in serve_targets(spec, baseline_dir=None, candidate_dir=tiny_served_checkpoint)
                 if t.role == "candidate"]
     plan = plan_serving(spec, [target], dtype="bfloat16", probe={"device": "unknown", "versions": {}, "gpus": []})
@@ -99,7 +101,7 @@ def test_external_endpoint_under_its_own_model_name(tiny_server, tiny_served_che
         assert facts.smoke_completion.text
 
     named = ServeSpec(mode="endpoint", endpoint=server.base_url, allow_same_endpoint=True,
-                      candidate_served_model_name="someone-else")
+                      candidate_served_model_name="someone-else", api_key_env=TINY_SERVER_KEY_ENV)
     [target] = [t for t in serve_targets(named, baseline_dir=None, candidate_dir=None) if t.role == "candidate"]
     plan = plan_serving(named, [target], dtype="bfloat16", probe={"device": "unknown", "versions": {}, "gpus": []})
     with open_engine(plan, "candidate", log_dir=tmp_path, progress=quiet) as ext:
@@ -184,11 +186,18 @@ def test_quantlab_serve_recipe_baseline_foreground_and_ctrl_c(tiny_model_dir, tm
                 break
             assert time.monotonic() < deadline
         assert url, (tmp_path / "stderr.txt").read_text()[-3000:]
-        assert f"serving {tiny_model_dir} as 'baseline'" in lines[-1]
         facts = json.loads("".join(lines[:-1]))
+        name = facts["model"]
+        assert name.startswith("baseline-") and f"serving {tiny_model_dir} as '{name}'" in lines[-1]
         assert facts["facts"]["max_model_len"] == 256 and facts["compat"]["schemes"] == ["unquantized"]
-        r = httpx.post(f"{url}/completions", json={"model": "baseline", "prompt": "Hi", "max_tokens": 3},
-                       timeout=60)
+        # the key is in a file only this user reads, named on stdout, never printed itself
+        key_file = tmp_path / "api-key"
+        assert facts["api_key_file"] == str(key_file) and key_file.stat().st_mode & 0o777 == 0o600
+        key = key_file.read_text()
+        assert key not in "".join(lines) and key not in (tmp_path / "stderr.txt").read_text()
+        body = {"model": name, "prompt": "Hi", "max_tokens": 3}
+        assert httpx.post(f"{url}/completions", json=body, timeout=60).status_code == 401
+        r = httpx.post(f"{url}/completions", json=body, timeout=60, headers={"Authorization": f"Bearer {key}"})
         assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 3
         proc.send_signal(signal.SIGINT)
         assert proc.wait(timeout=120) == 0
@@ -197,7 +206,7 @@ def test_quantlab_serve_recipe_baseline_foreground_and_ctrl_c(tiny_model_dir, tm
             proc.kill()
         errfile.close()
     assert serving_env_processes() - before == set()
-    assert (tmp_path / "baseline-server.log").is_file()
+    assert (tmp_path / "baseline-server.log").is_file() and not (tmp_path / "api-key").exists()
 
 
 def test_command_mode_with_a_template_serving_its_own_name_and_a_crash_leaves_no_process(
@@ -233,3 +242,37 @@ def test_command_mode_with_a_template_serving_its_own_name_and_a_crash_leaves_no
     assert group_pids(pgid) == []
     assert facts.served_model_name == "org/my-quantized" and facts.max_model_len == 256
     assert facts.log["linear_kernels"][served_format.layer] == [served_format.kernel]
+
+
+def test_the_session_server_is_closed_to_requests_without_its_key(tiny_server, tiny_served_checkpoint):
+    """Every path but /health asks the run's key, those vLLM's own --api-key leaves open
+    (/invocations serves completions too) included; the key is in no process's argv; and
+    quantlab's own clients (the load generator, the KL and stability probes, lm-eval's
+    child through its environment) send it."""
+    from quantlab.performance.loadgen import PreparedRequest, run_point
+    from quantlab.quality import kl
+    from quantlab.serving import api_keys
+    from quantlab.stability import probe as sp
+
+    server, _, _ = tiny_server
+    body = {"model": TINY_SERVED_NAME, "prompt": "Hi", "max_tokens": 2}
+    for method, path, payload in [("post", "/v1/completions", body), ("get", "/v1/models", None),
+                                  ("post", "/invocations", body), ("post", "/tokenize", body),
+                                  ("get", "/metrics", None), ("get", "/version", None)]:
+        for headers in ({}, {"Authorization": "Bearer not-the-key"}):
+            r = httpx.request(method, f"{server.base_url}{path}", json=payload, headers=headers, timeout=30)
+            assert r.status_code == 401, (path, headers, r.status_code)
+    assert httpx.get(f"{server.base_url}/health", timeout=30).status_code == 200
+    assert httpx.post(f"{server.base_url}/invocations", json=body, headers=server.headers, timeout=60).status_code \
+        == 200
+    argv = " ".join(arg for pid in group_pids(server.proc.pid) for arg in psutil.Process(pid).cmdline())
+    assert server.api_key not in argv and "--middleware" in argv
+    assert api_keys.key_for(server.base_url) == server.api_key
+
+    res = run_point(server.base_url, [PreparedRequest("/v1/completions", body, 2)] * 2, concurrency=2, timeout_s=60)
+    assert [r.outcome for r in res.records] == ["ok", "ok"]
+    assert len(kl.top_logprobs(server.base_url, TINY_SERVED_NAME, [1, 2, 3, 4], top_k=3, timeout_s=60)) == 4
+    swept = sp.batch_sweep(server.base_url, TINY_SERVED_NAME, [[1, 2, 3]], max_tokens=2, levels=[2], timeout_s=60)
+    assert swept["errors"] == 0 and swept["requests"] == 3
+    bad = sp.bad_requests(server.base_url, TINY_SERVED_NAME, vocab_size=100, timeout_s=60)
+    assert 401 not in [row["status"] for row in bad["rows"]]  # judged by the model server, not its door

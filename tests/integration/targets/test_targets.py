@@ -10,7 +10,7 @@ import subprocess
 import sys
 
 import pytest
-from conftest import REPO, tiny_variant, validate, write_recipe
+from conftest import REPO, TINY_SERVER_KEY_ENV, tiny_variant, validate, write_recipe
 
 pytestmark = pytest.mark.slow
 
@@ -22,7 +22,7 @@ def test_per_target_decisions_through_validate(tiny_server, tiny_served_checkpoi
         "model": {"source": str(tiny_served_checkpoint)},
         "quantization": {"method": "rtn", "scheme": "W4A16", "group_size": 64},
         "serve": {"mode": "endpoint", "endpoint": server.base_url, "allow_same_endpoint": True,
-                  "startup_timeout_s": 600,
+                  "startup_timeout_s": 600, "api_key_env": TINY_SERVER_KEY_ENV,
                   "targets": [
                       {"name": "replica", "mode": "endpoint", "endpoint": server.base_url,
                        "allow_same_endpoint": True, "max_mismatch": 0.0},

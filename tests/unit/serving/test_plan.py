@@ -27,7 +27,9 @@ W4A16 = {"quant_method": "compressed-tensors", "version": "0.19.0", "config_grou
 
 def test_engine_args_become_flags():
     assert engine_arg_list({"max_model_len": 2048, "enforce_eager": True, "x": False, "y": None}) == \
-        ["--max-model-len", "2048", "--enforce-eager"]
+        ["--max-model-len=2048", "--enforce-eager"]
+    # a value is joined to its option: one that starts with dashes is never read as another option
+    assert engine_arg_list({"kv_transfer_config": "--host=0.0.0.0"}) == ["--kv-transfer-config=--host=0.0.0.0"]
 
 
 def test_cpu_defaults_can_be_overridden():
@@ -40,8 +42,11 @@ def test_command_template_placeholders(tmp_path):
     spec = ServeSpec(mode="command", command=["run", "--m={model}", "{host}:{port}", "{served_model_name}"],
                      cpu_kv_cache_space_gib=2)
     plan = plan_launch(spec, Path("/m"), "cand", "cpu", {"max_model_len": 64}, port=1234)
-    assert plan.argv == ["run", "--m=/m", "127.0.0.1:1234", "cand", "--max-model-len", "64"]
+    assert plan.argv == ["run", "--m=/m", "127.0.0.1:1234", "cand", "--max-model-len=64"]
     assert plan.env["VLLM_CPU_KVCACHE_SPACE"] == "2" and plan.base_url == "http://127.0.0.1:1234"
+    # the command's server gets the run's key in its environment (docker run -e VLLM_API_KEY passes it on)
+    assert plan.env["VLLM_API_KEY"] == plan.api_key and len(plan.api_key) >= 40
+    assert not plan.check_listener  # a command's server may listen from elsewhere (a container's proxy)
     bad = ServeSpec(mode="command", command=["run", "{modle}"])
     with pytest.raises(RecipeError, match="unknown placeholder 'modle'"):
         plan_launch(bad, Path("/m"), "c", "cpu", {}, port=1)
@@ -52,8 +57,8 @@ def test_command_template_placeholders(tmp_path):
     ({"mode": "endpoint"}, "needs 'endpoint'"),
     ({"command": ["x"]}, "only used with mode 'command'"),
     ({"endpoint": "http://127.0.0.1:1"}, "only used with mode 'endpoint'"),
-    ({"engine_args": {"port": 1}}, "sets model, port, host"),
-    ({"engine_args": {"--max-model-len": 1}}, "without dashes"),
+    ({"engine_args": {"port": 1}}, "--port is an option quantlab sets itself; use serve.port"),
+    ({"engine_args": {"--max-model-len": 1}}, "without the leading dashes"),
     ({"startup_timeout_s": 0}, "greater than 0"),
     # both roles would hit the same server and model: a silent self-comparison
     ({"mode": "endpoint", "endpoint": "http://127.0.0.1:8000"}, "same server and model"),
@@ -76,8 +81,12 @@ def test_endpoint_configurations_that_compare_two_things(serve):
 
 def test_launched_servers_serve_under_role_names_external_ones_under_their_own():
     launched = serve_targets(ServeSpec(), baseline_dir=Path("/b"), candidate_dir=Path("/c"))
-    assert [(t.role, t.served_name, t.name_is_explicit) for t in launched] == \
+    assert [(t.role, t.served_name.rsplit("-", 1)[0], t.name_is_explicit) for t in launched] == \
         [("baseline", "baseline", True), ("candidate", "candidate", True)]
+    # a random suffix per run: another run's client (or a stale one) names no model this server serves
+    again = serve_targets(ServeSpec(), baseline_dir=Path("/b"), candidate_dir=Path("/c"))
+    assert all(len(t.served_name.rsplit("-", 1)[1]) == 8 for t in launched)
+    assert {t.served_name for t in launched}.isdisjoint(t.served_name for t in again)
     ext = serve_targets(ServeSpec(mode="endpoint", endpoint="http://a:1", candidate_endpoint="http://b:1",
                                   candidate_served_model_name="org/q"), baseline_dir=None, candidate_dir=Path("/c"))
     assert [(t.role, t.served_name, t.name_is_explicit) for t in ext] == \

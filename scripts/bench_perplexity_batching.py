@@ -15,6 +15,7 @@ the shipped default one. Engine output goes to a temporary folder.
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import sys
 import tempfile
@@ -73,6 +74,8 @@ def main() -> int:
     results: dict[str, tuple[float, list[float]]] = {}
     with tempfile.TemporaryDirectory() as logs, open_engine(plan, "candidate", log_dir=Path(logs),
                                                              progress=lambda m: None) as server:
+        os.environ["OPENAI_API_KEY"] = server.api_key  # lm-eval's local-completions sends it as its bearer token
+
         def make_lm():
             return get_model("local-completions").create_from_arg_obj({
                 "base_url": f"{server.base_url}/v1/completions", "model": server.served_name,

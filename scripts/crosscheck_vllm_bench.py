@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import subprocess
 import sys
@@ -60,8 +61,12 @@ def theirs(base_url: str, served: str, model_dir: Path, args, work: Path, i: int
            "--num-prompts", str(args.num_prompts), "--max-concurrency", str(args.concurrency),
            "--request-rate", "inf", "--ignore-eos", "--num-warmups", "2", "--seed", str(args.seed),
            "--save-result", "--result-dir", str(work), "--result-filename", out.name, "--disable-tqdm"]
+    from quantlab.serving import api_keys
+
     t0 = time.monotonic()
-    r = subprocess.run(cmd, capture_output=True, text=True, timeout=1800)
+    # vllm bench sends OPENAI_API_KEY as its bearer token: the server's own key, through its environment
+    env = {**os.environ, "OPENAI_API_KEY": api_keys.key_for(base_url) or ""}
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=1800, env=env)
     if r.returncode != 0:
         raise SystemExit(f"vllm bench serve failed ({r.returncode}):\n{r.stderr[-3000:]}")
     data = json.loads(out.read_text())

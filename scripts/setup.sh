@@ -124,6 +124,27 @@ build_serving_env() {
     fi
 }
 
+# ---------------------------------------------------------------- code sandbox
+# Model code (HumanEval, the default suite's ql_code, traffic python checks) runs in
+# bubblewrap (quantlab/quality/sandbox.py). Installed where we can: root with apt-get,
+# quietly into its log. Never fails the setup: without bwrap the quality stage uses
+# unshare where that works, or refuses code tasks at its preflight, saying what to install.
+install_bubblewrap() {
+    command -v bwrap >/dev/null 2>&1 && return 0
+    if [ "$(id -u)" != 0 ] || ! command -v apt-get >/dev/null 2>&1; then
+        say "bubblewrap (bwrap) is not installed and cannot be installed here (needs root and apt-get): model code will run under unshare where it can; install the 'bubblewrap' package for the code sandbox"
+        return 0
+    fi
+    mkdir -p build/setup-logs
+    say "installing bubblewrap, the code sandbox, with apt-get (log: build/setup-logs/bubblewrap.log)"
+    local apt="timeout 600 env DEBIAN_FRONTEND=noninteractive apt-get -y -q"
+    if ! { $apt install bubblewrap || { $apt update && $apt install bubblewrap; }; } \
+            > build/setup-logs/bubblewrap.log 2>&1; then
+        say "bubblewrap could not be installed (see build/setup-logs/bubblewrap.log): model code will run under unshare where it can"
+    fi
+}
+install_bubblewrap
+
 # ---------------------------------------------------------------- build
 quantize_stale=0; serving_stale=0
 [ "$(cat .venv/.quantlab-stamp 2>/dev/null)" != "$QSTAMP" ] && quantize_stale=1

@@ -12,10 +12,13 @@ import pytest
 from conftest import TINY_SERVER_KEY_ENV, validate, write_recipe
 
 from quantlab.core.errors import EngineError, RecipeError
+from quantlab.quality.sandbox import ISOLATING, probe, resolve
 
 pytestmark = pytest.mark.slow
 
 TASKS = ["ql_lastword", "ql_knowledge_mc", "ql_code", "ql_json_extract"]
+# isolation where this host has it (CI installs bubblewrap); test_sandbox.py tries to break out of it
+CODE_SANDBOX = "auto" if any(probe(k) is None for k in ISOLATING) else "unsandboxed"
 
 
 def self_check_recipe(tmp_path, server, model_dir):
@@ -27,7 +30,8 @@ def self_check_recipe(tmp_path, server, model_dir):
         "serve": {"mode": "endpoint", "endpoint": server.base_url, "allow_same_endpoint": True, "side_by_side": True,
                   "api_key_env": TINY_SERVER_KEY_ENV},
         "quality": {"tasks": TASKS, "limit": 20, "kl": {"max_texts": 4, "max_tokens": 64, "max_mean_kl": 0.001,
-                                                         "min_same_top_rate": 0.99}},
+                                                         "min_same_top_rate": 0.99},
+                    "allow_code_execution": True, "code_sandbox": CODE_SANDBOX},  # ql_code runs the model's code
     })
 
 
@@ -65,6 +69,7 @@ def test_self_validation_fails_no_gate_shows_what_it_cannot_then_reuses_the_cach
     # the logprob requests go one at a time: the same server gives the same distributions
     assert q["kl"]["mean"] <= 1e-6 and q["kl"]["same_top_rate"] == 1.0 and q["kl"]["tokens"] > 100
     assert not q["baseline_cached"] and set(q["seconds"]) == {"baseline", "candidate"}
+    assert q["code_sandbox"] == resolve(CODE_SANDBOX)  # where ql_code's programs ran, in the record
     assert any("evaluated at the same time" in n for n in q["notes"])
     for task in TASKS:  # real per-sample output from lm-eval, for both roles
         rows = [json.loads(x) for x in (run_dir / "quality" / "candidate" / f"{task}.jsonl").read_text().splitlines()]

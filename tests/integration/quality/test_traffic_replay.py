@@ -17,7 +17,9 @@ pytestmark = pytest.mark.slow
 # The tiny random model writes noise, and baseline and candidate are the same server here,
 # so no answer can regress by itself: the critical row's scorer passes the first answer it
 # scores (the baseline's, evaluated first) and fails the next (the candidate's). Everything
-# after the scorer (the flip, the gate, the decision) is the product's own path.
+# after the scorer (the flip, the gate, the decision) is the product's own path. Keeping that
+# state needs a file beside the scorer, which the sandbox never lets a scorer write: this run
+# names quality.code_sandbox: unsandboxed, and the report says so.
 SCORERS = '''
 import pathlib, time
 
@@ -63,7 +65,8 @@ def test_traffic_replay_blocks_on_a_critical_row(tiny_server, tiny_served_checkp
         "quantization": {"method": "rtn", "scheme": "W4A16", "group_size": 64},
         "serve": {"mode": "endpoint", "endpoint": server.base_url, "allow_same_endpoint": True},
         "quality": {"suites": [], "kl": {"enabled": False},
-                    "traffic": [{"path": "traffic/rows.jsonl", "max_tokens": 12, "scorer_timeout_s": 2}]},
+                    "traffic": [{"path": "traffic/rows.jsonl", "max_tokens": 12, "scorer_timeout_s": 2}],
+                    "allow_code_execution": True, "code_sandbox": "unsandboxed"},
         "release": {"policy": {"not_shown": "warn"}},
     })
     r = validate(recipe, tiny_served_checkpoint, tmp_path, relative_runs=True)
@@ -89,6 +92,8 @@ def test_traffic_replay_blocks_on_a_critical_row(tiny_server, tiny_served_checkp
     assert vip["verdict"] == "fail" and "passes on the baseline, fails on the candidate" in vip["evidence"]
     report = (run_dir / "report.md").read_text()
     assert "traffic_rows_scored:vip: FAIL" in report and "the check errored on 2 baseline" in report
+    assert q["code_sandbox"] == "unsandboxed" and "**BLOCKED (model code ran UNSANDBOXED): " in report
+    assert "decision: BLOCKED (model code ran UNSANDBOXED): " in r.stderr + r.stdout
     # recipes check reads every row too
     (folder / "rows.jsonl").write_text(json.dumps({"id": "x"}) + "\n")
     check = subprocess.run([sys.executable, "-m", "quantlab", "recipes", "check", recipe], capture_output=True,

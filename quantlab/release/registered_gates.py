@@ -60,7 +60,6 @@ class Sections:
     stability: StabilitySpec | None
     targets: list[ServeTarget]
     policy: ReleasePolicySpec | None
-    rule_version: Any
 
 
 def read_sections(gates: dict[str, Any]) -> tuple[Sections, list[str]]:
@@ -86,7 +85,7 @@ def read_sections(gates: dict[str, Any]) -> tuple[Sections, list[str]]:
             problems.append(f"the registration's targets[{i}] is not a serve target: {str(err).splitlines()[0]}")
     return Sections(quality=read("quality", QualitySpec), performance=read("performance", PerformanceSpec),
                     stability=read("stability", StabilitySpec), targets=targets,
-                    policy=read("policy", ReleasePolicySpec), rule_version=gates.get("rule_version")), problems
+                    policy=read("policy", ReleasePolicySpec)), problems
 
 
 def gate_set_problems(manifest: Any, statement: dict[str, Any]) -> list[str]:

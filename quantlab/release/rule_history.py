@@ -8,8 +8,8 @@ history (git log of release/decision.py and core/version.py): every quantlab so 
 0.1.0; rule 2 came with the error budget (the manifest's `error_budget`, which records the
 rule) and the first recorded `rule_version`; registrations (which record the rule they
 were registered under) came after it; rule 3 later. A new rule ships in a new quantlab
-version with a row of its own (tests/unit/release/test_rule_history.py holds the current
-version's row to decision.RULES).
+version with a row of its own (tests/unit/release/test_verify_holds_the_signer.py holds the
+current version's row to decision.RULES).
 """
 
 from __future__ import annotations
@@ -17,12 +17,11 @@ from __future__ import annotations
 from typing import Any
 
 from quantlab.core.version import __version__
-from quantlab.release.decision import RULES
 
-# quantlab version -> the decision rules a release made by it can have been decided under. The version
-# in development decides under the newest rule and has verified under every older one; freeze its row
-# as a tuple when it is released and the next rule comes with the next version.
-RULES_BY_VERSION: dict[str, tuple[int, ...]] = {__version__: RULES}
+# quantlab version -> the decision rules a release made by it can have been decided under (rule 1, no
+# rule_version recorded, before commit 43cea77; rule 2 from 43cea77; rule 3 from f9478a1).
+# A new rule comes with a new version and a row here (a unit test holds this version's row to decision.RULES).
+RULES_BY_VERSION: dict[str, tuple[int, ...]] = {"0.1.0": (1, 2, 3)}
 FIRST_RECORDED_RULE = 2  # the first rule a manifest records as `rule_version` (rule 1: none recorded)
 
 

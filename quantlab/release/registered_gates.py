@@ -78,7 +78,11 @@ def read_sections(gates: dict[str, Any]) -> tuple[Sections, list[str]]:
             return None
 
     targets = []
-    for i, raw in enumerate(gates.get("targets") or []):
+    raw_targets = gates.get("targets") or []
+    if not isinstance(raw_targets, list):
+        problems.append(f"the registration's targets are a JSON {type(raw_targets).__name__}, not a list")
+        raw_targets = []
+    for i, raw in enumerate(raw_targets):
         try:
             targets.append(ServeTarget.model_validate(raw))
         except (ValidationError, ValueError, TypeError) as err:

@@ -235,7 +235,8 @@ def test_this_machines_development_key_is_one_whatever_the_manifest_says(release
 
 
 def test_a_malformed_registration_is_a_problem_not_a_crash(release):
-    for text in ("{not json", "[]", '{"gates": [], "gates_sha256": null}', '{"gates": {"quality": 5}}'):
+    for text in ("{not json", "[]", '{"gates": [], "gates_sha256": null}', '{"gates": {"quality": 5}}',
+                 '{"gates": {"targets": 5, "policy": [], "rule_version": "x"}, "data": {"suites": [5, {"tasks": 3}]}}'):
         (release.folder / REGISTRATION_FILE).write_text(text)
         resign(release, lambda m: m["registration"].update(sha256=None), relist=True)
         found = problems(release)  # never raises

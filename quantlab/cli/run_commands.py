@@ -390,7 +390,7 @@ def serve(
             # plain stdout (no wrapping): scripts read the JSON and the URL line
             typer.echo(json.dumps(facts, indent=2))
             key = f"; send Authorization: Bearer <the key in {facts['api_key_file']}>" if facts["api_key_file"] else ""
-            typer.echo(f"serving {model_dir} as '{server.served_name}' at {server.base_url}/v1{key} (Ctrl-C to stop)")
+            typer.echo(f"serving {model_dir} as '{server.served_name}' at {server.base_url}/v1 (Ctrl-C to stop){key}")
             try:
                 while True:
                     server.ensure_alive("while serving")

@@ -121,7 +121,8 @@ class Outcome:
         if self.truncated:
             return f"its output passed {OUTPUT_CAP >> 20} MiB and it was stopped"
         if self.exit_code is not None and self.exit_code < 0:
-            return f"killed by {signal.Signals(-self.exit_code).name}"
+            names = {s.value: s.name for s in signal.Signals}
+            return f"killed by {names.get(-self.exit_code, f'signal {-self.exit_code}')}"
         if self.exit_code == 0:
             return "it exited before the end of the program (SystemExit, exit() or os._exit)"
         last = (self.stderr.strip().splitlines() or [f"exited with status {self.exit_code}"])[-1]

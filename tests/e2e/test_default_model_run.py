@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from quantlab.pipeline.loop import MAX_LISTED
-from quantlab.release.decision import importance
+from quantlab.release.decision import RULE_VERSION, importance
 from conftest import RECIPES, REPO, shipped, write_recipe
 
 from quantlab.recipe.file import load_recipe
@@ -129,7 +129,7 @@ def test_the_demo_recipe_runs_on_the_default_model(tmp_path, default_model_dir, 
     assert set(manifest["results"]) >= {"quality", "performance", "stability"}
     # the error budget: how the run's alpha was spent, under which rule
     budget = manifest["error_budget"]
-    assert manifest["decision"]["rule_version"] == budget["rule_version"] == 2
+    assert manifest["decision"]["rule_version"] == budget["rule_version"] == RULE_VERSION
     assert budget["checks"]["quality"]["tests"] >= len(demo.quality.tasks) and budget["run"]["false_block_bound"] > 0
 
 

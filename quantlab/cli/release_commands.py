@@ -30,6 +30,10 @@ def verify(
                                                       "made before attestations) is not verified.")] = False,
     allow_dev_key: Annotated[bool, typer.Option(help="Accept a release signed with quantlab's local development "
                                                 "key (a trial's: never for shipping).")] = False,
+    allow_legacy: Annotated[bool, typer.Option(help="Accept a manifest of quantlab 0.1.0, whose releases may lack "
+                                               "a registration and an error budget (nothing then holds its gates "
+                                               "to a registered set): only if you trust it was made by that "
+                                               "version.")] = False,
     here: Annotated[bool, typer.Option(help="Also compare this host with the hardware and runtime the release was "
                                        "validated on (kernel library and AMX, or GPU model, compute capability, "
                                        "count and driver; the exact vLLM version); exit 1 naming each "
@@ -43,7 +47,8 @@ def verify(
     """Check a released folder: the signature, every file hash, no file added, missing or
     linked, the signer the manifest names (the local development key only with
     --allow-dev-key), that the decision follows from the gate verdicts under a rule its
-    quantlab knew, that its gates are the registered gate set, and that the attestation's
+    quantlab knew, that its gates are the registered gate set (a manifest of quantlab 0.1.0,
+    which may have none, only with --allow-legacy), and that the attestation's
     predicate is the manifest's; with --here, that this host is one the release was
     validated on. Exit 0 verified and released, 1 not verified (or verified but blocked,
     unless --allow-blocked; or, with --here, another host), 2 bad input."""
@@ -59,6 +64,7 @@ def verify(
         if allow and not here:
             raise RecipeError("--allow names host differences: it needs --here")
         checked = verify_release(folder, require_attestation=require_attestation, allow_dev_key=allow_dev_key,
+                                 allow_legacy=allow_legacy,
                                  public_key=public_key, certificate_chain=certificate_chain,
                                  sigstore_identity=sigstore_identity, sigstore_issuer=sigstore_issuer)
         problems = checked.problems

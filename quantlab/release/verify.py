@@ -33,7 +33,7 @@ from quantlab.release.manifest import (
     verify_signature,
 )
 from quantlab.release.registered_gates import gate_set_problems
-from quantlab.release.rule_history import rule_problems
+from quantlab.release.rule_history import legacy_note, rule_problems
 from quantlab.release.signing_key import local_public_key
 
 DEV_KEY_FIX = ("to ship, sign with a key of your own (`quantlab keygen`, then the recipe's signing.private_key), "
@@ -48,9 +48,11 @@ class Verified:
 
 
 def verify_release(folder: Path, *, require_attestation: bool = False, allow_dev_key: bool = False,
-                   **signature_args) -> Verified:
+                   allow_legacy: bool = False, **signature_args) -> Verified:
     """Every problem found (none: verified), and what is only worth saying. Raises
-    RecipeError (exit 2) for verification arguments that cannot verify anything."""
+    RecipeError (exit 2) for verification arguments that cannot verify anything.
+    `allow_legacy`: accept a manifest of a quantlab from before every release carried a
+    registration (rule_history.LEGACY_VERSIONS)."""
     check_verification_args(**signature_args)
     problems = verify_folder(folder, **signature_args)
     try:
@@ -61,15 +63,16 @@ def verify_release(folder: Path, *, require_attestation: bool = False, allow_dev
     statement, _ = read_statement(folder) if manifest.registration is not None else (None, None)
     gates = statement.get("gates") if isinstance(statement, dict) else None
     registered_rule = gates.get("rule_version") if isinstance(gates, dict) else None
-    problems += rule_problems(manifest, registered_rule)
+    problems += rule_problems(manifest, registered_rule, allow_legacy=allow_legacy)
+    notes = [note] if allow_legacy and (note := legacy_note(manifest)) else []
     problems += consistency_problems(manifest)
     if isinstance(statement, dict):
         problems += gate_set_problems(manifest, statement)
     problems += dev_key_problems(manifest, allow=allow_dev_key, public_key=signature_args.get("public_key"))
     if not (Path(folder) / SIGNATURE_FILE).is_file() and not require_attestation:  # unsigned: said already
-        return Verified(problems)
-    attested, notes = verify_attestation(folder, manifest, require=require_attestation, **signature_args)
-    return Verified(problems + attested, notes)
+        return Verified(problems, notes)
+    attested, attestation_notes = verify_attestation(folder, manifest, require=require_attestation, **signature_args)
+    return Verified(problems + attested, notes + attestation_notes)
 
 
 def dev_key_problems(manifest: Manifest, *, allow: bool, public_key: Path | None = None) -> list[str]:

@@ -37,6 +37,14 @@ def keys(tmp_path):
     return priv, pub
 
 
+def verify_legacy(folder, **kw):
+    """verify_release with --allow-legacy (make_release writes the legacy format: no registration),
+    less the note that says so."""
+    checked = verify_release(folder, allow_legacy=True, **kw)
+    checked.notes = [n for n in checked.notes if "accepted by --allow-legacy" not in n]
+    return checked
+
+
 def attested(folder, priv):
     """Signed and attested as the release stage does: the manifest names the attestation first."""
     m = json.loads((folder / MANIFEST_FILE).read_text())
@@ -61,7 +69,7 @@ def envelope(folder):
 def test_an_attested_release_verifies_and_its_subjects_join_model_signing(release):
     folder, _, pub, record = release
     assert record["file"] == ATTESTATION_FILE and record["predicate_type"] == PREDICATE_TYPE
-    checked = verify_release(folder, public_key=pub, require_attestation=True)
+    checked = verify_legacy(folder, public_key=pub, require_attestation=True)
     assert checked.problems == [] and checked.notes == []
     statement = json.loads(base64.b64decode(envelope(folder)["payload"]))
     ms = signed_statement(folder)
@@ -79,7 +87,7 @@ def test_an_attested_release_verifies_and_its_subjects_join_model_signing(releas
 
 def test_verify_does_not_count_the_attestation_as_an_added_file(release):
     folder, _, pub, _ = release
-    assert not any("added file" in p for p in verify_release(folder, public_key=pub).problems)
+    assert not any("added file" in p for p in verify_legacy(folder, public_key=pub).problems)
     # and model-signing's own verification ignores it too (its ignored paths are signed)
     assert ATTESTATION_FILE in signed_statement(folder)["predicate"]["serialization"]["ignore_paths"]
 
@@ -91,7 +99,7 @@ def test_a_tampered_attestation_is_refused(release):
     statement["predicate"]["gates"][0]["estimate"] = 0.5  # a better figure than measured, the rest unchanged
     env["payload"] = base64.b64encode(json.dumps(statement).encode()).decode()
     (folder / ATTESTATION_FILE).write_text(json.dumps(env))
-    [problem] = verify_release(folder, public_key=pub).problems
+    [problem] = verify_legacy(folder, public_key=pub).problems
     assert problem.startswith(f"attestation {ATTESTATION_FILE}: its signature does not verify")
 
 
@@ -100,7 +108,7 @@ def test_an_attestation_for_other_files_is_refused(tmp_path, keys, release):
     other = make_release(tmp_path / "other", GATES)  # other weights, same key
     attested(other, priv)
     (folder / ATTESTATION_FILE).write_bytes((other / ATTESTATION_FILE).read_bytes())
-    problems = verify_release(folder, public_key=pub).problems
+    problems = verify_legacy(folder, public_key=pub).problems
     assert any("an attestation for other files" in p for p in problems)
     assert any("has sha256" in p and "model.safetensors" in p for p in problems)
 
@@ -109,18 +117,18 @@ def test_a_statement_signed_by_another_key_is_refused(tmp_path, release):
     folder, _, pub, _ = release
     generate_keypair(tmp_path / "other.pem", tmp_path / "other.pub.pem")
     write_attestation(folder, read_manifest(folder), method="key", private_key=tmp_path / "other.pem")
-    [problem] = verify_release(folder, public_key=pub).problems
+    [problem] = verify_legacy(folder, public_key=pub).problems
     assert "does not verify with the key given" in problem and "signed by another key" in problem
 
 
 def test_an_attestation_removed_or_one_more_added_is_refused(release):
     folder, _, pub, _ = release
     (folder / ATTESTATION_BUNDLE).write_text("{}")  # a second attestation nobody signed for
-    [problem] = verify_release(folder, public_key=pub).problems
+    [problem] = verify_legacy(folder, public_key=pub).problems
     assert f"attestation file {ATTESTATION_BUNDLE}: the signed manifest names {ATTESTATION_FILE}" in problem
     (folder / ATTESTATION_BUNDLE).unlink()
     (folder / ATTESTATION_FILE).unlink()  # outside what model-signing signs, but the manifest names it
-    [problem] = verify_release(folder, public_key=pub).problems
+    [problem] = verify_legacy(folder, public_key=pub).problems
     assert "is missing: the signed manifest says the release carries it" in problem
 
 
@@ -135,16 +143,16 @@ def test_files_model_signing_leaves_out_are_not_subjects(tmp_path, keys):
     (folder / MANIFEST_FILE).write_text(json.dumps(m))
     attested(folder, priv)
     assert ".gitattributes" not in {r["name"] for r in signed_statement(folder)["predicate"]["resources"]}
-    assert verify_release(folder, public_key=pub, require_attestation=True).problems == []
+    assert verify_legacy(folder, public_key=pub, require_attestation=True).problems == []
 
 
 def test_a_release_from_before_attestations_verifies_with_a_note_unless_required(tmp_path, keys):
     priv, pub = keys
     folder = make_release(tmp_path / "old", GATES)
     sign_folder(folder, method="key", private_key=priv)
-    checked = verify_release(folder, public_key=pub)
+    checked = verify_legacy(folder, public_key=pub)
     assert checked.problems == [] and "a release made before attestations" in checked.notes[0]
-    [problem] = verify_release(folder, public_key=pub, require_attestation=True).problems
+    [problem] = verify_legacy(folder, public_key=pub, require_attestation=True).problems
     assert "--require-attestation" in problem
 
 

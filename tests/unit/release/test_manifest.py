@@ -14,6 +14,7 @@ import pytest
 
 from quantlab.release.decision import DecisionPolicy, decide
 from quantlab.core.provenance import quantlab_identity
+from quantlab.release.rule_history import LEGACY_VERSIONS
 from quantlab.core.errors import RecipeError
 from quantlab.release.manifest import (
     MANIFEST_FILE,
@@ -41,11 +42,14 @@ def keys(tmp_path):
 
 
 def make_release(folder, verdicts=()):
+    """A folder with a manifest of the legacy format (no registration, no error budget):
+    `quantlab verify` takes it only with --allow-legacy."""
     folder.mkdir()
     (folder / "model.safetensors").write_bytes(os.urandom(4096))
     (folder / "config.json").write_text('{"quantization_config": {"format": "pack-quantized"}}')
     decision = decide(list(verdicts), DecisionPolicy(fallback="the baseline")).record
-    m = Manifest(quantlab=quantlab_identity(), created_at="2026-11-30T00:00:00+00:00", run={}, recipe={}, model={},
+    legacy = {**quantlab_identity(), "version": min(LEGACY_VERSIONS)}
+    m = Manifest(quantlab=legacy, created_at="2026-11-30T00:00:00+00:00", run={}, recipe={}, model={},
                  calibration=None, quantization={}, checkpoint_files=folder_files(folder), runtime={}, hardware={},
                  results={}, raw_files=[], gates=list(verdicts), decision=decision)
     (folder / MANIFEST_FILE).write_text(json.dumps(m.model_dump(mode="json")))
@@ -220,9 +224,11 @@ def test_a_target_decision_that_does_not_follow_from_the_gates(tmp_path, keys):
 
 
 def _verify_cli(*args):
+    """`quantlab verify --allow-legacy` (make_release writes the legacy format)."""
     from conftest import REPO
 
-    return subprocess.run([sys.executable, "-m", "quantlab", "verify", *map(str, args)], capture_output=True,
+    return subprocess.run([sys.executable, "-m", "quantlab", "verify", "--allow-legacy", *map(str, args)],
+                          capture_output=True,
                           text=True, cwd=REPO, timeout=120)
 
 

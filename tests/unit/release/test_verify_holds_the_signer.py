@@ -15,7 +15,7 @@ from cryptography.hazmat.primitives import serialization
 from securesystemslib.dsse import Envelope
 from securesystemslib.signer import CryptoSigner
 
-from quantlab.core.layout import ATTESTATION_FILE, REGISTRATION_FILE, SIGNATURE_FILE
+from quantlab.core.layout import ATTESTATION_FILE, REGISTRATION_FILE, REGISTRATION_SIG, SIGNATURE_FILE
 from quantlab.core.shipped import RECIPES
 from quantlab.core.version import __version__
 from quantlab.core.verdicts import GateVerdict, gate_id
@@ -24,7 +24,7 @@ from quantlab.recipe.file import load_recipe
 from quantlab.release.decision import RULE_VERSION, RULES, DecisionPolicy, decide
 from quantlab.release.manifest import Manifest, policy_of_manifest
 from quantlab.release.registered_gates import performance_points
-from quantlab.release.rule_history import RULES_BY_VERSION
+from quantlab.release.rule_history import LEGACY_VERSIONS, RULES_BY_VERSION
 from quantlab.release.signing_key import local_public_key
 from quantlab.release.verify import verify_release
 from tests.unit.release.registered_release import Release, build, resign
@@ -108,8 +108,53 @@ def test_a_rule_its_quantlab_version_never_had(release):
 def test_the_rule_table_knows_this_version_and_every_rule():
     """A new rule ships with a new quantlab version: bump core/version.py and give it a row in
     release/rule_history.RULES_BY_VERSION (the rows before it stay as they were)."""
-    assert RULES_BY_VERSION.get(__version__) == RULES, \
-        f"quantlab {__version__} decides under rules {RULES}, its row says {RULES_BY_VERSION.get(__version__)}"
+    assert RULES_BY_VERSION.get(__version__) == (RULE_VERSION,), \
+        f"quantlab {__version__} decides under rule {RULE_VERSION}, its row says {RULES_BY_VERSION.get(__version__)}"
+    assert __version__ not in LEGACY_VERSIONS
+    assert {r for rules in RULES_BY_VERSION.values() for r in rules} == set(RULES)
+
+
+def headline_forgery(m: dict, version: str) -> None:
+    """Zero gates, rule 1, decision release, no registration and no error budget, claiming `version`."""
+    m["gates"] = []
+    m["decision"] = decide([], DecisionPolicy(fallback="the baseline"), rule=1).record.model_dump(mode="json")
+    m["targets"] = {}
+    m.update(registration=None, error_budget=None)
+    m["quantlab"]["version"] = version
+
+
+@pytest.mark.parametrize("version", [*sorted(LEGACY_VERSIONS), __version__])
+def test_the_headline_forgery_registration_deleted_and_resigned(release, version):
+    """A key holder removes the registration and the error budget, and re-signs a manifest of
+    no gates under rule 1: as this quantlab's, it lacks what every release of it carries; as
+    a legacy one's, it verifies only with --allow-legacy."""
+    (release.folder / REGISTRATION_FILE).unlink()
+    (release.folder / REGISTRATION_SIG).unlink()
+    resign(release, lambda m: headline_forgery(m, version), relist=True)
+    assert release.manifest()["decision"]["decision"] == "release"
+    r = cli(release.folder, "--public-key", release.public_key, "--require-attestation")
+    assert r.returncode == 1 and "NOT VERIFIED" in r.stderr, r.stdout + r.stderr
+    found = problems(release)
+    if version in LEGACY_VERSIONS:
+        [said] = found
+        assert f"records quantlab {version}, whose releases may lack a registration" in said and \
+            "--allow-legacy" in said and f"a release made now records quantlab {__version__}" in said
+        assert problems(release, allow_legacy=True) == []  # what --allow-legacy trusts: that history
+        r = cli(release.folder, "--public-key", release.public_key, "--require-attestation", "--allow-legacy")
+        assert r.returncode == 0 and f"note: made by quantlab {version}, accepted by --allow-legacy" in r.stdout, \
+            r.stdout + r.stderr
+    else:
+        assert any("claims a rule its own quantlab never had" in p for p in found), found
+        assert any("'registration' is null" in p for p in found) and any("'error_budget' is null" in p for p in found)
+        assert problems(release, allow_legacy=True) == found  # --allow-legacy is for legacy manifests only
+
+
+def test_a_faithful_release_records_this_quantlab_and_verifies_without_allow_legacy(release):
+    m = release.manifest()
+    assert m["quantlab"]["version"] == __version__ and m["decision"]["rule_version"] == RULE_VERSION
+    assert m["registration"] and m["error_budget"]
+    r = cli(release.folder, "--public-key", release.public_key, "--require-attestation")
+    assert r.returncode == 0 and "allow-legacy" not in r.stdout, r.stdout + r.stderr
 
 
 @pytest.mark.parametrize("gid, edit, said", [
@@ -226,7 +271,7 @@ def test_a_development_key_release_verifies_only_with_allow_dev_key(tmp_path):
 
 
 def test_this_machines_development_key_is_one_whatever_the_manifest_says(release, tmp_path, monkeypatch):
-    monkeypatch.setenv("QUANTLAB_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "config"))
     local_public_key().parent.mkdir(parents=True)
     local_public_key().write_bytes(release.public_key.read_bytes())  # the key that signed is this machine's
     [found] = problems(release)

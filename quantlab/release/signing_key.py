@@ -2,10 +2,11 @@
 arguments model-signing takes for the recipe's signing method.
 
 A private key is used only when this user owns it and nobody else can read or write it:
-a key in a shared folder (a QUANTLAB_CACHE_DIR several users share) may have been planted
-by another user, who would then know every signature quantlab makes with it. The local
-development key is created once, mode 0600, in a folder only its owner can enter, and
-appears whole or not at all (written beside, then linked into place)."""
+a key in a shared folder may have been planted by another user, who would then know every
+signature quantlab makes with it. The local development key lives in quantlab's per-user
+config folder (core/layout.config_dir, never the cache folder, which several users may
+share), is created once, mode 0600, in a folder only its owner can enter, and appears
+whole or not at all (written beside, then linked into place)."""
 
 from __future__ import annotations
 
@@ -16,16 +17,16 @@ from pathlib import Path
 from typing import Any
 
 from quantlab.core.errors import RecipeError
-from quantlab.core.layout import cache_dir
+from quantlab.core.layout import config_dir
 from quantlab.core.stage_context import StageContext
 
-LOCAL_KEY = "keys/quantlab-local-signing.pem"
+LOCAL_KEY = "keys/quantlab-local-signing.pem"  # in config_dir()
 LOOSE = stat.S_IRWXG | stat.S_IRWXO  # any permission for the group or others
 
 
 def local_key_path() -> Path:
     """The local development key's private half (its public half: with .pub.pem)."""
-    return cache_dir() / LOCAL_KEY
+    return config_dir() / LOCAL_KEY
 
 
 def local_public_key() -> Path:
@@ -42,7 +43,14 @@ def signing_key(ctx: StageContext) -> tuple[Path, bool]:
         return key, False
     key = local_key_path()
     if not (key.exists() or key.is_symlink()):
-        if _create_local_key(key):
+        try:
+            created = _create_local_key(key)
+        except OSError as err:  # a keys folder another user made, a read-only config folder
+            raise RecipeError(f"cannot create the local development key in {key.parent}: {err.strerror or err}. Make "
+                              f"that a folder yours alone (mode 0700), set XDG_CONFIG_HOME to a folder of your own, or "
+                              f"set signing.private_key to a key of your own (`quantlab keygen`)",
+                              file=str(ctx.loaded.path), field="signing.private_key") from None
+        if created:
             ctx.progress(f"created a local development signing key (public half: {key.with_suffix('.pub.pem')}); "
                          "set signing.private_key to sign with a key of your own")
     check_private_key_file(key, file=str(ctx.loaded.path), field="signing.private_key", local=True)
@@ -67,7 +75,7 @@ def check_private_key_file(key: Path, *, file: str | None = None, field: str | N
                           f"remove it (quantlab creates a new local key) or set signing.private_key to your own key",
                           file=file, field=field)
     if st.st_uid != os.getuid():
-        fix = ("remove it, or set QUANTLAB_CACHE_DIR to a folder of your own" if local else
+        fix = ("remove it, or set XDG_CONFIG_HOME to a folder of your own" if local else
                "make one with `quantlab keygen`")
         raise RecipeError(f"{where} {key} belongs to user id {st.st_uid}, not to you ({os.getuid()}): a key someone "
                           f"else made (in a shared cache folder, for one) may be known to them. Use a key of your own: "

@@ -20,7 +20,8 @@ import pytest
 from conftest import COMPARISON_PERF as TINY_PERF, REPO, quiet, tiny_variant, write_recipe
 
 from quantlab.core.errors import RecipeError
-from quantlab.core.layout import MANIFEST_FILE, cache_dir
+from quantlab.core.layout import MANIFEST_FILE
+from quantlab.release.signing_key import local_public_key
 
 pytestmark = pytest.mark.slow
 ray = pytest.importorskip("ray", reason="ray is installed by scripts/setup.sh (pyproject's dependencies)")
@@ -208,7 +209,7 @@ def test_each_candidate_is_checked_on_a_node_and_decided_as_a_local_run(local_an
         manifest = json.loads((runs[name].path / "checkpoint" / MANIFEST_FILE).read_text())
         assert manifest["run"]["placement"]["node"] == record.placement["node"]
         assert manifest["hardware"]["cpu"], manifest["hardware"]  # the node's own probe, from its serve stage
-    public = cache_dir() / "keys" / "quantlab-local-signing.pub.pem"
+    public = local_public_key()
     v = subprocess.run([sys.executable, "-m", "quantlab", "verify", runs["good"].path / "checkpoint", "--public-key",
                         public, "--allow-dev-key"], capture_output=True, text=True, cwd=REPO, timeout=120)
     assert v.returncode == 0, v.stdout + v.stderr  # signed here, verifiable as a local (development-key) release

@@ -78,9 +78,9 @@ def test_validate_a_gptq_format_checkpoint(tiny_w4a16_checkpoint, tiny_model_dir
     assert quality["kl"]["tokens"] > 100
     release = record["stages"]["release"]["result"]
     assert release["signed"] and release["local_development_key"]
-    from quantlab.core.layout import cache_dir
+    from quantlab.release.signing_key import local_public_key
 
-    public = cache_dir() / "keys" / "quantlab-local-signing.pub.pem"
+    public = local_public_key()
     # integrity alone: this run may be blocked by a gate (verify then exits 1 without --allow-blocked)
     v = subprocess.run([sys.executable, "-m", "quantlab", "verify", run_dir / "checkpoint", "--public-key", public,
                         "--allow-blocked", "--allow-dev-key"], capture_output=True, text=True, cwd=REPO, timeout=120)

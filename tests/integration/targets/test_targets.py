@@ -65,7 +65,9 @@ def test_per_target_decisions_through_validate(tiny_server, tiny_served_checkpoi
     report = (run_dir / "report.md").read_text()
     assert "### Serve targets" in report and "blocked for gpu (optional)" in report
     assert "FAIL (optional target)" in report
-    public = tmp_path / "cache" / "keys" / "quantlab-local-signing.pub.pem"
+    from quantlab.release.signing_key import local_public_key
+
+    public = local_public_key()
     v = subprocess.run([sys.executable, "-m", "quantlab", "verify", run_dir / "checkpoint", "--public-key", public,
                         "--allow-dev-key"], capture_output=True, text=True, cwd=REPO, timeout=120)
     assert v.returncode == 0, v.stdout + v.stderr

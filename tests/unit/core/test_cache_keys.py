@@ -25,7 +25,7 @@ def fake_ctx(*, baseline, quality_spec=None, stability_spec=None, engine_args=No
 
 
 BASE = {"model.safetensors": "a" * 64}
-SUITES = [SimpleNamespace(name="default", sha256="s" * 64)]
+SUITES = [SimpleNamespace(name="default", sha256="s" * 64, code_tasks=set())]
 
 
 def quality_key(**kw) -> str:
@@ -54,7 +54,7 @@ def test_what_changes_the_baselines_results_misses(change, tmp_path):
 
 
 def test_quality_key_follows_the_suite_and_the_settings_not_the_gates():
-    edited = [SimpleNamespace(name="default", sha256="t" * 64)]
+    edited = [SimpleNamespace(name="default", sha256="t" * 64, code_tasks=set())]
     assert quality_key(suites=edited) != quality_key()
     assert quality_key(quality_spec=QualitySpec(limit=21)) != quality_key()
     assert quality_key(quality_spec=QualitySpec(num_concurrent=4)) != quality_key()  # batching changes outputs
@@ -72,3 +72,16 @@ def test_stability_key_follows_probes_hardware_and_tokenizer_not_the_gates(tmp_p
     (tmp_path / "tokenizer.json").write_text('{"changed": 1}')
     changed = cache_key(stability._cache_parts(fake_ctx(baseline=BASE), tmp_path, 2048))
     assert changed != base
+
+
+def test_quality_key_follows_where_model_code_ran():
+    """A baseline scored unsandboxed is not reused by a run whose model code runs in a sandbox."""
+    code = [SimpleNamespace(name="default", sha256="s" * 64, code_tasks={"ql_code"})]
+
+    def key(sandbox: str | None, tasks: list[str]) -> str:
+        ctx = fake_ctx(baseline=BASE)
+        ctx.memo = {"quality.code_sandbox": sandbox}  # what the preflight decided (work.code_sandbox)
+        return cache_key(quality.cache_parts(ctx, code, tasks, ctx.serving_plan()))
+
+    assert key("unsandboxed", ["ql_code"]) != key("bwrap", ["ql_code"]) != key("unshare", ["ql_code"])
+    assert key("unsandboxed", ["ql_lastword"]) == key("bwrap", ["ql_lastword"])  # no code task runs: no matter

@@ -29,7 +29,8 @@ import pytest
 import yaml
 
 from quantlab.core.errors import RecipeError
-from quantlab.quality.sandbox import ENV_VAR, ISOLATING, OUTPUT_CAP, CodeExecutionRefused, probe, resolve, run_python
+from quantlab.quality.sandbox import (ENV_VAR, ISOLATING, OUTPUT_CAP, PROCESSES, CodeExecutionRefused, SandboxFailed,
+                                      probe, resolve, run_python)
 from quantlab.quality.suites import SHIPPED
 from quantlab.quality.traffic_checks import check_answer
 from quantlab.recipe.file import load_recipe
@@ -174,6 +175,63 @@ def test_a_daemon_does_not_outlive_its_program(kind, planted):
 ], ids=["file-size", "tmpfs", "memory", "processes"])
 def test_resources_are_limited(kind, completion):
     assert score(completion) == 0
+
+
+def test_the_chroot_escape_fails(kind, planted):
+    """The classic way out of a chroot (chroot into a subfolder, `..` past the root, chroot
+    "."): it needs CAP_SYS_CHROOT, which the program never has (as root it runs as nobody;
+    unshare, whose script runs as root, is used only then)."""
+    escape = ("    import os\n    try:\n        os.makedirs('x', exist_ok=True)\n        os.chroot('x')\n"
+              "        for _ in range(64):\n            os.chdir('..')\n        os.chroot('.')\n"
+              f"        return a + b if {planted.key.parent.name!r} in os.listdir({str(Path.home())!r}) else None\n"
+              "    except OSError:\n        return None\n")
+    assert score(escape) == 0
+    out = run_python("import os\nos.makedirs('x')\nos.chroot('x')\nfor _ in range(64):\n    os.chdir('..')\n"
+                     f"os.chroot('.')\nprint(os.listdir({str(Path.home())!r}))", timeout_s=10)
+    assert not out.ok and planted.key.parent.name not in out.stdout and "Operation not permitted" in out.stderr
+
+
+def test_the_process_limit_is_set_inside_the_sandbox(kind):
+    """Set before the sandbox starts, the kernel would count the user's host processes against
+    it (bwrap failing to start for a user with a busy server): the wrapper sets it inside."""
+    out = run_python("import resource\nprint(*resource.getrlimit(resource.RLIMIT_NPROC))", timeout_s=10)
+    assert out.ok and [int(v) for v in out.stdout.split()] == [PROCESSES, PROCESSES]
+
+
+def test_unshare_is_refused_unless_quantlab_runs_as_root(monkeypatch):
+    """For another user, unshare's --map-root-user would leave the program root with every
+    capability in a chroot it can leave: it is not offered, and auto needs bwrap."""
+    monkeypatch.setattr(os, "geteuid", lambda: 1000)
+    probe.cache_clear()
+    try:
+        if shutil.which("unshare") is not None:
+            assert "only when quantlab runs as root" in probe("unshare")
+            with pytest.raises(RecipeError, match="code_sandbox is unshare, which does not work here.*bubblewrap"):
+                resolve("unshare")
+        with pytest.raises(OSError, match="only when quantlab runs as root"):
+            run_python("print(1)", timeout_s=10, kind="unshare")
+    finally:
+        probe.cache_clear()
+
+
+def test_a_sandbox_that_does_not_start_raises_rather_than_scoring_a_fail(monkeypatch, tmp_path):
+    """bwrap refusing to start is no fail of the model's (it would read 0 on both models and
+    pass every gate): it raises, naming the kind and what the tool said."""
+    fake = tmp_path / "bin" / "bwrap"
+    fake.parent.mkdir()
+    fake.write_text("#!/bin/sh\necho 'bwrap: Creating new namespace failed: Resource temporarily unavailable' >&2\n"
+                    "exit 1\n")
+    fake.chmod(0o755)
+    monkeypatch.setenv("PATH", str(fake.parent))
+    monkeypatch.setenv(ENV_VAR, "bwrap")
+    probe.cache_clear()
+    try:
+        with pytest.raises(SandboxFailed, match="the bwrap code sandbox did not start.*Resource temporarily") as err:
+            score(HONEST)
+        assert err.value.exit_code == 3
+        assert "could not start" in probe("bwrap") and "Resource temporarily unavailable" in probe("bwrap")
+    finally:
+        probe.cache_clear()
 
 
 def test_300_mb_of_output_is_cut_and_the_evaluator_stays_small(kind):
@@ -331,10 +389,12 @@ def test_a_traffic_row_with_a_python_check_executes_code(tmp_path, monkeypatch, 
     from quantlab.quality.work import code_sandbox
 
     monkeypatch.setenv("QUANTLAB_CACHE_DIR", str(tmp_path / "cache"))  # where the traffic suite is generated
-    (tmp_path / "scorers.py").write_text(SCORERS)
-    (tmp_path / "traffic.jsonl").write_text('{"id": "a", "prompt": "Ask me.", "check": {"python": "scorers:polite"}}\n'
-                                            '{"id": "b", "prompt": "Tell me.", "check": {"contains": "x"}}\n')
-    quality = {"suites": [], "traffic": [{"path": "traffic.jsonl"}], "kl": {"enabled": False}}
+    folder = tmp_path / "traffic"  # a folder of their own: the scorers' whole folder is shown to model code
+    folder.mkdir()
+    (folder / "scorers.py").write_text(SCORERS)
+    (folder / "traffic.jsonl").write_text('{"id": "a", "prompt": "Ask me.", "check": {"python": "scorers:polite"}}\n'
+                                          '{"id": "b", "prompt": "Tell me.", "check": {"contains": "x"}}\n')
+    quality = {"suites": [], "traffic": [{"path": "traffic/traffic.jsonl"}], "kl": {"enabled": False}}
 
     def ctx(**more):
         c = _ctx(tmp_path, {**quality, **more})
@@ -348,12 +408,42 @@ def test_a_traffic_row_with_a_python_check_executes_code(tmp_path, monkeypatch, 
     isolating = next((k for k in ISOLATING if probe(k) is None), None)
     if isolating is None or os.geteuid() != 0:
         return
-    tmp_path.chmod(0o700)  # as root, model code runs as nobody: a scorer it cannot read is refused at once
+    folder.chmod(0o700)  # as root, model code runs as nobody: a scorer it cannot read is refused at once
     with pytest.raises(RecipeError, match="cannot be read by other users") as err:
         code_sandbox(ctx(allow_code_execution=True, code_sandbox=isolating))
     assert err.value.field == "quality.traffic.0.path" and "chmod o+rX" in str(err.value)
-    tmp_path.chmod(0o755)
+    folder.chmod(0o755)
     assert code_sandbox(ctx(allow_code_execution=True, code_sandbox=isolating)) == isolating
+
+
+@pytest.mark.parametrize("holds", ["cache", "settings", "runs", "home"])
+def test_a_scorer_folder_that_holds_what_model_code_must_not_see_is_refused(tmp_path, monkeypatch, holds,
+                                                                            default_model_dir):
+    """The scorer's whole folder is bound into the sandbox: one holding quantlab's cache, its
+    settings (the cache's secret), the runs or the home directory would show them."""
+    from quantlab.quality.work import code_sandbox
+
+    monkeypatch.setenv("QUANTLAB_CACHE_DIR", str(tmp_path / "elsewhere" / "cache"))
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "elsewhere" / "config"))
+    monkeypatch.setenv("HOME", str(tmp_path / "elsewhere" / "home"))
+    (tmp_path / "scorers.py").write_text(SCORERS)
+    (tmp_path / "traffic.jsonl").write_text('{"id": "a", "prompt": "Ask me.", "check": {"python": "scorers:polite"}}\n')
+    inside = {"cache": ("QUANTLAB_CACHE_DIR", "quantlab's cache folder", tmp_path / "cache"),
+              "settings": ("XDG_CONFIG_HOME", "quantlab's settings folder", tmp_path / "config" / "quantlab"),
+              "home": ("HOME", "the home directory", tmp_path)}
+    if holds in inside:
+        env, what, where = inside[holds]
+        monkeypatch.setenv(env, str(where.parent if holds == "settings" else where))
+    c = _ctx(tmp_path, {"suites": [], "traffic": [{"path": "traffic.jsonl"}], "kl": {"enabled": False},
+                        "allow_code_execution": True, "code_sandbox": "unsandboxed"})
+    c.baseline_model = lambda: SimpleNamespace(path=default_model_dir)
+    if holds == "runs":
+        what, where = "the runs folder", tmp_path / "runs"
+        c.run = SimpleNamespace(path=where / "sandboxed" / "20250101-000000")
+    with pytest.raises(RecipeError, match="in a folder of their own") as err:
+        code_sandbox(c)
+    assert err.value.field == "quality.traffic.0.path" and err.value.exit_code == 2
+    assert f"{what} {where.resolve()}" in str(err.value) and f"folder {tmp_path.resolve()}," in str(err.value)
 
 
 def test_a_task_says_it_executes_code_in_its_task_yaml(tmp_path):

@@ -20,6 +20,7 @@ from quantlab.core.results import (
 from quantlab.core.verdicts import GateVerdict
 from quantlab.core.run import RunRecord
 from quantlab.reports.environments import environments_sections
+from quantlab.release.signing_key import local_public_key
 from quantlab.serving.compat import engine_build
 
 
@@ -307,7 +308,19 @@ def _manifest_section(rel: ReleaseResult) -> Section:
     key = "local development key" if rel.local_development_key else (rel.public_key_fingerprint or "")
     return ("Manifest", ["manifest", "signed", "method", "key"],
             [[rel.manifest, "yes" if rel.signed else "NO", rel.signing_method, key]],
-            [f"verify: quantlab verify {Path(rel.manifest).parent} --public-key <public key>"])
+            [_verify_hint(rel)])
+
+
+def _verify_hint(rel: ReleaseResult) -> str:
+    """The command that verifies this release: with the local development key, its public
+    half on this machine and --allow-dev-key (without which verify refuses a dev-key release)."""
+    folder = Path(rel.manifest).parent
+    if not rel.local_development_key:
+        return f"verify: quantlab verify {folder} --public-key <public key>"
+    public = local_public_key()
+    shown = f"~/{public.relative_to(Path.home())}" if public.is_relative_to(Path.home()) else str(public)
+    return (f"verify: quantlab verify {folder} --public-key {shown} --allow-dev-key (signed with this machine's "
+            "local development key, for trying quantlab: a release to ship needs a key of your own)")
 
 
 # (title, table header, table rows, notes): one structure, rendered as Markdown and HTML

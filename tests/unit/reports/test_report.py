@@ -34,7 +34,8 @@ def golden(name: str, text: str) -> None:
     assert text == path.read_text(), f"{name} differs from {path}; if intended, rerun with QUANTLAB_UPDATE_GOLDEN=1"
 
 
-def test_markdown_report_is_golden(record):
+def test_markdown_report_is_golden(record, monkeypatch):
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(Path.home() / ".config"))  # where a user's dev key is: ~/.config
     md = render_markdown(record)
     golden("report.md", md)
     assert md.startswith(f"## quantlab: {record.recipe_name}\n\n**BLOCKED: ")
@@ -125,3 +126,20 @@ def test_a_required_gate_that_could_not_decide_is_a_junit_failure_and_says_not_s
         assert case.find(kind) is not None
         label = "NOT SHOWN |" if kind == "failure" else "NOT SHOWN (not required) |"
         assert label in render_markdown(run)
+
+
+def test_the_verify_hint_is_a_command_that_verifies(record, monkeypatch, tmp_path):
+    """A development-key release: its public half here and --allow-dev-key, without which
+    `quantlab verify` refuses it; a release signed with a key of one's own: that key."""
+    from quantlab.release.signing_key import local_public_key
+
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "config"))
+    release = record.stages["release"].result
+    assert release.local_development_key
+    [hint] = [line for line in render_markdown(record).splitlines() if line.startswith("- verify: ")]
+    assert hint.startswith(f"- verify: quantlab verify checkpoint --public-key {local_public_key()} --allow-dev-key ")
+    assert "local development key" in hint
+    own = record.model_copy(deep=True)
+    own.stages["release"].result.local_development_key = False
+    [hint] = [line for line in render_markdown(own).splitlines() if line.startswith("- verify: ")]
+    assert hint == "- verify: quantlab verify checkpoint --public-key <public key>"

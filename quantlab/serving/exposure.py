@@ -38,4 +38,5 @@ def exposure(spec: ServeSpec) -> str | None:
                           "reachable from other hosts. Use 127.0.0.1, or set serve.expose: true to serve there on "
                           "purpose", field="serve.host / serve.expose")
     return (f"the servers listen on {where} (serve.host {spec.host}, serve.expose: true): other hosts can reach "
-            "them; their API answers only requests with the run's random key, /health and /metrics answer anyone")
+            "them; every path but /health (the API and /metrics too) answers only requests with the run's random key, "
+            "/health answers anyone")

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -22,6 +23,11 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 # Nor the vulnerability service from every release a test makes: the release records "not checked
 # (turned off)"; tests/unit/release/test_vulnerabilities.py checks the audit on a recorded answer.
 os.environ.setdefault("QUANTLAB_AUDIT", "off")
+# Nor this user's settings: the cache's secret and the local development signing key are made in a
+# config folder of the test session's own (core/layout.config_dir reads XDG_CONFIG_HOME), once per
+# session and inherited by every `quantlab` child process; a test that wants its own sets it again.
+_CONFIG_HOME = tempfile.TemporaryDirectory(prefix="quantlab-test-config-")
+os.environ["XDG_CONFIG_HOME"] = _CONFIG_HOME.name
 # QUANTLAB_EMULATE_CPU=avx2|avx512 runs the suite as that CPU kind would (set before torch loads)
 from quantlab.core import cpu_emulation  # noqa: E402
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from conftest import validate, write_recipe
+from conftest import TINY_SERVER_KEY_ENV, validate, write_recipe
 
 pytestmark = pytest.mark.slow
 
@@ -18,7 +18,8 @@ def test_standard_tasks_on_the_served_tiny_model(tiny_server, tiny_served_checkp
         "name": "tiny-standard",
         "model": {"source": str(tiny_served_checkpoint)},
         "quantization": {"method": "rtn", "scheme": "W4A16", "group_size": 64},
-        "serve": {"mode": "endpoint", "endpoint": server.base_url, "allow_same_endpoint": True},
+        "serve": {"mode": "endpoint", "endpoint": server.base_url, "allow_same_endpoint": True,
+                  "api_key_env": TINY_SERVER_KEY_ENV},
         "quality": {"suites": ["standard"], "tasks": ["std_piqa", "std_gsm8k"], "kl": {"enabled": False}},
         "release": {"policy": {"not_shown": "warn"}},
     })

@@ -10,7 +10,7 @@ import subprocess
 import sys
 
 import pytest
-from conftest import REPO, validate, write_recipe
+from conftest import REPO, TINY_SERVER_KEY_ENV, validate, write_recipe
 
 pytestmark = pytest.mark.slow
 
@@ -63,7 +63,8 @@ def test_traffic_replay_blocks_on_a_critical_row(tiny_server, tiny_served_checkp
         "name": "tiny-traffic",
         "model": {"source": str(tiny_served_checkpoint)},
         "quantization": {"method": "rtn", "scheme": "W4A16", "group_size": 64},
-        "serve": {"mode": "endpoint", "endpoint": server.base_url, "allow_same_endpoint": True},
+        "serve": {"mode": "endpoint", "endpoint": server.base_url, "allow_same_endpoint": True,
+                  "api_key_env": TINY_SERVER_KEY_ENV},
         "quality": {"suites": [], "kl": {"enabled": False},
                     "traffic": [{"path": "traffic/rows.jsonl", "max_tokens": 12, "scorer_timeout_s": 2}],
                     "allow_code_execution": True, "code_sandbox": "unsandboxed"},

@@ -128,16 +128,29 @@ class NotPrivate(Exception):
     """A file that must be its owner's alone is not (another owner, group or world access, a link)."""
 
 
-def check_private_file(path: Path) -> None:
-    """A secret's file (a key, the cache's secret) must be a plain file (not a link) owned by this
-    user and readable by no one else: anyone else who could write it could plant one, anyone
-    else who could read it could forge what it authenticates. Raises NotPrivate saying which."""
-    st = os.lstat(path)
-    if stat.S_ISLNK(st.st_mode) or not stat.S_ISREG(st.st_mode):
-        raise NotPrivate(f"{path} is not a plain file (a link or a special file)")
+def private_flaw(st: os.stat_result) -> str | None:
+    """Why a secret's file (a key, the cache's secret) is not its owner's alone: "link" or
+    "special" (not a plain file), "owner" (another user's), "mode" (the group or others have a
+    permission); None when it is. Anyone else who could write it could plant one, anyone else
+    who could read it could forge what it authenticates."""
+    if not stat.S_ISREG(st.st_mode):
+        return "link" if stat.S_ISLNK(st.st_mode) else "special"
     if hasattr(os, "getuid") and st.st_uid != os.getuid():
-        raise NotPrivate(f"{path} is owned by user id {st.st_uid}, not by this user ({os.getuid()})")
+        return "owner"
     if stat.S_IMODE(st.st_mode) & 0o077:
+        return "mode"
+    return None
+
+
+def check_private_file(path: Path) -> None:
+    """Raises NotPrivate saying why `path` (never followed if a link) is not this user's alone."""
+    st = os.lstat(path)
+    flaw = private_flaw(st)
+    if flaw in ("link", "special"):
+        raise NotPrivate(f"{path} is not a plain file (a link or a special file)")
+    if flaw == "owner":
+        raise NotPrivate(f"{path} is owned by user id {st.st_uid}, not by this user ({os.getuid()})")
+    if flaw == "mode":
         raise NotPrivate(f"{path} has mode {stat.S_IMODE(st.st_mode):04o}: group or others may access it "
                          "(expected 0600)")
 

@@ -17,11 +17,11 @@ from pathlib import Path
 from typing import Any
 
 from quantlab.core.errors import RecipeError
+from quantlab.core.fsutil import private_flaw
 from quantlab.core.layout import config_dir
 from quantlab.core.stage_context import StageContext
 
 LOCAL_KEY = "keys/quantlab-local-signing.pem"  # in config_dir()
-LOOSE = stat.S_IRWXG | stat.S_IRWXO  # any permission for the group or others
 
 
 def local_key_path() -> Path:
@@ -69,18 +69,19 @@ def check_private_key_file(key: Path, *, file: str | None = None, field: str | N
                           field=field) from None
     except OSError as err:
         raise RecipeError(f"cannot read {where} {key}: {err.strerror}", file=file, field=field) from None
-    if not stat.S_ISREG(st.st_mode):
-        kind = "a symbolic link" if stat.S_ISLNK(st.st_mode) else "not a plain file"
+    flaw = private_flaw(st)
+    if flaw in ("link", "special"):
+        kind = "a symbolic link" if flaw == "link" else "not a plain file"
         raise RecipeError(f"{where} {key} is {kind}; quantlab signs only with a plain key file it can vouch for: "
                           f"remove it (quantlab creates a new local key) or set signing.private_key to your own key",
                           file=file, field=field)
-    if st.st_uid != os.getuid():
+    if flaw == "owner":
         fix = ("remove it, or set XDG_CONFIG_HOME to a folder of your own" if local else
                "make one with `quantlab keygen`")
         raise RecipeError(f"{where} {key} belongs to user id {st.st_uid}, not to you ({os.getuid()}): a key someone "
                           f"else made (in a shared cache folder, for one) may be known to them. Use a key of your own: "
                           f"{fix}", file=file, field=field)
-    if st.st_mode & LOOSE:
+    if flaw == "mode":
         raise RecipeError(f"{where} {key} has mode {stat.S_IMODE(st.st_mode):04o}: others can read or write it, so "
                           f"it may be known or replaced. Make it yours alone: chmod 600 {key}", file=file,
                           field=field)

@@ -75,13 +75,16 @@ def _quality(spec, tasks: list[tuple[str, str, str]], rng):
     return verdicts, comparisons
 
 
-def _requests(n: int, rng) -> tuple[list[RequestRecord], float]:
+def requests(n_ok: int, rng, *, n_errors: int = 0) -> tuple[list[RequestRecord], float]:
+    """One repeat's rows, back to back: n_ok answered (32 tokens, a lognormal TTFT), then n_errors
+    answered 500; and the repeat's wall time."""
     out, t = [], 0.0
-    for i in range(n):
+    for i in range(n_ok):
         ttft = 0.2 * rng.lognormal(0, 0.3)
         e2e = ttft + 0.05 * 31
         out.append(RequestRecord(index=i, outcome="ok", sent_at=t, ttft=ttft, e2e=e2e, output_tokens=32))
         t += e2e
+    out += [RequestRecord(index=n_ok + i, outcome="error", sent_at=t, status=500) for i in range(n_errors)]
     return out, t
 
 
@@ -92,7 +95,7 @@ def _performance(spec, rng):
         for point, _, _ in load_points(w):
             key = (w.name, point)
             for _ in range(spec.repeats):
-                recs, wall = _requests(120, rng)
+                recs, wall = requests(120, rng)
                 for role in ("baseline", "candidate"):
                     measured.metrics.setdefault(key, {}).setdefault(role, []).append(
                         summarize(recs, wall_s=wall, slo={}))

@@ -11,7 +11,7 @@ import pytest
 from quantlab.core.shipped import RECIPES
 from quantlab.core.verdicts import GateVerdict
 from quantlab.performance import gates as perf_gates
-from quantlab.performance.metrics import RequestRecord, summarize
+from quantlab.performance.metrics import summarize
 from quantlab.performance.noise import RepeatSample
 from quantlab.performance.result import Measured, points_of
 from quantlab.performance.stage import undecided_points
@@ -23,6 +23,7 @@ from quantlab.recipe.quality import QualitySpec
 from quantlab.recipe.stability import StabilitySpec
 from quantlab.release.decision import DecisionPolicy, decide, policy_for
 from quantlab.release.error_budget import ledger
+from tests.unit.release.registered_release import requests
 
 WARN = DecisionPolicy(not_shown="warn")
 
@@ -38,16 +39,6 @@ def passed_gate() -> GateVerdict:
 
 # --- the error rate: total errors over total requests, pooled over repeats, never undone ---
 
-def _requests(n_ok: int, n_errors: int, rng) -> tuple[list[RequestRecord], float]:
-    out, t = [], 0.0
-    for i in range(n_ok):
-        ttft = 0.2 * rng.lognormal(0, 0.3)
-        e2e = ttft + 0.05 * 31
-        out.append(RequestRecord(index=i, outcome="ok", sent_at=t, ttft=ttft, e2e=e2e, output_tokens=32))
-        t += e2e
-    out += [RequestRecord(index=n_ok + i, outcome="error", sent_at=t, status=500) for i in range(n_errors)]
-    return out, t
-
 
 def _point_with_errors(errors: list[int], *, per_repeat: int = 200, max_error_rate: float | None = 0.02,
                        ok_candidate: bool = True, **gates):
@@ -62,7 +53,7 @@ def _point_with_errors(errors: list[int], *, per_repeat: int = 200, max_error_ra
     for e in errors:
         for role, (ok, bad) in (("baseline", (per_repeat, 0)),
                                 ("candidate", (per_repeat - e, e) if ok_candidate else (0, per_repeat))):
-            recs, wall = _requests(ok, bad, rng)
+            recs, wall = requests(ok, rng, n_errors=bad)
             measured.metrics.setdefault(key, {}).setdefault(role, []).append(summarize(recs, wall_s=wall, slo={}))
             measured.monitor.setdefault(key, {}).setdefault(role, []).append({})
             measured.samples.setdefault(key, {}).setdefault(role, []).append(RepeatSample.of(recs, wall))

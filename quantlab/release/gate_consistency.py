@@ -15,9 +15,8 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from quantlab.core.verdicts import GateVerdict, gate_id
+from quantlab.core.verdicts import AT_LIMIT, GateVerdict, gate_id
 
-AT = 1e-9  # rounding: a figure this close to its limit is at it
 INTERVAL_TESTS = ("hierarchical-bootstrap",)  # performance: judged on the one-sided bound, not the value
 
 
@@ -33,7 +32,7 @@ def consistency_problems(manifest: Any) -> list[str]:
 
 
 def _beyond(x: float, limit: float, comparator: str) -> bool:
-    slack = AT * max(1.0, abs(limit))
+    slack = AT_LIMIT * max(1.0, abs(limit))
     return x > limit + slack if comparator == "at_most" else x < limit - slack
 
 
@@ -44,7 +43,7 @@ def verdict_contradiction(v: GateVerdict) -> str | None:
     if v.comparator == "non_inferior":
         if v.margin is None or v.low is None or v.high is None:
             return None
-        slack = AT * max(1.0, v.margin)
+        slack = AT_LIMIT * max(1.0, v.margin)
         if v.verdict == "pass" and v.low < -v.margin - slack:
             return f"its interval's worse end {v.low:+.4g} is below -{v.margin:.4g}: a pass needs it above"
         if v.verdict == "fail" and v.high > -v.margin + slack:

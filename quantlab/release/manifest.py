@@ -20,7 +20,7 @@ from quantlab.core.layout import ATTESTATION_BUNDLE, ATTESTATION_FILE, MANIFEST_
 # written after the folder is signed, so outside what model-signing signs and what a manifest lists
 NOT_SIGNED = (SIGNATURE_FILE, ATTESTATION_FILE, ATTESTATION_BUNDLE)
 from quantlab.core.errors import RecipeError
-from quantlab.core.fsutil import sha256_file
+from quantlab.core.folder_record import digests
 from quantlab.core.verdicts import GateVerdict
 from quantlab.release.decision import DecisionPolicy, DecisionRecord, TargetDecision, decide, recorded_policy
 
@@ -99,12 +99,7 @@ def policy_of_manifest(manifest: Manifest) -> DecisionPolicy:
 
 def folder_files(folder: Path) -> dict[str, dict[str, Any]]:
     """size and sha256 of every file below `folder`, but the manifest, its signature and the attestation."""
-    out = {}
-    for p in sorted(Path(folder).rglob("*")):
-        rel = p.relative_to(folder).as_posix()
-        if p.is_file() and not p.is_symlink() and rel not in (MANIFEST_FILE, *NOT_SIGNED):
-            out[rel] = {"size": p.stat().st_size, "sha256": sha256_file(p)}
-    return out
+    return digests(folder, skip=lambda rel: rel in (MANIFEST_FILE, *NOT_SIGNED))
 
 
 def symlinks(folder: Path) -> list[str]:

@@ -177,9 +177,12 @@ def _alias_target(kind: str, alias: str, path: Path, *, warn: bool) -> str | Non
     return key
 
 
-def lookup_covering(kind: str, parts: dict[str, Any], field: str) -> tuple[Path, str, list[Any]] | None:
+def lookup_covering(kind: str, parts: dict[str, Any], field: str, *,
+                    unset_matches_any: tuple[str, ...] = ()) -> tuple[Path, str, list[Any]] | None:
     """An entry whose parts equal these in everything but `field`, a list holding every item
-    of this one's and maybe more: (its folder, its key, its items), or None. The entry with the fewest
+    of this one's and maybe more: (its folder, its key, its items), or None. A part named in
+    `unset_matches_any` that is None here matches whatever the entry has (a setting that
+    touched only items this lookup does not ask for). The entry with the fewest
     items wins (then the key's order), so the answer does not depend on the listing's order.
     For the baseline's quality results: a run that asks for some of the tasks an earlier run
     evaluated, under the same suites, limit, seed, engine and KL settings, reuses their answers."""
@@ -187,7 +190,9 @@ def lookup_covering(kind: str, parts: dict[str, Any], field: str) -> tuple[Path,
     if not isinstance(want, list):
         return None
     # compared as stored: complete.json went through json with default=str
-    rest = json.loads(json.dumps({k: v for k, v in parts.items() if k != field}, sort_keys=True, default=str))
+    free = {k for k in unset_matches_any if parts.get(k) is None}
+    rest = json.loads(json.dumps({k: v for k, v in parts.items() if k != field and k not in free},
+                                 sort_keys=True, default=str))
     found: list[tuple[int, str, Path, list[Any]]] = []
     root = cache_root(kind)
     for complete in root.glob(f"*/{COMPLETE}"):
@@ -198,6 +203,8 @@ def lookup_covering(kind: str, parts: dict[str, Any], field: str) -> tuple[Path,
         except (OSError, ValueError):
             continue
         have = stored.pop(field, None) if isinstance(stored, dict) else None
+        for k in free:
+            stored.pop(k, None)
         if isinstance(have, list) and set(want) <= set(have) and stored == rest \
                 and entry_files(kind, complete.parent) is not None:  # authenticated: complete.json is in its HMAC
             found.append((len(have), complete.parent.name, complete.parent, have))

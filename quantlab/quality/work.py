@@ -135,7 +135,9 @@ def baseline_entry(parts: dict[str, Any]) -> tuple[Path | None, str, list[str]]:
     folder = result_cache.lookup(result_cache.QUALITY, key)
     if folder is not None:
         return folder, key, []
-    covering = result_cache.lookup_covering(result_cache.QUALITY, parts, "tasks")
+    # where model code ran matters only to the code tasks: a run asking for none reuses an
+    # entry whose code tasks ran in any sandbox
+    covering = result_cache.lookup_covering(result_cache.QUALITY, parts, "tasks", unset_matches_any=("code_sandbox",))
     if covering is None:
         return None, key, []
     folder, key, held = covering

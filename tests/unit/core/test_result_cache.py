@@ -80,6 +80,27 @@ def test_an_entry_holding_more_tasks_covers_a_run_that_asks_for_some_of_them(tmp
     assert result_cache.lookup_covering(result_cache.STABILITY, {**rest, "tasks": ["a"]}, "tasks") is None
 
 
+def test_a_setting_unset_in_the_lookup_matches_any_when_told_so(tmp_path, monkeypatch):
+    """The demo's entry holds a code task scored in bwrap; a later run asking only for its
+    other tasks has no sandbox part (None) and reuses it. One that asks for code in another
+    sandbox does not."""
+    monkeypatch.setenv("QUANTLAB_CACHE_DIR", str(tmp_path / "cache"))
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "a.jsonl").write_text("")
+    stored = {"limit": 40, "code_sandbox": "bwrap", "tasks": ["a", "code"]}
+    entry = result_cache.store(result_cache.QUALITY, result_cache.cache_key(stored), src, stored)
+    free = {"unset_matches_any": ("code_sandbox",)}
+    lookup = result_cache.lookup_covering
+    assert lookup(result_cache.QUALITY, {"limit": 40, "code_sandbox": None, "tasks": ["a"]}, "tasks", **free)[0] == entry
+    assert lookup(result_cache.QUALITY, {"limit": 40, "code_sandbox": None, "tasks": ["a"]}, "tasks") is None
+    assert lookup(result_cache.QUALITY, {"limit": 40, "code_sandbox": "unsandboxed", "tasks": ["code"]}, "tasks",
+                  **free) is None
+    assert lookup(result_cache.QUALITY, {"limit": 40, "code_sandbox": "bwrap", "tasks": ["code"]}, "tasks",
+                  **free)[0] == entry
+    assert lookup(result_cache.QUALITY, {"limit": 20, "code_sandbox": None, "tasks": ["a"]}, "tasks", **free) is None
+
+
 def test_a_writers_folder_before_its_rename_covers_nothing(tmp_path, monkeypatch):
     monkeypatch.setenv("QUANTLAB_CACHE_DIR", str(tmp_path / "cache"))
     parts = {"limit": 40, "tasks": ["a", "b"]}

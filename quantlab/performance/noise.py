@@ -171,6 +171,29 @@ def between_repeat_bounds(figures: np.ndarray, alphas: tuple[float, ...]) -> lis
 
 
 @dataclass(frozen=True)
+class HostNoise:
+    """Evidence about one gated figure's between-repeat spread from outside this run (a
+    calibration of this host, engine, model and workload; performance/noise_store.py),
+    as log-ratio-equivalent sums of squares: `ss` over `df` degrees of freedom. Pooled
+    with the run's own repeats, it lets a run of 2-3 repeats judge with tens of df.
+
+    sources: one line per contribution, e.g. "12 A/A repeats (quantlab calibrate,
+    2026-12-06)", "9 df from 9 earlier runs' baseline repeats"."""
+
+    ss: float
+    df: int
+    sources: tuple[str, ...] = ()
+
+    def __post_init__(self):
+        if self.df < 0 or self.ss < 0:
+            raise ValueError(f"HostNoise needs ss >= 0 and df >= 0, got ss={self.ss}, df={self.df}")
+
+    @property
+    def variance(self) -> float | None:
+        return self.ss / self.df if self.df else None
+
+
+@dataclass(frozen=True)
 class Interval:
     """A figure's interval (the bootstrap's, widened by the between-repeat t) at the two
     levels a gate uses: `pass_*` one-sided at the gate's confidence, `fail_*` one-sided at

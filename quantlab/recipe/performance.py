@@ -109,6 +109,10 @@ class PerformanceSpec(_Strict):
     gates: PerfGates = Field(default_factory=PerfGates)
     price_per_hour: float | None = Field(None, gt=0, description="Hardware price per hour (any currency) for "
                                          "cost per million output tokens and per successful request.")
+    host_noise: bool = Field(True, description="Pool this host's calibrated between-repeat spread (A/A repeats "
+                             "from `quantlab calibrate` and earlier runs' baseline repeats, kept in the cache per "
+                             "host, engine, baseline and workload point) with the run's own repeats, so a run of 2-3 "
+                             "repeats judges with tens of degrees of freedom; false: the run's own repeats alone.")
     client_check: bool = Field(True, description="Measure the load generator's own ceiling on this machine "
                                "against a stub server first (about 3 s), to flag points near it.")
 

@@ -30,7 +30,7 @@ Paired = tuple[TaskComparison, Sequence[Value], Sequence[Value]]
 
 
 def verdicts(spec: QualitySpec, tasks: list[Paired], slices: list[Paired], kl: dict[str, Any] | None,
-             pooled: Paired | None = None) -> list[GateVerdict]:
+             pooled: Paired | None = None, *, plans: dict[str, list[int]] | None = None) -> list[GateVerdict]:
     """Every quality gate: per task, per slice (pooled), over every item (`pooled`, at
     quality.pooled's margin), and on the KL summary. A task or slice whose gates are
     disabled in the recipe gets none.
@@ -40,7 +40,13 @@ def verdicts(spec: QualitySpec, tasks: list[Paired], slices: list[Paired], kl: d
     needed to keep a worse model from passing). A block needs only one gate to fail, so
     the fail side is adjusted (Bonferroni): a gate fails only when the candidate is worse
     beyond the interval at 1 - (1 - confidence) / m, m the gated comparisons, which keeps
-    an unchanged model's chance of a quality block at most 1 - confidence (one-sided)."""
+    an unchanged model's chance of a quality block at most 1 - confidence (one-sided).
+
+    `plans` (evaluate until decided: each task's look schedule): a task's fail side is
+    the look's nominal level of a boundary at (1 - confidence) / (2 m) per side
+    (quality/sequential.py), not its pass side's level divided by m: the nominal levels
+    add up to more than the boundary spends, so divided they would not keep the family's
+    bound."""
     iters, seed = spec.bootstrap_iters // 4, spec.seed
     gated = []
     for cmp, b, c in tasks:
@@ -55,7 +61,7 @@ def verdicts(spec: QualitySpec, tasks: list[Paired], slices: list[Paired], kl: d
         gated.append((*pooled, pooled_gates(spec), pooled[0].task))
     out: list[GateVerdict] = []
     for cmp, b, c, g, scope in gated:
-        family = FailFamily(size=len(gated), confidence=1 - (1 - cmp.confidence) / len(gated))
+        family = FailFamily(size=len(gated), confidence=_fail_confidence(cmp, g, len(gated), (plans or {}).get(scope)))
         if family.size > 1:
             pooled_scope = scope.startswith("slice:") or scope == POOLED_SCOPE
             ci = paired_interval(b, c, confidence=family.confidence, iters=spec.bootstrap_iters, seed=seed,
@@ -65,6 +71,17 @@ def verdicts(spec: QualitySpec, tasks: list[Paired], slices: list[Paired], kl: d
     if kl is not None:
         out += kl_verdicts(kl, spec)
     return out
+
+
+def _fail_confidence(cmp: TaskComparison, gates: QualityGates, size: int, plan: list[int] | None) -> float:
+    """The fail side's confidence: Bonferroni over the `size` gated comparisons, and for a
+    task judged look by look the boundary at that share (a comparison with fewer pairs
+    than its answered samples is read at an earlier, stricter look)."""
+    if not plan or len(plan) <= 1:
+        return 1 - (1 - cmp.confidence) / size
+    from quantlab.quality.sequential import boundary_confidence
+
+    return boundary_confidence(1 - (1 - gates.confidence) / size, plan, cmp.n)
 
 
 @dataclass(frozen=True)

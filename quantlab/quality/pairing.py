@@ -19,10 +19,10 @@ def compare_tasks(spec: QualitySpec, work: list[tuple[Suite, Any]], base_dir: Pa
     """Each task's samples joined and compared: (comparison, baseline values, candidate
     values) per task, every flip, and the lm-eval version that wrote them. With `plans`
     (evaluate until decided: each task's look schedule) the candidate answered a prefix:
-    the baseline is cut to the same samples and the interval judged at what this look
-    spends (quality/sequential.spent_confidence)."""
+    the baseline is cut to the same samples and the interval judged at this look's
+    nominal level of the group-sequential boundary (quality/sequential.boundary_confidence)."""
     from quantlab.quality.lmeval import read_samples
-    from quantlab.quality.sequential import spent_confidence
+    from quantlab.quality.sequential import boundary_confidence
 
     tasks, flips, lm_eval_version = [], [], None
     for suite, task in work:
@@ -32,7 +32,7 @@ def compare_tasks(spec: QualitySpec, work: list[tuple[Suite, Any]], base_dir: Pa
         if plans:
             answered = {r["doc_id"] for r in c_rows}
             b_rows = [r for r in b_rows if r["doc_id"] in answered]
-            confidence = spent_confidence(confidence, plans.get(task.task, [len(answered)]), len(answered))
+            confidence = boundary_confidence(confidence, plans.get(task.task, [len(answered)]), len(answered))
         lm_eval_version = c_sum.get("lm_eval")
         hib = _direction(task, suite, c_sum)
         cmp, task_flips = compare_task(task.task, task.slice, task.metric, task.filter, hib, b_rows, c_rows,

@@ -223,7 +223,7 @@ def run(ctx: StageContext) -> QualityResult:
     tasks, flips, lm_eval_version = compare_tasks(spec, work, base_dir, cand_dir, plans=plans)
     slices = pool_slices(spec, _gated(tasks, work), looks=looks)
     everything = pool_everything(spec, _gated(tasks, work), looks=looks)
-    gates = quality_gates.verdicts(spec, _gated(tasks, work), slices, kl_result, everything)
+    gates = quality_gates.verdicts(spec, _gated(tasks, work), slices, kl_result, everything, plans=plans)
     gates += quality_gates.skipped_verdicts(spec, [(t.task, why, t.slice, t.metric) for t, why in skipped if t.gated])
     traffic, critical = _traffic_findings(work, base_dir, cand_dir)
     gates += critical
@@ -335,8 +335,8 @@ def _evaluate_until_decided(ctx: StageContext, work: list[tuple[Suite, Any]], ba
             answered[task] = plans[task][look]
         tasks, _, _ = compare_tasks(spec, work, base_dir, cand_dir, plans=plans)
         tasks = _gated(tasks, work)
-        still = undecided_tasks(quality_gates.verdicts(spec, tasks, pool_slices(spec, tasks, looks=looks), None),
-                                slice_of)
+        still = undecided_tasks(quality_gates.verdicts(spec, tasks, pool_slices(spec, tasks, looks=looks), None,
+                                                       plans=plans), slice_of)
         for task in list(pending):
             if task not in still:
                 stopped[task] = (look + 1, "decided")
@@ -347,8 +347,9 @@ def _evaluate_until_decided(ctx: StageContext, work: list[tuple[Suite, Any]], ba
             pending.discard(task)
     parts = [f"{task} {answered[task]}/{available[task]} at look {k} of {looks[task]} ({why})"
              for task, (k, why) in sorted(stopped.items())]
-    notes.append("evaluated until decided (quality.samples: auto; each look of a task judged at the share of "
-                 "1 - confidence it spends, O'Brien-Fleming-like): " + "; ".join(parts))
+    notes.append("evaluated until decided (quality.samples: auto; each look of a task judged at its nominal level "
+                 "of a Lan-DeMets O'Brien-Fleming-type boundary, slices and the pooled gate at a Bonferroni share "
+                 "of the looks): " + "; ".join(parts))
     return spent, plans
 
 

@@ -173,7 +173,7 @@ def tango_z(cand_only, base_only, n: int, d0: float):
     return float(z) if z.ndim == 0 else z
 
 
-def _z(confidence: float) -> float:
+def interval_z(confidence: float) -> float:
     """The two-sided interval's normal quantile (each side at (1 - confidence) / 2)."""
     from scipy.stats import norm
 
@@ -185,7 +185,7 @@ def tango_bounds(cand_only: int, base_only: int, n: int, confidence: float) -> t
     statistic crosses +-z (it falls as d0 rises)."""
     from scipy.optimize import brentq
 
-    z = _z(confidence)
+    z = interval_z(confidence)
     lo_end, hi_end = -1 + 1e-9, 1 - 1e-9
 
     def root(target: float) -> float:
@@ -221,8 +221,8 @@ def ni_pass_probability(n: int, margin: float, p_cand_only: float, p_base_only: 
     bound at `confidence` is above -margin (the score statistic at -margin above z)."""
     if n > EXACT_MAX_N:
         return _normal_probability(n, margin, p_cand_only, p_base_only, confidence, side="pass")
-    z = _z_grid(n, round(-margin, 12))
-    return _trinomial_mass(n, p_cand_only, p_base_only, z > _z(confidence))
+    z = score_z_grid(n, round(-margin, 12))
+    return _trinomial_mass(n, p_cand_only, p_base_only, z > interval_z(confidence))
 
 
 def ni_fail_probability(n: int, margin: float, p_cand_only: float, p_base_only: float,
@@ -230,8 +230,8 @@ def ni_fail_probability(n: int, margin: float, p_cand_only: float, p_base_only: 
     """P(the gate fails): the whole interval at `confidence` (the fail side's) below -margin."""
     if n > EXACT_MAX_N:
         return _normal_probability(n, margin, p_cand_only, p_base_only, confidence, side="fail")
-    z = _z_grid(n, round(-margin, 12))
-    return _trinomial_mass(n, p_cand_only, p_base_only, z < -_z(confidence))
+    z = score_z_grid(n, round(-margin, 12))
+    return _trinomial_mass(n, p_cand_only, p_base_only, z < -interval_z(confidence))
 
 
 def _normal_probability(n: int, margin: float, p1: float, p2: float, confidence: float, *, side: str) -> float:
@@ -241,7 +241,7 @@ def _normal_probability(n: int, margin: float, p1: float, p2: float, confidence:
 
     delta = p1 - p2
     sd = math.sqrt(max(1e-12, (p1 + p2 - delta * delta) / n))
-    z = _z(confidence)
+    z = interval_z(confidence)
     return float(norm.sf((-margin - delta) / sd + z) if side == "pass" else norm.cdf((-margin - delta) / sd - z))
 
 
@@ -259,7 +259,7 @@ def _counts_grid(n: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray
 
 
 @functools.lru_cache(maxsize=8)
-def _z_grid(n: int, d0: float) -> np.ndarray:
+def score_z_grid(n: int, d0: float) -> np.ndarray:
     i, j, _, _, _ = _counts_grid(n)
     return tango_z(i, j, n, d0)
 
@@ -316,3 +316,6 @@ def kl_summary(per_token_kl: Sequence[float], same_top: Sequence[bool]) -> dict[
     return {"tokens": int(arr.size), "mean": float(arr.mean()), "median": float(np.median(arr)),
             "p99": float(np.quantile(arr, 0.99)), "max": float(arr.max()),
             "same_top_rate": float(np.mean(same_top)) if len(same_top) else None}
+
+
+_z, _z_grid = interval_z, score_z_grid  # the names scripts/bench_warn_at_margin.py reads

@@ -104,12 +104,12 @@ def test_self_validation_fails_no_gate_shows_what_it_cannot_then_reuses_the_cach
 def test_evaluate_until_decided_stops_each_task_at_its_first_decided_look(tiny_server, tiny_served_checkpoint,
                                                                          tmp_path):
     """`samples: auto` on the same weights and server, limit 80: looks at 20, 40 and 80
-    samples, each judged at what its look spends of 0.05 (O'Brien-Fleming-like).
+    samples, each judged at its look's nominal level of the Lan-DeMets boundary.
     Identical answers and a 20-point margin: every task is decided (released), at one of
     its looks; the candidate's files hold exactly the samples of the looks taken, joined
     with the baseline's on doc id; and at least one task stopped before its data ran out
     (a 30% score at 20 samples is narrow enough, a 0% score needs 40)."""
-    from quantlab.quality.sequential import schedule, spent_confidence
+    from quantlab.quality.sequential import boundary_confidence, schedule
 
     server, _, _ = tiny_server
     data = __import__("yaml").safe_load(self_check_recipe(tmp_path, server, tiny_served_checkpoint).read_text())
@@ -126,7 +126,7 @@ def test_evaluate_until_decided_stops_each_task_at_its_first_decided_look(tiny_s
         base = (run_dir / "quality" / "baseline" / f"{t['task']}.jsonl").read_text().splitlines()
         plan = schedule(len(base), 20, 2)
         assert len(base) <= 80 and t["n"] in plan, (t["task"], t["n"], plan)
-        assert t["confidence"] == pytest.approx(spent_confidence(0.95, plan, t["n"]))  # what its look spent
+        assert t["confidence"] == pytest.approx(boundary_confidence(0.95, plan, t["n"]))  # its look's level
         assert f"{t['task']} {t['n']}/{len(base)} at look {plan.index(t['n']) + 1} of {len(plan)} (decided)" in note
         # each look asked lm-eval for the next doc indices only, and they joined on doc id
         cand = [json.loads(x) for x in (run_dir / "quality" / "candidate" / f"{t['task']}.jsonl").read_text()

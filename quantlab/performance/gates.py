@@ -3,7 +3,8 @@
 A verdict is pass, fail or not shown (inconclusive), always with the value, the limit
 and a line saying what was compared. Ratios are medians over alternately measured
 repeats. Each gated figure carries an interval (performance/noise.py: the bootstrap,
-widened by the spread between repeats): a gate
+widened by the spread between repeats, pooled with the host's calibrated spread where
+one is given; the evidence names the noise model that judged): a gate
 passes when the interval's one-sided bound at the recipe's confidence is within the
 limit, fails only when the family-adjusted bound is beyond it (so an unchanged model
 is blocked on noise at most 1 - confidence of the time, across all performance gates),
@@ -92,6 +93,7 @@ def verdicts(points: list[PerfPoint], gates: PerfGates) -> list[GateVerdict]:
                        f"{len(p.candidate_repeats)} repeat(s)")
                 fields["test"] = "count"
             else:
+                iv = _holding(iv, value)
                 verdict, why = _judge(value, limit, direction, iv)
                 fields["test"] = "hierarchical-bootstrap" if iv else "threshold"
                 verdict, why = _tail_needs_requests(key, verdict, why, iv, p)
@@ -133,6 +135,20 @@ def _tail_needs_requests(key: str, verdict: str, why: str, iv: dict | None, p: P
                             f"{MIN_P99_REQUESTS}: raise the workload's num_requests); {why}")
 
 
+def _holding(iv: dict | None, value: float) -> dict | None:
+    """The interval widened, where needed, to hold the value the verdict reports: the value
+    is the median over repeats of per-pair ratios (metrics.compare), the interval's centre
+    the order-balanced mean of Harrell-Davis log ratios, and a verdict never passes (or
+    fails) on a bound on the far side of the value it states."""
+    if iv is None:
+        return None
+    held = dict(iv, pass_low=min(iv["pass_low"], value), pass_high=max(iv["pass_high"], value),
+                fail_low=min(iv["fail_low"], value), fail_high=max(iv["fail_high"], value))
+    if any(held[k] != iv[k] for k in ("pass_low", "pass_high", "fail_low", "fail_high")):
+        held["held_value"] = True
+    return held
+
+
 def _judge(value: float, limit: float, direction: str, iv: dict | None) -> tuple[str, str]:
     worse = (lambda x: x < limit) if direction == "min" else (lambda x: x > limit)
     if iv is None:
@@ -142,14 +158,18 @@ def _judge(value: float, limit: float, direction: str, iv: dict | None) -> tuple
                               else (iv["pass_high"], iv["fail_low"]))
     conf = 1 - (iv["fail_alpha"])
     df = iv.get("between_df")
+    held = (f" (widened to hold the reported value; the interval's centre is {iv['centre']:.4g})"
+            if iv.get("held_value") and iv.get("centre") is not None else
+            " (widened to hold the reported value)" if iv.get("held_value") else "")
     span = (f"interval {iv['pass_low']:.3g} .. {iv['pass_high']:.3g} (one-sided bounds), fail side "
-            f"{iv['fail_low']:.3g} .. {iv['fail_high']:.3g} at {conf:.2%} (family-adjusted); "
+            f"{iv['fail_low']:.3g} .. {iv['fail_high']:.3g} at {conf:.2%} (family-adjusted){held}; "
             f"{iv['repeats']} repeat(s), >= {iv['requests']} requests each, {iv['draws']} bootstrap draws; "
-            f"bounds from {_bounds_from(df)}")
+            f"bounds from {_bounds_from(iv)}")
     if worse(fail_bound):
         return "fail", f"beyond the limit even at the fail side's bound; {span}"
-    if not worse(pass_bound) and df == 0:
-        # requests of one repeat move together (waves in closed loop): their bootstrap alone is too narrow to pass on
+    if not worse(pass_bound) and (df == 0 or iv["repeats"] < 2):
+        # requests of one repeat move together (waves in closed loop): their bootstrap alone is too narrow to pass
+        # on, and with the host's spread one repeat cannot show that the calibration holds for this run
         return "inconclusive", f"not shown: a pass needs >= 2 paired repeats (performance.repeats); {span}"
     if not worse(pass_bound):
         return "pass", f"within the limit at the interval's bound; {span}"
@@ -158,9 +178,13 @@ def _judge(value: float, limit: float, direction: str, iv: dict | None) -> tuple
                             f"repeats, performance.max_repeats, or more requests per point would narrow it); {span}")
 
 
-def _bounds_from(df: int | None) -> str:
+def _bounds_from(iv: dict) -> str:
+    df = iv.get("between_df")
     if df is None:  # an interval recorded before the between-repeat term
         return "the bootstrap"
     if df == 0:
         return "the bootstrap alone (one repeat: no spread between repeats to measure)"
-    return f"the wider of the bootstrap and Student's t over the repeats ({df} df)"
+    model = iv.get("noise_model")
+    if model is None:  # an interval recorded before the host's noise could be pooled
+        return f"the wider of the bootstrap and Student's t over the repeats ({df} df)"
+    return f"the wider of the bootstrap and Student's t ({df} df; noise model: {model})"

@@ -49,8 +49,9 @@ def test_missing_prompt_dataset_names_the_field(tmp_path):
         load_recipe(f)
 
 
-def point(tp_ratio, p99_ttft_ms, error_rate=0.0, intervals=None):
-    cmp = {"output_tokens_per_s": {"ratio": tp_ratio}, "ttft_ms.p99": {"ratio": 1.0}, "tpot_ms.p99": {"ratio": None}}
+def point(tp_ratio, p99_ttft_ms, error_rate=0.0, intervals=None, ttft_ratio=1.0):
+    cmp = {"output_tokens_per_s": {"ratio": tp_ratio}, "ttft_ms.p99": {"ratio": ttft_ratio},
+           "tpot_ms.p99": {"ratio": None}}
     cand = {"ttft_ms": {"p99": p99_ttft_ms}, "tpot_ms": {"p99": None}, "error_rate": error_rate}
     return PerfPoint(workload="w", point="c8", concurrency=8, baseline={}, candidate=cand, baseline_repeats=[{}],
                      candidate_repeats=[{}], comparison=cmp, monitor={}, intervals=intervals or {})
@@ -89,7 +90,7 @@ def test_perf_gates_fail_only_beyond_the_interval_and_are_not_shown_inside_it():
     assert perf_gates([point(0.75, 400, intervals=edge)], gates)[0].verdict == "inconclusive"
     worse = {"ratio:output_tokens_per_s": iv(0.6, 0.7, 0.55, 0.75), "ratio:ttft_ms.p99": iv(1.7, 2.1, 1.6, 2.2),
              "candidate:ttft_ms.p99": iv(520, 700, 510, 720)}
-    v = {g.gate: g for g in perf_gates([point(0.65, 600, intervals=worse)], gates)}
+    v = {g.gate: g for g in perf_gates([point(0.65, 600, intervals=worse, ttft_ratio=1.9)], gates)}
     assert [v[g].verdict for g in ("min_throughput_ratio", "max_p99_ttft_ratio", "max_p99_ttft_ms")] == ["fail"] * 3
     assert "beyond the limit even at the fail side's bound" in v["max_p99_ttft_ratio"].evidence
 
@@ -122,7 +123,7 @@ def test_a_p99_gate_passes_only_on_100_requests_a_repeat_and_may_fail_on_fewer()
     assert v["min_throughput_ratio"].verdict == "pass"  # a mean figure: 16 requests are enough
     assert v["max_p99_ttft_ratio"].verdict == "inconclusive" and "16 requests a repeat" in v["max_p99_ttft_ratio"].evidence
     bad = {"ratio:ttft_ms.p99": iv(1.8, 2.2, 1.7, 2.3, requests=16)}
-    v = {g.gate: g for g in perf_gates([point(1.0, 400, intervals=bad)], gates)}
+    v = {g.gate: g for g in perf_gates([point(1.0, 400, intervals=bad, ttft_ratio=2.0)], gates)}
     assert v["max_p99_ttft_ratio"].verdict == "fail"
     enough = {"ratio:ttft_ms.p99": iv(0.9, 1.1, 0.85, 1.15, requests=100)}
     v = {g.gate: g for g in perf_gates([point(1.0, 400, intervals=enough)], gates)}

@@ -25,9 +25,13 @@ def plan(ctx: StageContext) -> list[str]:
     plans, cached = gate_plans(ctx)
     source = (f"the baseline's own scores from its cached results where known (else {ASSUMED_SCORE:.0%})"
               if cached else f"an assumed baseline score of {ASSUMED_SCORE:.0%} (no cached baseline results yet)")
+    spec: QualitySpec = ctx.recipe.quality
+    looks = (f"; evaluated until decided (samples: auto, looks from {spec.sequential.first} samples x "
+             f"{spec.sequential.growth:g}): each task's chances over its looks at the boundary's levels, slices and "
+             "the pooled gate at a Bonferroni share of the looks" if spec.samples == "auto" else "")
     lines = [f"quality gates, planned: {len(plans)} gated pass/fail comparisons; {source}, and "
              f"{ASSUMED_DISCORDANCE:.0%} of answers changing between two servers of the same model (drops are "
-             "shares of all items)"]
+             f"shares of all items){looks}"]
     lines += [p.line() for p in plans]
     required, chance, weak = _run_chance(plans)
     if required:
@@ -92,19 +96,38 @@ def gate_plans(ctx: StageContext) -> tuple[list[Any], bool]:
         return not_shown_rule(quality_gates.CHECK, "non_inferiority", scope, default=rules.not_shown,
                               checks=rules.checks, gates=rules.gates) == "block"
 
+    sequential, looked = _looks(spec, sized)
     plans = [plan_gate(task.task, n, quality_gates.task_gates(spec, task.task, task.slice), family,
-                       score=scores.get(task.task, ASSUMED_SCORE), required=required(task.task))
+                       score=scores.get(task.task, ASSUMED_SCORE), required=required(task.task), sequential=sequential)
              for task, n in sized if task.task not in ungated]
     for name, n in sorted(pooled_slices.items()):
         members = [(t, m) for t, m in sized if t.slice == name]
         score = sum(scores.get(t.task, ASSUMED_SCORE) * m for t, m in members) / max(1, sum(m for _, m in members))
-        plans.append(plan_gate(f"slice:{name}", n, quality_gates.slice_gates(spec, name), family, score=score,
-                               required=required(f"slice:{name}")))
+        plans.append(plan_gate(f"slice:{name}", n, looked(quality_gates.slice_gates(spec, name), members), family,
+                               score=score, required=required(f"slice:{name}")))
     if everything:
         score = sum(scores.get(t.task, ASSUMED_SCORE) * m for t, m in sized) / everything
-        plans.append(plan_gate(POOLED_SCOPE, everything, quality_gates.pooled_gates(spec), family, score=score,
-                               required=required(POOLED_SCOPE)))
+        plans.append(plan_gate(POOLED_SCOPE, everything, looked(quality_gates.pooled_gates(spec), sized), family,
+                               score=score, required=required(POOLED_SCOPE)))
     return plans, bool(scores)
+
+
+def _looks(spec: QualitySpec, sized: list[tuple[Any, int]]):
+    """`samples: auto`: (each task's (first, growth), the pooled gates' confidence split over
+    the most looks of a member task, as quality/pairing.py judges them); else (None, the
+    gates unchanged). Slices and the pooled gate are planned at all their items: their
+    members stay open while they are undecided."""
+    from quantlab.quality.sequential import look_confidence, schedule
+
+    if spec.samples != "auto":
+        return None, lambda gates, members: gates
+    sequential = (spec.sequential.first, spec.sequential.growth)
+
+    def looked(gates: Any, members: list[tuple[Any, int]]) -> Any:
+        most = max([len(schedule(m, *sequential)) for _, m in members] or [1])
+        return gates.model_copy(update={"confidence": look_confidence(gates.confidence, most)})
+
+    return sequential, looked
 
 
 def _cached_baseline_scores(ctx: StageContext, work: list[tuple[Suite, Any]]) -> dict[str, float]:

@@ -74,9 +74,20 @@ def _table(n: int, score: float, discordance: float, drop: float) -> tuple[list[
 
 
 def plan_gate(scope: str, n: int, gates: QualityGates, family: int, *, score: float = ASSUMED_SCORE,
-              discordance: float = ASSUMED_DISCORDANCE, required: bool = True) -> GatePlan:
+              discordance: float = ASSUMED_DISCORDANCE, required: bool = True,
+              sequential: tuple[int, float] | None = None) -> GatePlan:
     """One comparison's plan: unchanged means `discordance` of the pairs flip, half each
-    way; a drop moves that share of right answers to the baseline's side only."""
+    way; a drop moves that share of right answers to the baseline's side only.
+    `sequential` (`samples: auto` on a task: its first look's size and growth): the
+    chances are those of the looks (quality/sequential.schedule), each at its boundary
+    level, stopping at the first pass or fail (sequential_ni_probability), not of one
+    look at all n items."""
+    from quantlab.quality.sequential import schedule
+
+    if sequential is not None and len(schedule(n, *sequential)) > 1 and n >= gates.min_samples and \
+            ni_margin(gates, score) is not None:
+        return _plan_looks(scope, n, gates, family, score=score, discordance=discordance, required=required,
+                           sequential=sequential)
     half_d = discordance / 2
     unchanged = paired_proportion_interval(*_table(max(n, 1), score, discordance, 0.0), confidence=gates.confidence)
     half = (unchanged.high - unchanged.low) / 2
@@ -95,6 +106,38 @@ def plan_gate(scope: str, n: int, gates: QualityGates, family: int, *, score: fl
         blocks = _smallest(lambda drop: ni_fail_probability(n, limit, half_d, half_d + drop, fail_confidence) >= POWER,
                            top=min(score, 1 - discordance))
     return GatePlan(scope, n, half, margin, p_release, p_held, needed, blocks, required)
+
+
+def _plan_looks(scope: str, n: int, gates: QualityGates, family: int, *, score: float, discordance: float,
+                required: bool, sequential: tuple[int, float]) -> GatePlan:
+    """plan_gate under evaluate-until-decided: every chance over the looks. The items to
+    show are looked for with the looks those items would get."""
+    from quantlab.quality.sequential import schedule, sequential_ni_probability
+
+    looks = schedule(n, *sequential)
+    half_d = discordance / 2
+    unchanged = paired_proportion_interval(*_table(n, score, discordance, 0.0), confidence=gates.confidence)
+    margin = ni_margin(gates, score)
+    assert margin is not None
+    fail_confidence = 1 - (1 - gates.confidence) / max(1, family)
+
+    def chances(size_looks: list[int], drop: float) -> tuple[float, float]:
+        return sequential_ni_probability(size_looks, margin, half_d, half_d + drop, gates.confidence,
+                                         fail_confidence)
+
+    p_release = chances(looks, 0.0)[0]
+    p_held = 1 - chances(looks, 2 * margin)[0]
+    needed = None
+    if p_release < POWER:  # looked for up to 20x the items (each try is an exact sum over the looks)
+        size = max(n + 1, gates.min_samples)
+        while size <= min(MAX_PLANNED_ITEMS, 20 * n + 1000):
+            if chances(schedule(size, *sequential), 0.0)[0] >= POWER:
+                needed = size
+                break
+            size = max(size + 1, int(size * 1.25))
+    blocks = _smallest(lambda drop: chances(looks, drop)[1] >= POWER, top=min(score, 1 - discordance))
+    return GatePlan(scope, n, (unchanged.high - unchanged.low) / 2, margin, p_release, p_held, needed, blocks,
+                    required)
 
 
 def _smallest(holds, *, top: float) -> float | None:

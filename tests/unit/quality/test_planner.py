@@ -89,3 +89,35 @@ def test_the_shipped_suite_holds_300_distinct_items_per_required_comparison():
         assert len({r[key] for r in rows}) >= 300, task
     long_context = sum(sample_count(suite, t.task) for t in suite.tasks if t.slice == "long-context")
     assert long_context >= 300
+
+
+def test_evaluate_until_decided_is_planned_over_its_looks():
+    """`samples: auto`: the forecast is the sequential design's (each look at its boundary
+    level, stopping at the first pass or fail), and it is what the gate does: against 400
+    simulated tasks judged look by look as the stage judges them (within 3 standard errors)."""
+    import random
+
+    from quantlab.quality.compare import compare_task
+    from quantlab.quality.gates import comparison_verdicts
+    from quantlab.quality.sequential import boundary_confidence, schedule
+
+    gates = QualityGates(non_inferiority_margin=0.1, non_inferiority_min_margin=0.05, min_recovery=None)
+    fixed = plan_gate("t", 160, gates, family=1, discordance=0.12)
+    looked = plan_gate("t", 160, gates, family=1, discordance=0.12, sequential=(40, 2.0))
+    assert looked.p_release_unchanged <= fixed.p_release_unchanged  # the looks cost a little power, never add
+    assert 0.3 < looked.p_release_unchanged < 0.8 and looked.samples_to_show > 160
+    rng, passed, plan = random.Random(3), 0, schedule(160, 40, 2.0)
+    for _ in range(400):
+        base = [float(rng.random() < 0.5) for _ in range(160)]
+        cand = [1 - b if rng.random() < 0.12 else b for b in base]  # 12% discordant, half each way
+        for n in plan:
+            rows = [[{"doc_id": i, "filter": "none", "prompt_hash": f"p{i}", "prompt": "", "target": "", "answer": x,
+                      "raw": None, "metrics": {"acc": x}} for i, x in enumerate(v[:n])] for v in (base, cand)]
+            cmp, _ = compare_task("t", "s", "acc", None, True, *rows, confidence=boundary_confidence(0.95, plan, n),
+                                  iters=50, seed=0)
+            [ni] = [v for v in comparison_verdicts(cmp, gates, scope="t") if v.gate == "non_inferiority"]
+            if ni.verdict != "inconclusive":
+                break
+        passed += ni.verdict == "pass"
+    p = looked.p_release_unchanged
+    assert abs(passed / 400 - p) < 3 * (p * (1 - p) / 400) ** 0.5

@@ -16,6 +16,8 @@ controlled by the ledger.
 Several candidates judged on the same items (a comparison, a search) are one family
 (recipe/family.py): each candidate's alphas above are already divided by its size, and
 the `family` entry says so, with the family's bounds (the size times the candidate's).
+Every decision against the same baseline answers is one stream (recipe/stream.py): the
+`stream` entry records its position, its level and the history it was derived from.
 """
 
 from __future__ import annotations
@@ -33,11 +35,13 @@ FIXED_TESTS = ("threshold", "count")
 
 def ledger(verdicts: list[GateVerdict], *, rule_version: int, quality: Any = None, performance: Any = None,
            family: Any = None, judged_on_these_items: int | None = None,
-           warned: Sequence[str] = ()) -> dict[str, Any]:
+           warned: Sequence[str] = (), stream: Any = None, stream_alpha: float | None = None) -> dict[str, Any]:
     """The ledger of one run: per check its tests, looks and alphas; then the run's (and
     its family's, when it was judged among several candidates: a recipe.family.Family).
     `warned`: the gate ids a release let through undecided (the decision's warned_gates
-    when it released; none otherwise)."""
+    when it released; none otherwise). `stream`: its place among the decisions against the
+    same baseline answers (a recipe.stream.StreamDecision), `stream_alpha` the recipe's own
+    false-release alpha it takes its share of."""
     checks: dict[str, Any] = {}
     q = [v for v in verdicts if v.check == "quality" and v.test in INTERVAL_TESTS]
     if q:
@@ -70,6 +74,8 @@ def ledger(verdicts: list[GateVerdict], *, rule_version: int, quality: Any = Non
             "candidates_judged": judged_on_these_items,
             "rule": "distinct candidates (by weights) judged against the same cached baseline answers, this one "
                     "included; only a family (a comparison, a search, --family) splits the alpha over them"}
+    if stream is not None:  # recipe/stream.py: the level this decision's gates were judged at, and why
+        out["stream"] = stream.record(stream_alpha)
     if family is not None:
         run = out["run"]
         out["family"] = {**family.as_dict(),
@@ -97,10 +103,36 @@ def _quality(vs: list[GateVerdict], spec: Any) -> dict[str, Any]:
     if spec is not None:
         out["samples"] = spec.samples
         if spec.samples == "auto":
-            out["looks"] = {"first": spec.sequential.first, "growth": spec.sequential.growth,
-                            "rule": "a task's looks spend 1 - confidence O'Brien-Fleming-like (Lan-DeMets); "
-                                    "slices and the pooled gate split it over the looks (Bonferroni)"}
+            out.update(_looks(list(comparisons.values()), spec))
     return out
+
+
+def _looks(vs: list[GateVerdict], spec: Any) -> dict[str, Any]:
+    """`samples: auto`: what the looks spent in all. Each side of a comparison spends its
+    (1 - confidence) / 2 over its looks (the boundary's total, whatever look it stopped
+    at), the fail side that over the m comparisons; a verdict's own confidence is only
+    its last look's nominal level (each look's nominal levels add up to more than the
+    boundary spends, the looks being correlated), so the alphas are the configured ones."""
+    from quantlab.quality.sequential import RULE
+
+    confidences = [spec.gates.confidence] + [o.confidence for o in (*spec.task_gates.values(),
+                                                                    *spec.slice_gates.values())
+                                             if o.confidence is not None]
+    if spec.pooled is not None:
+        confidences.append(spec.pooled.confidence)
+    alpha = (1 - min(confidences)) / 2
+    return {
+        "pass_alpha": round(alpha, 6),
+        "fail_alpha_per_test": round(alpha / max(1, len(vs)), 8),
+        "fail_alpha_family": round(alpha, 6),
+        "looks": {"first": spec.sequential.first, "growth": spec.sequential.growth,
+                  "alpha_per_side": round(alpha, 6), "rule": RULE,
+                  # per comparison: the one-sided nominal levels its last look was judged at
+                  "nominal_levels": {v.scope: {"samples": v.samples,
+                                               "pass": round((1 - (v.confidence or 0.95)) / 2, 8),
+                                               "fail": round((1 - (v.fail_confidence or v.confidence or 0.95)) / 2, 8)}
+                                     for v in sorted(vs, key=lambda v: v.scope)}},
+    }
 
 
 def _performance(vs: list[GateVerdict], spec: Any) -> dict[str, Any]:

@@ -6,13 +6,16 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
+
 from quantlab.core import redact
 from quantlab.core.stage_context import StageContext
-from quantlab.core.roles import ROLES
+from quantlab.core.roles import BASELINE, CANDIDATE, ROLES
 from quantlab.core.fsutil import safetensors_bytes
 from quantlab.performance import gates as perf_gates
 from quantlab.performance.metrics import compare, median_metrics
-from quantlab.performance.noise import RepeatSample, interval, per_repeat_figures, ratio_draws, value_draws
+from quantlab.performance.noise import (HostNoise, RepeatSample, interval, per_repeat_figures, ratio_draws,
+                                        value_draws)
 from quantlab.performance.placement import Placement
 from quantlab.recipe.performance import PerformanceSpec, Workload
 from quantlab.core.results import PerfPoint, PerfResult, ServeResult
@@ -94,6 +97,19 @@ class Measured:
     placement: Placement | None = None  # crossover: the engines swap cores every second repeat
     placed: dict[int, str] = field(default_factory=dict)  # repeat -> where each role computed
     swapped_repeats: set[int] = field(default_factory=set)  # the repeats that ran with the cores swapped
+    sequence: dict[tuple[str, str], list[str]] = field(default_factory=dict)  # the roles' blocks in measuring order
+    # per (workload, point), per metric: the host's calibrated spread (performance/noise_store.py)
+    host_noise: dict[tuple[str, str], dict[str, HostNoise]] = field(default_factory=dict)
+
+
+def crossover_orders(sequence: list[str]) -> np.ndarray | None:
+    """Who went first in each paired repeat, from the roles' blocks in measuring order: +1
+    where the baseline's i-th block came before the candidate's i-th, -1 where after (None
+    when the blocks were not recorded)."""
+    if not sequence:
+        return None
+    where = {role: [i for i, r in enumerate(sequence) if r == role] for role in (BASELINE, CANDIDATE)}
+    return np.array([1 if b < c else -1 for b, c in zip(where[BASELINE], where[CANDIDATE], strict=False)])
 
 
 def points_of(spec: PerformanceSpec, measured: Measured, client: dict | None, notes: list[str], *,
@@ -121,7 +137,10 @@ def points_of(spec: PerformanceSpec, measured: Measured, client: dict | None, no
                                     raw_files=measured.raw[(w.name, point)],
                                     intervals=intervals(spec, measured.samples[(w.name, point)],
                                                          fail_alpha=fail_alpha, seed=w.seed,
-                                                         pass_confidence=pass_confidence)))
+                                                         pass_confidence=pass_confidence,
+                                                         host_noise=measured.host_noise.get((w.name, point)),
+                                                         orders=crossover_orders(
+                                                             measured.sequence.get((w.name, point), [])))))
             if near:
                 notes.append(f"{w.name}/{point}: {asked:.0f} requests/s is over half the load generator's own "
                              f"ceiling here ({client['requests_per_s']:.0f}/s): the client may limit this point")
@@ -129,8 +148,11 @@ def points_of(spec: PerformanceSpec, measured: Measured, client: dict | None, no
 
 
 def intervals(spec: PerformanceSpec, samples: dict[str, list[RepeatSample]], *, fail_alpha: float,
-               seed: int, pass_confidence: float | None = None) -> dict[str, dict[str, Any]]:
-    """The bootstrap interval of every gated figure at one point."""
+               seed: int, pass_confidence: float | None = None, host_noise: dict[str, HostNoise] | None = None,
+               orders: np.ndarray | None = None) -> dict[str, dict[str, Any]]:
+    """The interval of every gated figure at one point; a ratio's pools the host's calibrated
+    spread of that figure (host_noise, by metric) and balances the crossover's orders (+1
+    where the baseline went first in that repeat, -1 where the candidate did)."""
     out: dict[str, dict[str, Any]] = {}
     b, c = samples.get("baseline", []), samples.get("candidate", [])
     fewest = min([len(s.e2e) for s in b + c] or [0])
@@ -145,7 +167,9 @@ def intervals(spec: PerformanceSpec, samples: dict[str, list[RepeatSample]], *, 
             out[name] = interval(draws, confidence=pass_confidence or spec.confidence, fail_alpha=fail_alpha,
                                  repeats=min(len(b), len(c)) if kind == "ratio" else len(c), requests=fewest,
                                  per_repeat=per_repeat_figures(b, c, key) if kind == "ratio"
-                                 else per_repeat_figures(c, None, key)).as_dict()
+                                 else per_repeat_figures(c, None, key),
+                                 host_noise=(host_noise or {}).get(key) if kind == "ratio" else None,
+                                 orders=orders if kind == "ratio" else None).as_dict()
     return out
 
 

@@ -15,6 +15,7 @@ from quantlab.core.roles import ROLES
 from quantlab.core.errors import EngineError, RecipeError
 from quantlab.core.fsutil import sha256_file, write_text_atomic
 from quantlab.performance import gates as perf_gates
+from quantlab.performance import noise_store
 from quantlab.performance.metrics import summarize
 from quantlab.performance.noise import RepeatSample
 from quantlab.performance.placement import Placement, swapped as placement_swapped
@@ -72,6 +73,33 @@ def preflight(ctx: StageContext) -> None:
                 file=str(ctx.loaded.path), field=f"performance.workloads.{i}")
 
 
+def plan(ctx: StageContext) -> list[str]:
+    """What the dry run says of the performance gates: per workload point, which noise model
+    will judge its ratios (the host's calibration pooled with the run's repeats, or the
+    run's own repeats alone)."""
+    spec: PerformanceSpec = ctx.recipe.performance
+    own = max(spec.repeats - 1, 0)
+    if not spec.host_noise:
+        return [f"performance.host_noise is false: every point is judged on the run's own repeats ({own} df)"]
+    gated = {perf_gates.PERF_GATES[g][0] for g in perf_gates.judged_by_interval(spec.gates)
+             if perf_gates.PERF_GATES[g][1] == "ratio"}
+    if not gated:
+        return []
+    found = noise_store.for_run(ctx, spec)
+    lines = []
+    for w in spec.workloads:
+        for point, _, _ in load_points(w):
+            noise = [found.get((w.name, point), {}).get(m) for m in sorted(gated)]
+            if all(n is not None for n in noise):
+                least = min(noise, key=lambda n: n.df)
+                lines.append(f"{w.name}/{point}: host calibration: {least.df} df from {'; '.join(least.sources)}, "
+                             f"pooled with the run's own {own}")
+            else:
+                lines.append(f"{w.name}/{point}: the run's own repeats: {own} df; run `quantlab calibrate "
+                             f"{ctx.loaded.path}` to calibrate this host")
+    return lines
+
+
 def _schedule(ctx: StageContext, repeats: int) -> tuple[list[tuple[int, str]], bool]:
     """(repeat, role) blocks in measuring order. Both servers up: alternate, swapping who
     goes first each repeat (A B B A ...). One at a time: all of the running one first."""
@@ -110,7 +138,7 @@ def run(ctx: StageContext) -> PerfResult:
                       "measured before the other's, and machine drift between the two blocks is not cancelled. "
                       "Set serve.side_by_side: true for alternating A/B measurements")
     requests = requests_for(ctx, spec)
-    measured = Measured()
+    measured = Measured(host_noise=noise_store.for_run(ctx, spec, plan=plan))
     if interleaved:
         measured.placement = Placement.of({role: ctx.engine(role) for role in ROLES})
     try:
@@ -124,8 +152,23 @@ def run(ctx: StageContext) -> PerfResult:
         if measured.placement is not None:
             measured.placement.put(False)  # the later stages find the engines where they were launched
     notes += _placement_notes(measured)
+    notes += _store_noise(ctx, spec, measured, plan)
     return result_of(ctx, spec, measured, client, notes, looks=looks, interleaved=interleaved,
                      order=[f"{role}#{rep + 1}" for rep, role in order])
+
+
+def _store_noise(ctx: StageContext, spec: PerformanceSpec, measured: Measured, plan) -> list[str]:
+    """This run's repeats into the host's noise store (an A/A run's ratios, else the
+    baseline's repeats), said in a note; a store that cannot be written is said, not fatal."""
+    try:
+        kind, stored = noise_store.record_run(ctx, spec, measured.samples, plan=plan)
+    except OSError as err:
+        return [f"host noise: this run's repeats could not be stored ({err})"]
+    if not stored:
+        return []
+    what = ("this A/A run's per-repeat ratios (the candidate is the baseline's weights)" if kind == noise_store.AA
+            else "the baseline's per-repeat figures")
+    return [f"host noise: {what} stored for {stored} point(s), for later runs on this host to pool"]
 
 
 def requests_for(ctx: StageContext, spec: PerformanceSpec) -> dict[str, list]:
@@ -195,6 +238,7 @@ def _measure_all(ctx: StageContext, spec: PerformanceSpec, order: list[tuple[int
                     out.raw.setdefault((w.name, point), []).append(rel)
                     out.samples.setdefault((w.name, point), {}).setdefault(role, []).append(
                         RepeatSample.of(result.records, result.wall_s))
+                    out.sequence.setdefault((w.name, point), []).append(role)
                     bar.advance()
 
 

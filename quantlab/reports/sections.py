@@ -271,6 +271,27 @@ def _serving_section(s: ServeResult) -> Section:
             rows, notes)
 
 
+def _noise_lines(p: PerfResult) -> list[str]:
+    """Per point, one line saying which noise model judged its ratios (Interval.noise_model;
+    the metrics it judged named where they differ), and how to calibrate a host that has none."""
+    lines, calibrated = [], False
+    for pt in p.points:
+        models: dict[str, list[str]] = {}
+        for name, iv in pt.intervals.items():
+            if name.startswith("ratio:") and iv.get("noise_model"):
+                models.setdefault(iv["noise_model"], []).append(name.split(":", 1)[1])
+                calibrated = calibrated or bool(iv.get("host_df"))
+        if len(models) == 1:
+            lines.append(f"noise at {pt.workload}/{pt.point}: {next(iter(models))}")
+        elif models:
+            lines.append(f"noise at {pt.workload}/{pt.point}: "
+                         + "; ".join(f"{', '.join(m)}: {model}" for model, m in models.items()))
+    if lines and not calibrated:
+        lines.append("no host calibration was pooled: `quantlab calibrate RECIPE` measures this host's spread "
+                     "between repeats once, for later runs to judge with it")
+    return lines
+
+
 def _performance_section(p: PerfResult) -> Section:
     rows = []
     for pt in p.points:
@@ -294,6 +315,7 @@ def _performance_section(p: PerfResult) -> Section:
         if cost.get("price_per_hour"):
             notes.append(f"{role} cost per successful answer: {_fmt(cost.get('cost_per_successful_request'), 4)} "
                          f"at {cost.get('at')} (price {cost['price_per_hour']}/h)")
+    notes += _noise_lines(p)
     if p.client:
         notes.append(f"load generator ceiling here: {p.client['requests_per_s']:.0f} requests/s; its CPU use "
                      f"during the run {p.client_cpu_share:.2f} s per second")

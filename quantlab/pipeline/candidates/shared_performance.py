@@ -19,6 +19,7 @@ from quantlab.pipeline.candidates.schedule import BASELINE, block_order
 from quantlab.pipeline.context import RunContext
 from quantlab.core.progress import step
 from quantlab.core.results import PerfResult
+from quantlab.performance import noise_store
 from quantlab.performance import stage as single
 from quantlab.performance.result import Measured, load_points, points_of
 from quantlab.performance.noise import RepeatSample
@@ -41,7 +42,7 @@ def run_shared(ctxs: dict[str, RunContext]) -> dict[str, PerfResult]:
         first.progress("performance: measuring the load generator's own ceiling against a stub server")
         client = measure_client_ceiling()
     requests = single.requests_for(first, spec)
-    measured = {name: Measured() for name in names}
+    measured = {name: Measured(host_noise=noise_store.for_run(ctxs[name], spec)) for name in names}
     warmed: set[tuple[str, str]] = set()
     order = block_order(names, spec.repeats)
     _measure_blocks(ctxs, spec, order, requests, measured, warmed, only=None)
@@ -119,6 +120,7 @@ def _measure_blocks(ctxs: dict[str, RunContext], spec: PerformanceSpec, order: l
                         m.monitor.setdefault(key, {}).setdefault(label, []).append(msum)
                         m.raw.setdefault(key, []).append(rel)
                         m.samples.setdefault(key, {}).setdefault(label, []).append(sample)
+                        m.sequence.setdefault(key, []).append(label)
                         m.cpu_s += result.client_cpu_s
                         m.wall_s += result.wall_s
                     bar.advance()

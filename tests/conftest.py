@@ -23,6 +23,12 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 # Nor the vulnerability service from every release a test makes: the release records "not checked
 # (turned off)"; tests/unit/release/test_vulnerabilities.py checks the audit on a recorded answer.
 os.environ.setdefault("QUANTLAB_AUDIT", "off")
+# Nor a stream of decisions across tests: many tests judge candidates against the same cached tiny
+# baselines in an order pytest chooses, and each run would be judged at the level its place in that
+# order gives (pipeline/streams.py); each test's run is judged alone at its recipe's alpha instead, and
+# its manifest and report say the control is off. tests/unit/pipeline/test_streams.py and
+# tests/unit/recipe/test_stream.py test the stream itself.
+os.environ.setdefault("QUANTLAB_STREAM_CONTROL", "off")
 # Nor this user's settings: the cache's secret and the local development signing key are made in a
 # config folder of the test session's own (core/layout.config_dir reads XDG_CONFIG_HOME), once per
 # session and inherited by every `quantlab` child process; a test that wants its own sets it again.

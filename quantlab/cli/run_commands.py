@@ -178,6 +178,7 @@ def run(
         "member, in any run, at confidence 1 - (1 - c) / N, and at most N members.")] = None,
     family_size: Annotated[Optional[int], typer.Option(
         help="With --family: the most candidates the family will judge, fixed by its first run.")] = None,
+    alone: Annotated[bool, typer.Option("--alone", help="Judged alone at the recipe's alpha, not in a stream.")] = False,
 ) -> None:
     """Quantize, serve baseline and candidate, run the checks, sign the release (runs/<name>/<id>/).
 
@@ -224,7 +225,7 @@ def run(
                 raise RecipeError(f"no earlier run of '{loaded.recipe.name}' under {runs_dir} to resume")
         elif resume:
             resume_path = Path(resume)
-        _run_with_summary(loaded, runs_dir, resume=resume_path, verbose=verbose, family=declared)
+        _run_with_summary(loaded, runs_dir, resume=resume_path, verbose=verbose, family=declared, alone=alone)
 
 
 def declared_family(name: str, size: int, recipes: list[Path], checkpoints: dict[str, Path]):

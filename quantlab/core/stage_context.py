@@ -27,6 +27,7 @@ class StageContext(Protocol):
     enabled_stages: set[str]  # the stages the recipe asks for
     comparison: dict[str, Any] | None  # several candidates: the choice
     family: Any  # recipe.family.Family: the candidates judged on the same items (None: this one alone)
+    stream: Any  # recipe.stream.StreamDecision: its place among the decisions against the same baseline answers
     memo: dict[str, Any]  # what is built once per run (once() below)
 
     @property

@@ -13,6 +13,7 @@ from quantlab.core.errors import EngineError, QuantlabError, RecipeError
 from quantlab.core.layout import CHECKPOINT_DIR
 from quantlab.core.progress import Progress
 from quantlab.core.run import RunDir
+from quantlab.pipeline import streams
 from quantlab.pipeline.context import RunContext
 from quantlab.pipeline.loop import STAGES, VALIDATE_STAGES, stages_to_run
 from quantlab.recipe.family import Family
@@ -41,6 +42,8 @@ def dry_run(loaded: LoadedRecipe, runs_root: Path, *, progress: Progress,
         for stage in ctx.stages:
             if stage.NAME in todo:
                 stage.preflight(ctx)
+        ctx.stream = streams.decide_position(ctx, claim=False)  # the plans below at the level it would take
+        progress(streams.position_line(ctx.stream, loaded.recipe) + " (a dry run takes no position)")
         reused = {s.NAME: s.reuses(ctx) for s in ctx.stages if s.NAME in todo and hasattr(s, "reuses")}
         details = {s.NAME: s.plan(ctx) for s in ctx.stages if s.NAME in todo and hasattr(s, "plan")}
     finally:

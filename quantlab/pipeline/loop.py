@@ -19,6 +19,7 @@ from typing import Any
 from quantlab.core.digest import inputs_hash
 from quantlab.core.progress import Progress
 from quantlab.core.verdicts import gate_id
+from quantlab.pipeline import streams
 from quantlab.pipeline.context import RunContext
 from quantlab.release.decision import importance
 from quantlab.reports.stage_plots import draw as draw_plots
@@ -122,17 +123,18 @@ def open_run(loaded: LoadedRecipe, runs_root: Path, resume: Path | None) -> RunD
 
 def run_pipeline(loaded: LoadedRecipe, runs_root: Path, *, resume: Path | None = None,
                  progress: Progress = print, verbose: bool = False, checkpoint: Path | None = None,
-                 family: Family | None = None) -> RunDir:
+                 family: Family | None = None, alone: bool = False) -> RunDir:
     """Run (or resume) the pipeline; with `checkpoint`, validate that existing checkpoint
     instead of quantizing; `family`: judged as a member of a declared family
-    (pipeline/families.py). Any error raised after the run folder exists carries it as
+    (pipeline/families.py); `alone`: judged at the recipe's alpha, outside the stream of
+    decisions against its baseline (pipeline/streams.py), as the user asked. Any error raised after the run folder exists carries it as
     `.run_dir`, so the caller can summarise the run whatever its outcome."""
     clock = (time.perf_counter(), engine_seconds())
     if checkpoint is not None:  # a missing folder or an outside link: refused before a run folder exists
         checkpoint_stage.check_source(checkpoint)
     run = open_run(loaded, runs_root, resume)
     try:
-        return _run_stages(loaded, run, progress, verbose, checkpoint, clock, family)
+        return _run_stages(loaded, run, progress, verbose, checkpoint, clock, family, alone)
     except BaseException as err:
         err.run_dir = run.path  # type: ignore[attr-defined]
         raise
@@ -152,7 +154,8 @@ def save_with_time(run: RunDir, clock: tuple[float, float], progress: Progress) 
 
 
 def _run_stages(loaded: LoadedRecipe, run: RunDir, progress: Progress, verbose: bool,
-                checkpoint: Path | None, clock: tuple[float, float], family: Family | None = None) -> RunDir:
+                checkpoint: Path | None, clock: tuple[float, float], family: Family | None = None,
+                alone: bool = False) -> RunDir:
     ctx = RunContext(loaded, run, progress, verbose=verbose, import_from=checkpoint, family=family,
                      stages=VALIDATE_STAGES if checkpoint is not None else STAGES)
     progress(f"run directory: {run.path}")
@@ -169,6 +172,8 @@ def _run_stages(loaded: LoadedRecipe, run: RunDir, progress: Progress, verbose: 
             if stage.NAME in todo:
                 stage.preflight(ctx)
         ctx.needs_baseline = lambda: baseline_needed(ctx)
+        ctx.stream = streams.decide_position(ctx, alone=alone)  # its level, before the gate set is registered
+        progress(streams.position_line(ctx.stream, ctx.loaded.recipe))
         run.record.registration = register(ctx)  # the gate set, signed before any engine starts
         run.save()
     except BaseException as err:
@@ -197,6 +202,7 @@ def _run_stages(loaded: LoadedRecipe, run: RunDir, progress: Progress, verbose: 
     ctx.close_engines()  # servers live across the check stages, never past the run
     unlock_checkpoint(ctx)
     decided = release_stage.decide_run(ctx)  # an optional target's failures block that target only
+    streams.close_decision(ctx.stream, decided.record.decision == "release", streams.candidate_of(ctx))
     run.record.status = "blocked" if decided.blocked else "ok"
     save_with_time(run, clock, progress)
     if decided.blocked:

@@ -56,21 +56,33 @@ def for_family(recipe: Recipe, size: int) -> Recipe:
     """The recipe its candidate is judged by in a family of `size`: every interval gate's
     confidence (quality's gates, task and slice overrides, the pooled gate; performance's)
     adjusted. A family of one is the recipe itself."""
-    if size <= 1:
+    return recipe if size <= 1 else judged_at(recipe, 1.0 / size)
+
+
+def judged_at(recipe: Recipe, share: float) -> Recipe:
+    """The recipe with every interval gate's alpha 1 - c judged at `share` of itself:
+    confidence 1 - (1 - c) x share (a family of k: 1 / k; a stream's level, recipe/stream.py,
+    divided by the family's size). A share of 1 is the recipe itself."""
+    if not 0 < share <= 1:
+        raise ValueError(f"a share of the recipe's alpha is in (0, 1], not {share}")
+    if share == 1:
         return recipe
+
+    def scaled(confidence: float) -> float:
+        return 1.0 - (1.0 - confidence) * share
+
     update = {}
     q = recipe.quality
     if q is not None:
         def override(o):
-            return o if o.confidence is None else o.model_copy(
-                update={"confidence": family_confidence(o.confidence, size)})
+            return o if o.confidence is None else o.model_copy(update={"confidence": scaled(o.confidence)})
         update["quality"] = q.model_copy(update={
-            "gates": q.gates.model_copy(update={"confidence": family_confidence(q.gates.confidence, size)}),
+            "gates": q.gates.model_copy(update={"confidence": scaled(q.gates.confidence)}),
             "pooled": None if q.pooled is None else q.pooled.model_copy(
-                update={"confidence": family_confidence(q.pooled.confidence, size)}),
+                update={"confidence": scaled(q.pooled.confidence)}),
             "task_gates": {k: override(o) for k, o in q.task_gates.items()},
             "slice_gates": {k: override(o) for k, o in q.slice_gates.items()}})
     p = recipe.performance
     if p is not None:
-        update["performance"] = p.model_copy(update={"confidence": family_confidence(p.confidence, size)})
+        update["performance"] = p.model_copy(update={"confidence": scaled(p.confidence)})
     return recipe.model_copy(update=update)

@@ -83,4 +83,9 @@ class ReleaseSpec(_Strict):
     """How the release decision treats gates that could not decide."""
 
     policy: ReleasePolicySpec = Field(default_factory=ReleasePolicySpec)
+    stream_control: bool = Field(True, description="Every run judged against the same baseline answers is one "
+                                 "decision of a stream, judged at the level the online fallback rule gives its "
+                                 "position, so re-running until a candidate passes is counted (docs/decisions.md). "
+                                 "false: this run is judged alone at the recipe's alpha and takes no position; its "
+                                 "manifest and report say the control was turned off by the user.")
 

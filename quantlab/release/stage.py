@@ -24,6 +24,7 @@ from quantlab.core.fsutil import remove_tree, sha256_file, write_json_atomic
 from quantlab.core.layout import RELEASE_FILES, SBOM_DIR, release_owned
 from quantlab.core.verdicts import all_verdicts
 from quantlab.release.error_budget import ledger
+from quantlab.recipe.stream import recipe_alpha
 from quantlab.release.decision import Decided, decide, policy_for, targets_line
 from quantlab.release.manifest import (
     MANIFEST_FILE,
@@ -227,7 +228,8 @@ def build_manifest(ctx: StageContext, results: dict[str, Any], verdicts, decisio
         error_budget=ledger(verdicts, rule_version=decision.rule_version or 1, quality=ctx.recipe.quality,
                             performance=ctx.recipe.performance, family=ctx.family,
                             judged_on_these_items=getattr(results.get("quality"), "judged_on_these_items", None),
-                            warned=decision.warned_gates if decision.decision == "release" else ()),
+                            warned=decision.warned_gates if decision.decision == "release" else (),
+                            stream=ctx.stream, stream_alpha=recipe_alpha(ctx.loaded.recipe)),
     )
 
 

@@ -2,7 +2,8 @@
 signature, every file, the decision from the verdicts), its registration
 (verify_registration: the statement, its signature, the gate set the decision was made
 under), the signer held to the record (the rule its quantlab knew, the gates the
-registration calls for: release/rule_history, release/registered_gates), the signing key
+registration calls for, the stream level its history gives: release/rule_history,
+release/registered_gates, release/stream_consistency), the signing key
 (the local development key only when allowed) and its attestation
 (release/attestation.verify_attestation).
 
@@ -35,6 +36,7 @@ from quantlab.release.manifest import (
 from quantlab.release.registered_gates import gate_set_problems
 from quantlab.release.rule_history import legacy_note, rule_problems
 from quantlab.release.signing_key import local_public_key
+from quantlab.release.stream_consistency import stream_problems
 
 DEV_KEY_FIX = ("to ship, sign with a key of your own (`quantlab keygen`, then the recipe's signing.private_key), "
                "a certificate (signing.method: certificate) or Sigstore (signing.method: sigstore); pass "
@@ -66,6 +68,7 @@ def verify_release(folder: Path, *, require_attestation: bool = False, allow_dev
     problems += rule_problems(manifest, registered_rule, allow_legacy=allow_legacy)
     notes = [note] if allow_legacy and (note := legacy_note(manifest)) else []
     problems += consistency_problems(manifest)
+    problems += stream_problems(manifest)  # the level its stream position gives, from the history it records
     if isinstance(statement, dict):
         problems += gate_set_problems(manifest, statement)
     problems += dev_key_problems(manifest, allow=allow_dev_key, public_key=signature_args.get("public_key"))

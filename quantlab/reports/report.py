@@ -14,6 +14,7 @@ from xml.etree import ElementTree as ET
 
 from quantlab.core.layout import HTML_FILE, JUNIT_FILE, MARKDOWN_FILE  # noqa: F401 (also read from here)
 from quantlab.core.verdicts import all_verdicts, gate_id
+from quantlab.recipe.stream import report_line
 from quantlab.release.decision import (TargetDecision, targets_line)
 from quantlab.core.results import (
     ReleaseResult,
@@ -44,6 +45,16 @@ def decision_line(record: RunRecord) -> str:
     return f"no decision: the run is {record.status}"
 
 
+def stream_line(record: RunRecord) -> str | None:
+    """What this decision was judged at among the runs against the same baseline, and what a
+    re-run will be (recipe/stream.py)."""
+    release = record.result("release")
+    budget = release.error_budget if isinstance(release, ReleaseResult) else None
+    if not isinstance(budget, dict) or "stream" not in budget:
+        return None
+    return report_line(budget["stream"], release.decision == "release")
+
+
 def plots(record: RunRecord) -> list[str]:
     out: list[str] = []
     for stage in ("quality", "performance"):
@@ -55,6 +66,9 @@ def render_markdown(record: RunRecord) -> str:
     lines = [f"## quantlab: {record.recipe_name}", "", f"**{decision_line(record)}**", "",
              f"run `{record.run_id}`, recipe sha256 `{record.recipe_sha256[:12]}`, quantlab {record.quantlab_version}",
              ""]
+    stream = stream_line(record)
+    if stream:
+        lines += [f"Stream: {stream}", ""]
     for title, header, rows, notes in sections(record):
         lines += [f"### {title}", ""]
         if rows:

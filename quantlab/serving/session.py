@@ -12,9 +12,10 @@ from quantlab.core.layout import CHECKPOINT_DIR, SERVE_LOG_DIR
 from quantlab.core.progress import Progress
 from quantlab.core.run import RunDir
 from quantlab.models.source import ResolvedModel, model_files_identity, resolve_recipe_model
-from quantlab.recipe.family import Family, for_family
+from quantlab.recipe.family import Family, judged_at
 from quantlab.recipe.file import LoadedRecipe, Recipe
 from quantlab.recipe.serve import PRIMARY_TARGET
+from quantlab.recipe.stream import StreamDecision
 
 
 @dataclass
@@ -27,6 +28,8 @@ class EngineSession:
     memo: dict[str, Any] = field(default_factory=dict)  # core.stage_context.once: built once per run
     # several candidates judged on the same items: the recipe's confidences adjusted for them (recipe/family.py)
     family: Family | None = None
+    # decisions against the same baseline answers: this run's place in their stream (recipe/stream.py)
+    stream: StreamDecision | None = None
     _baseline: ResolvedModel | None = None
     _probe: dict[str, Any] | None = None
     _plan: Any = None  # ServingPlan, built once
@@ -37,12 +40,14 @@ class EngineSession:
 
     @property
     def recipe(self) -> Recipe:
-        """The recipe the stages judge by: the file's, or its family-adjusted copy."""
-        if self.family is None or self.family.size <= 1:
+        """The recipe the stages judge by: the file's, or its copy at the stream's share of
+        its alpha divided over its family (every interval gate's 1 - c times the share)."""
+        share = (self.stream.share if self.stream is not None else 1.0) / (self.family.size if self.family else 1)
+        if share == 1:
             return self.loaded.recipe
-        key = ("family-recipe", self.family.size)
+        key = ("judged-recipe", share)
         if key not in self.memo:
-            self.memo[key] = for_family(self.loaded.recipe, self.family.size)
+            self.memo[key] = judged_at(self.loaded.recipe, share)
         return self.memo[key]
 
     @property

@@ -25,6 +25,7 @@ from quantlab.performance.metrics import RequestRecord, summarize
 from quantlab.performance.noise import RepeatSample
 from quantlab.performance.result import Measured, load_points, points_of
 from quantlab.pipeline.context import RunContext
+from quantlab.recipe.stream import recipe_alpha
 from quantlab.quality import gates as quality_gates
 from quantlab.quality.compare import compare_task, paired_values
 from quantlab.quality.pairing import pool_everything, pool_slices
@@ -115,8 +116,10 @@ def _stability(spec):
     return stability_gates.verdicts({"candidate": role, "baseline": role}, spec)
 
 
-def build(tmp_path: Path, *, development_key: bool = False, edit: Callable[[dict], None] | None = None) -> Release:
-    """A released folder under tmp_path/ckpt, signed with a key made here."""
+def build(tmp_path: Path, *, development_key: bool = False, edit: Callable[[dict], None] | None = None,
+          stream: Any = None) -> Release:
+    """A released folder under tmp_path/ckpt, signed with a key made here; `stream`: the
+    run's place in its stream (recipe.stream.StreamDecision), its gates judged at that level."""
     priv, pub = tmp_path / "keys" / "release.pem", tmp_path / "keys" / "release.pub.pem"
     generate_keypair(priv, pub)
     loaded = load_recipe(RECIPES / "gptq-w4a16.yaml")
@@ -126,7 +129,7 @@ def build(tmp_path: Path, *, development_key: bool = False, edit: Callable[[dict
     if edit:
         edit(data)
     loaded = LoadedRecipe(recipe=type(loaded.recipe).model_validate(data), path=loaded.path)
-    ctx = RunContext(loaded, RunDir.create(loaded, tmp_path / "runs"), progress=lambda *_: None)
+    ctx = RunContext(loaded, RunDir.create(loaded, tmp_path / "runs"), progress=lambda *_: None, stream=stream)
     ctx.run.record.registration = register(ctx)
     statement = json.loads((ctx.run.path / "registration" / "quantlab-registration.json").read_text())
     tasks = [(t["task"], t["slice"], t["metric"]) for s in statement["data"]["suites"] for t in s["tasks"]]
@@ -163,7 +166,8 @@ def build(tmp_path: Path, *, development_key: bool = False, edit: Callable[[dict
                  "performance": {"points": [{"point": f"{p.workload}/{p.point}"} for p in points]}},
         raw_files=[], gates=verdicts, decision=decision, targets=decided.targets,
         error_budget=ledger(verdicts, rule_version=decision.rule_version or 1, quality=r.quality,
-                            performance=r.performance),
+                            performance=r.performance, stream=stream,
+                            stream_alpha=recipe_alpha(loaded.recipe) if stream is not None else None),
         signer=Signer(method="key", key_fingerprint=key, development_key=development_key),
         registration=registered, attestation=planned("key"))
     (folder / MANIFEST_FILE).write_text(json.dumps(manifest.model_dump(mode="json")))

@@ -1,0 +1,200 @@
+"""The stream of decisions made against one baseline: its register in the cache, and this
+run's place in it, fixed before any check (the rule: recipe/stream.py).
+
+A stream is every run judged against the same baseline and suite: the quality baseline
+cache's key parts without the task list (quality/work.cache_parts: the baseline's
+weights, the suites, limit, seed, engine and its arguments, lm-eval, hardware), whether
+the cache itself was used or not. A re-run of the same weights is a new decision (that
+is what the stream counts); a resumed run keeps its decision.
+
+The register is `<cache>/streams/<key>/`: one file a decision, `<t>.json`, claimed with a
+hard link that fails when the name exists (so two concurrent runs never take one
+position), each under an HMAC of the cache secret (core/cache_secret), so a history edited
+or planted by someone without it is refused, and said. A decision is written open when it
+takes its place and closed with its outcome when the run decides; a run interrupted before
+its decision stays open: it released nothing and passes nothing on.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from quantlab.core import cache_secret
+from quantlab.core.digest import json_sha256
+from quantlab.core.errors import RecipeError
+from quantlab.core.fsutil import write_text_atomic
+from quantlab.core.layout import cache_dir
+from quantlab.recipe.stream import CONTROLLED, NO_STREAM, OFF, SHIPPED_GAMMA, StreamDecision, next_share
+
+STREAMS_DIR = "streams"
+RUN_FILE = "stream.json"  # in the run folder: the run's decision, kept by a resume
+FORMAT = 1
+DECISION = re.compile(r"^([1-9][0-9]*)\.json$")
+CONTROL_ENV = "QUANTLAB_STREAM_CONTROL"  # off: every run judged alone, said in its manifest and report
+MAX_TRIES = 1000  # positions taken by racing runs before this one gives up
+
+
+def stream_folder(key: str) -> Path:
+    return cache_dir() / STREAMS_DIR / key
+
+
+def stream_parts(ctx: Any) -> dict[str, Any] | None:
+    """What makes two runs' decisions one stream (None: no quality check, nothing shared)."""
+    if ctx.recipe.quality is None:
+        return None
+    from quantlab.quality.work import cache_parts, suites_of
+
+    ready = getattr(ctx, "_plan", None) is not None or (ctx.checkpoint_dir / "config.json").is_file()
+    parts = cache_parts(ctx, suites_of(ctx), [], ctx.serving_plan(predicted=not ready))
+    for per_task in ("tasks", "code_sandbox"):  # every task of the suites judged against the same answers
+        parts.pop(per_task, None)
+    return parts
+
+
+def _body(key: str, doc: dict[str, Any]) -> dict[str, Any]:
+    return {"format": FORMAT, "stream": key, **{k: v for k, v in doc.items() if k != "hmac"}}
+
+
+def _signed(key: str, doc: dict[str, Any]) -> str:
+    body = _body(key, doc)
+    return json.dumps({**body, "hmac": cache_secret.sign(body)}, indent=1, sort_keys=True)
+
+
+def read_history(key: str) -> list[dict[str, Any]]:
+    """The stream's decisions in order, each authenticated; RecipeError (exit 2) naming the
+    file when one is not (edited, planted, or made under another secret) or one is missing."""
+    folder = stream_folder(key)
+    found: dict[int, Path] = {}
+    for path in folder.glob("*.json") if folder.is_dir() else []:
+        m = DECISION.match(path.name)
+        if m:
+            found[int(m.group(1))] = path
+    out = []
+    for t in range(1, len(found) + 1):
+        path = found.get(t)
+        if path is None:
+            raise _refused(folder, f"decision {t} is missing while {max(found)} decisions are recorded")
+        try:
+            doc = json.loads(path.read_text())
+        except (OSError, ValueError) as err:
+            raise _refused(folder, f"{path.name} cannot be read ({err})") from None
+        if not isinstance(doc, dict) or doc.get("t") != t or doc.get("stream") != key or \
+                not cache_secret.holds(_body(key, doc), doc.get("hmac")):
+            raise _refused(folder, f"{path.name} is not authenticated by this user's cache secret (edited since it "
+                                   "was written, written by someone without the secret, or under an older secret)")
+        out.append(doc)
+    return out
+
+
+def _refused(folder: Path, why: str) -> RecipeError:
+    return RecipeError(f"the register of decisions made against this baseline ({folder}) cannot be trusted: {why}. "
+                       "Every run against the same baseline answers is judged at a level derived from that history, "
+                       "so quantlab does not judge this run from an edited one. Restore the folder, or remove it to "
+                       "start the stream again at decision 1 (the manifests made after say so: a reader of your "
+                       "releases sees the restart)", file=str(folder))
+
+
+def take_position(key: str, info: dict[str, Any], gamma=SHIPPED_GAMMA) -> StreamDecision:
+    """This run's decision appended to the stream `key`: its position t, claimed so that no
+    concurrent run takes it, and the share the rule gives from the decisions before it."""
+    folder = stream_folder(key)
+    folder.mkdir(parents=True, exist_ok=True)
+    for _ in range(MAX_TRIES):
+        history = read_history(key)
+        known = tuple((d["t"], float(d["share"]), d.get("released") is True) for d in history)
+        share = next_share(gamma, [(s, r) for _, s, r in known])
+        decision = StreamDecision(control=CONTROLLED, key=key, position=len(history) + 1, share=share,
+                                  gamma=gamma, history=known)
+        doc = {"t": decision.position, "share": share, "gamma": gamma.as_dict(), "released": None, **info}
+        if _claim(folder / f"{decision.position}.json", _signed(key, doc)):
+            return decision
+    raise RecipeError(f"no position could be taken in {folder}: {MAX_TRIES} were taken by other runs meanwhile",
+                      file=str(folder))
+
+
+def _claim(path: Path, text: str) -> bool:
+    """Write `path` whole, only if no one has: a finished temporary file hard-linked to the
+    name (link fails when the name exists, as O_EXCL does, and a reader never sees it half
+    written)."""
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.stem}-", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
+        os.link(tmp, path)
+        return True
+    except FileExistsError:
+        return False
+    finally:
+        os.unlink(tmp)
+
+
+def close_decision(decision: StreamDecision | None, released: bool, candidate: str | None = None) -> None:
+    """The decision's outcome into its file (still authenticated): what it passes on; the
+    candidate's weights (a digest, as quality/work.mark_judged counts them) now known."""
+    if decision is None:
+        return
+    if decision.control != CONTROLLED or decision.key is None:
+        return
+    path = stream_folder(decision.key) / f"{decision.position}.json"
+    doc = json.loads(path.read_text())
+    if doc.get("t") != decision.position or not cache_secret.holds(_body(decision.key, doc), doc.get("hmac")):
+        raise _refused(path.parent, f"{path.name} is not the decision this run wrote")
+    doc["released"] = bool(released)
+    doc["candidate"] = candidate or doc.get("candidate")
+    write_text_atomic(path, _signed(decision.key, doc))
+
+
+def decide_position(ctx: Any, *, alone: bool = False, claim: bool = True) -> StreamDecision:
+    """Where this run stands, before any check: its stream decision (a resume's own, kept),
+    judged alone when the user turned the control off, none without a quality check.
+    claim=False (the dry run): the position the run would take now, taken by nobody."""
+    saved = ctx.run.path / RUN_FILE
+    if alone:
+        return StreamDecision(control=OFF, by="quantlab run --alone")
+    if not ctx.loaded.recipe.release.stream_control:
+        return StreamDecision(control=OFF, by="release.stream_control: false")
+    if os.environ.get(CONTROL_ENV, "").lower() == "off":  # the test suite's: its runs share baselines by design
+        return StreamDecision(control=OFF, by=f"{CONTROL_ENV}=off in the environment")
+    if saved.is_file():  # a resume: the same decision, at the level its gates were registered under
+        return from_run_file(json.loads(saved.read_text()))
+    parts = stream_parts(ctx)
+    if parts is None:
+        return StreamDecision(control=NO_STREAM)
+    key = json_sha256(parts)[:32]
+    if not claim:
+        known = tuple((d["t"], float(d["share"]), d.get("released") is True) for d in read_history(key))
+        return StreamDecision(key=key, position=len(known) + 1, history=known,
+                              share=next_share(SHIPPED_GAMMA, [(s, r) for _, s, r in known]))
+    decision = take_position(key, {"run": str(ctx.run.path), "recipe": ctx.loaded.recipe.name,
+                                   "recipe_sha256": ctx.loaded.content_hash, "candidate": candidate_of(ctx)})
+    write_text_atomic(saved, json.dumps(decision.record(None), indent=1, sort_keys=True))
+    return decision
+
+
+def candidate_of(ctx: Any) -> str | None:
+    """The candidate's identity when it is known before the checks (validate: its files);
+    a quantized run's weights exist only after its quantize stage (recorded by the quality
+    stage's mark_judged)."""
+    record = ctx.run.record
+    made = record.result("quantize") or record.result("checkpoint")
+    weights = getattr(made, "weights_sha256", None)
+    return json_sha256(weights)[:32] if weights else None
+
+
+def from_run_file(doc: dict[str, Any]) -> StreamDecision:
+    from quantlab.recipe.stream import Gamma
+
+    return StreamDecision(control=doc["control"], key=doc.get("key"), position=doc.get("position"),
+                          share=float(doc["share"]), gamma=Gamma.from_dict(doc["gamma"]),
+                          history=tuple((h["t"], float(h["share"]), bool(h["released"])) for h in doc["history"]))
+
+
+def position_line(decision: StreamDecision, recipe: Any) -> str:
+    from quantlab.recipe.stream import cost_line, recipe_alpha
+
+    return f"stream: {cost_line(decision, recipe_alpha(recipe))}"

@@ -1,0 +1,247 @@
+"""Decisions made one after another against the same baseline answers: the rule that
+keeps a wrong release anywhere in that stream at the recipe's alpha (pure).
+
+Every run judged against the same baseline and suite (the same cached answers, whether
+the cache was used or not) is one decision of a stream (pipeline/streams.py keeps the
+stream's register). Judged each at the recipe's alpha, a candidate exactly at its margin
+re-run 20 times is released at least once far more often than once (28.5% where one run
+releases it 1.7%: docs/decisions.md).
+
+The rule is the online fallback procedure (Tian & Ramdas, "Online control of the
+familywise error rate", Statistical Methods in Medical Research 2021): the t-th decision
+is judged at level alpha_t = alpha * gamma_t + R_(t-1) * alpha_(t-1), where R_(t-1) is 1
+when the previous decision released (its level is passed on) and gamma is a fixed
+non-increasing sequence summing to at most 1. It keeps P(any false release in the stream)
+at alpha under any dependence between the decisions (they share the baseline's answers,
+so the online FDR rules that need independence, LORD++ or alpha-investing, do not hold
+here). Here every level is a share of the recipe's alpha (alpha_t = alpha * share_t), so
+a recipe whose confidences differ from another's in the same stream still spends only
+its own share: share_t = gamma_t + R_(t-1) * share_(t-1), at most 1.
+
+gamma: gamma_1 = `first`, then (1 - first) / ((t - 1) t) for t >= 2 (summing to exactly
+1 - first over the rest of an endless stream), or 1 / N for N decisions declared ahead
+(`horizon`). Chosen by scripts/bench_stream.py (docs/decisions.md).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+METHOD = "online-fallback"
+REFERENCE = ("Tian & Ramdas, Online control of the familywise error rate, Statistical Methods in Medical "
+             "Research 2021 (the online fallback procedure)")
+SPENDING = "alpha-spending"  # share_t = gamma_t: nothing passed on (the benchmark's comparison only)
+TOLERANCE = 1e-9  # shares recorded in JSON and read back
+
+
+@dataclass(frozen=True)
+class Gamma:
+    """The fixed share of the alpha each position of a stream gets before anything is passed on."""
+
+    kind: str = "front"  # front: gamma_1 = first, then (1 - first) / ((t - 1) t); horizon: 1 / n for t <= n
+    first: float = 0.9
+    n: int | None = None
+
+    @classmethod
+    def front(cls, first: float) -> Gamma:
+        if not 0 < first <= 1:
+            raise ValueError(f"gamma_1 is a share of the alpha in (0, 1], not {first}")
+        return cls("front", first)
+
+    @classmethod
+    def horizon(cls, n: int) -> Gamma:
+        if n < 1:
+            raise ValueError(f"a horizon holds at least one decision, not {n}")
+        return cls("horizon", 1.0 / n, n)
+
+    def at(self, t: int) -> float:
+        """gamma_t (t from 1)."""
+        if t < 1:
+            raise ValueError(f"stream positions start at 1, not {t}")
+        if self.kind == "horizon":
+            return 1.0 / self.n if t <= self.n else 0.0
+        return self.first if t == 1 else (1.0 - self.first) / ((t - 1) * t)
+
+    def as_dict(self) -> dict[str, Any]:
+        if self.kind == "horizon":
+            return {"kind": "horizon", "n": self.n, "rule": f"gamma_t = 1/{self.n} for t <= {self.n}, then 0"}
+        return {"kind": "front", "first": self.first,
+                "rule": f"gamma_1 = {self.first:g}, gamma_t = {1 - self.first:g} / ((t - 1) t) for t >= 2"}
+
+    @classmethod
+    def from_dict(cls, doc: Any) -> Gamma:
+        """The gamma a record states (ValueError when it states none quantlab writes)."""
+        if not isinstance(doc, dict):
+            raise ValueError(f"gamma is recorded as {type(doc).__name__}, not an object")
+        if doc.get("kind") == "horizon" and isinstance(doc.get("n"), int):
+            return cls.horizon(doc["n"])
+        if doc.get("kind") == "front" and isinstance(doc.get("first"), (int, float)):
+            return cls.front(float(doc["first"]))
+        raise ValueError(f"gamma {doc!r} is not one quantlab writes (front with first, or horizon with n)")
+
+
+SHIPPED_GAMMA = Gamma.front(0.9)
+
+
+def next_share(gamma: Gamma, history: Sequence[tuple[float, bool]], *, method: str = METHOD) -> float:
+    """The share of the recipe's alpha the next decision is judged at, from the stream's
+    earlier decisions in order ((share, released) each; an unfinished one released nothing)."""
+    t = len(history) + 1
+    share = gamma.at(t)
+    if method == METHOD and history and history[-1][1]:
+        share += history[-1][0]
+    elif method not in (METHOD, SPENDING):
+        raise ValueError(f"unknown stream method {method!r}")
+    return min(1.0, share)
+
+
+CONTROLLED = "controlled"  # judged at its stream position's level
+OFF = "off by the user"  # release.stream_control: false, or quantlab run --alone: judged alone at alpha
+NO_STREAM = "no stream"  # no quality check: no cached baseline answers to share
+
+
+@dataclass(frozen=True)
+class StreamDecision:
+    """One run's place in its stream, fixed before any check: what its gates are judged at."""
+
+    control: str = CONTROLLED
+    key: str | None = None  # the stream's key (quality/work.cache_parts without the tasks)
+    position: int | None = None  # t, from 1
+    share: float = 1.0  # of the recipe's alpha: alpha_t / alpha
+    gamma: Gamma = SHIPPED_GAMMA
+    # the earlier decisions as known when this one took its position: (t, share, released)
+    history: tuple[tuple[int, float, bool], ...] = ()
+    by: str | None = None  # control off: how the user turned it off (the recipe field, the flag, the environment)
+
+    def next_shares(self) -> tuple[float, float]:
+        """The next decision's share after this one: (if this one releases, if it does not)."""
+        earlier = [(s, r) for _, s, r in self.history]
+        return (next_share(self.gamma, [*earlier, (self.share, True)]),
+                next_share(self.gamma, [*earlier, (self.share, False)]))
+
+    def record(self, alpha: float | None) -> dict[str, Any]:
+        """The ledger's `stream` entry; `alpha`: the recipe's own false-release alpha (its
+        largest pass-side alpha before the stream's share)."""
+        if self.control != CONTROLLED:
+            return {"control": self.control, "by": self.by, "share": 1.0, "alpha": alpha, "level": alpha,
+                    "rule": f"judged alone at the recipe's alpha: the stream's control was turned off by the user "
+                            f"({self.by}); nothing bounds a wrong release over the runs against this baseline"
+                            if self.control == OFF else
+                            "no quality check, so no cached baseline answers shared with other runs: judged alone"}
+        level = None if alpha is None else round(alpha * self.share, 10)
+        after_release, after_block = self.next_shares()
+        return {"control": self.control, "method": METHOD, "reference": REFERENCE, "key": self.key,
+                "gamma": self.gamma.as_dict(), "alpha": alpha, "position": self.position,
+                "share": round(self.share, 12), "level": level,
+                "history": [{"t": t, "share": round(s, 12), "released": r} for t, s, r in self.history],
+                "next": {"share_after_release": round(after_release, 12), "share_after_block": round(after_block, 12)},
+                "rule": "share_t = gamma_t + R_(t-1) x share_(t-1) (R: the previous decision released, as known "
+                        "when this one took its place), level = alpha x share: every decision against the same "
+                        "baseline answers keeps P(any false release) at alpha under any dependence"}
+
+
+def rederive(entry: Any) -> tuple[float | None, list[str]]:
+    """The share a recorded `stream` entry's rule gives from its recorded history, and what
+    is wrong with the entry (its history, its share, its level)."""
+    if not isinstance(entry, dict):
+        return None, [f"the stream entry is a {type(entry).__name__}, not an object"]
+    if entry.get("control") != CONTROLLED:
+        alpha, level, share = entry.get("alpha"), entry.get("level"), entry.get("share")
+        if entry.get("control") in (OFF, NO_STREAM) and share == 1.0 and level == alpha:
+            return 1.0, []
+        return None, [f"the stream entry says control {entry.get('control')!r} with share {share} and level {level} "
+                      f"(alpha {alpha}): a run judged alone is at share 1, its level its alpha"]
+    if entry.get("method") != METHOD:
+        return None, [f"the stream's method {entry.get('method')!r} is not {METHOD!r}, the only one quantlab uses"]
+    try:
+        gamma = Gamma.from_dict(entry.get("gamma"))
+    except ValueError as err:
+        return None, [f"the stream's gamma: {err}"]
+    position, history = entry.get("position"), entry.get("history")
+    if not isinstance(position, int) or position < 1 or not isinstance(history, list):
+        return None, [f"the stream entry records position {position!r} and a history of "
+                      f"{type(history).__name__}: expected a position from 1 and the earlier decisions' list"]
+    problems = []
+    ts = [h.get("t") if isinstance(h, dict) else None for h in history]
+    if ts != list(range(1, position)):
+        problems.append(f"decision {position}'s history lists positions {ts}, not 1 .. {position - 1}: every "
+                        "earlier decision of the stream is recorded")
+    try:
+        earlier = [(float(h["share"]), bool(h["released"])) for h in history]
+    except (KeyError, TypeError, ValueError):
+        return None, problems + ["the stream's history records a decision without its share or outcome"]
+    for i, (share, _) in enumerate(earlier):
+        # as the rule gave it, or gamma alone: the decision before it had not finished when it took its place
+        want = next_share(gamma, earlier[:i])
+        if min(abs(share - want), abs(share - gamma.at(i + 1))) > TOLERANCE:
+            problems.append(f"decision {i + 1} of the stream is recorded at share {share:.6g}; the rule gives "
+                            f"{want:.6g} from the decisions before it ({gamma.at(i + 1):.6g} had the one before "
+                            "it not finished)")
+    share = next_share(gamma, earlier)
+    recorded, alpha, level = entry.get("share"), entry.get("alpha"), entry.get("level")
+    if not isinstance(recorded, (int, float)) or abs(recorded - share) > TOLERANCE:
+        problems.append(f"decision {position} is recorded at share {recorded} of the alpha; the online fallback rule "
+                        f"gives {share:.6g} from its recorded history (gamma_{position} = {gamma.at(position):.6g}"
+                        + (f" + the released decision {position - 1}'s {earlier[-1][0]:.6g})" if earlier and
+                           earlier[-1][1] else ", the previous decision passed nothing on)"))
+    if not isinstance(alpha, (int, float)) or not isinstance(level, (int, float)) or \
+            abs(level - alpha * share) > TOLERANCE * max(1.0, alpha):
+        problems.append(f"decision {position} records level {level} with alpha {alpha}: the rule's level is alpha x "
+                        f"{share:.6g}")
+    return share, problems
+
+
+def recipe_alpha(recipe: Any) -> float | None:
+    """The recipe's own false-release alpha: its largest pass-side alpha over the interval
+    gates (quality's two-sided intervals spend (1 - c) / 2 a side; performance's bounds are
+    one-sided), before any stream or family share. None: no interval gate."""
+    alphas = []
+    q = getattr(recipe, "quality", None)
+    if q is not None:
+        confidences = [q.gates.confidence] + ([q.pooled.confidence] if q.pooled is not None else [])
+        confidences += [o.confidence for o in (*q.task_gates.values(), *q.slice_gates.values())
+                        if o.confidence is not None]
+        alphas += [(1 - c) / 2 for c in confidences]
+    p = getattr(recipe, "performance", None)
+    if p is not None:
+        alphas.append(1 - p.confidence)
+    return round(max(alphas), 10) if alphas else None
+
+
+def cost_line(decision: StreamDecision, alpha: float | None) -> str:
+    """What this decision and the next one against the same baseline are judged at, in one line."""
+    if decision.control == OFF:
+        return (f"stream control off by the user ({decision.by}): judged alone at the recipe's alpha"
+                + (f" {alpha:g}" if alpha is not None else "") + "; nothing bounds a wrong release over the runs "
+                "against this baseline")
+    if decision.control != CONTROLLED:
+        return "no stream: no quality check shares cached baseline answers with other runs; judged alone"
+    after_release, after_block = decision.next_shares()
+    if alpha is None:
+        return (f"decision {decision.position} against this baseline: judged at {decision.share:.3g} of the "
+                f"recipe's alpha; the next, after a release, at {after_release:.3g}, after none at {after_block:.3g}")
+    return (f"decision {decision.position} against this baseline: judged at level {alpha * decision.share:.3g} "
+            f"({decision.share:.3g} of the recipe's {alpha:g}); the next run against it is judged at "
+            f"{alpha * after_block:.3g} if this one is not released ({alpha * after_release:.3g} if it is)")
+
+
+def report_line(entry: Any, released: bool) -> str | None:
+    """The report's line from a manifest's `stream` entry, the outcome known: what this
+    decision was judged at and what the next run against the same baseline will be."""
+    if not isinstance(entry, dict):
+        return None
+    alpha = entry.get("alpha")
+    if entry.get("control") == OFF:
+        return (f"stream control off by the user ({entry.get('by')}): judged alone at the recipe's alpha {alpha}; "
+                "nothing bounds a wrong release over the runs against this baseline")
+    if entry.get("control") != CONTROLLED:
+        return "no stream: no quality check shares cached baseline answers with other runs; judged alone"
+    nxt = (entry.get("next") or {}).get("share_after_release" if released else "share_after_block")
+    if not isinstance(alpha, (int, float)) or not isinstance(nxt, (int, float)):
+        return None
+    return (f"decision {entry.get('position')} against this baseline: judged at level {entry.get('level'):.3g} "
+            f"({entry.get('share'):.3g} of the recipe's {alpha:g}); this run "
+            + ("released, so its level passes on: " if released else "released nothing, so nothing passes on: ")
+            + f"the next run against it, a re-run of the same weights included, is judged at {alpha * nxt:.3g}")

@@ -1,0 +1,39 @@
+"""A manifest's stream entry against the rule (pure): the level its gates were judged at,
+re-derived from the history it records (recipe/stream.rederive), and the gates' own
+pass-side alphas held to that level.
+
+A manifest whose error budget has no `stream` entry is of the format before streams
+(quantlab 0.2.0 wrote both): nothing to re-derive, as rule_history accepts it. What this
+cannot catch is a history edited together with the level by whoever holds the signing
+key: the register in the cache is the history's witness, not the manifest.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from quantlab.recipe.stream import CONTROLLED, rederive
+
+SLACK = 2e-6  # the ledger rounds each check's pass alpha to 6 decimals
+
+
+def stream_problems(manifest: Any) -> list[str]:
+    budget = manifest.error_budget if isinstance(manifest.error_budget, dict) else {}
+    if "stream" not in budget:
+        return []
+    entry = budget["stream"]
+    share, problems = rederive(entry)
+    problems = [f"error_budget.stream: {p}" for p in problems]
+    if share is None or not isinstance(entry, dict) or entry.get("control") != CONTROLLED:
+        return problems
+    level = entry.get("level")
+    family = budget.get("family") if isinstance(budget.get("family"), dict) else {}
+    size = family.get("size") if isinstance(family.get("size"), int) and family.get("size") > 0 else 1
+    checks = budget.get("checks") if isinstance(budget.get("checks"), dict) else {}
+    judged = [c.get("pass_alpha") for c in checks.values() if isinstance(c, dict)]
+    judged = [a for a in judged if isinstance(a, (int, float))]
+    if isinstance(level, (int, float)) and judged and max(judged) > level / size + SLACK:
+        problems.append(f"error_budget.stream: its gates were judged at a pass-side alpha up to {max(judged):.6g}, "
+                        f"above the stream's level {level:.6g}" + (f" over a family of {size}" if size > 1 else "")
+                        + ": the level the manifest records is not the one its gates were judged at")
+    return problems

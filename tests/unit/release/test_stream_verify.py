@@ -1,0 +1,54 @@
+"""`verify` re-derives a release's stream level from the history its manifest records
+(release/stream_consistency.py): a release made at its position's level verifies; the
+level forged upward (a blocked decision's level claimed as passed on), or gates judged
+looser than the recorded level, are problems; a manifest without a stream entry (the
+format before streams) still verifies. The releases are made by quantlab's own functions
+(registered_release.build), signed again after each edit as a key holder can."""
+
+from __future__ import annotations
+
+from quantlab.recipe.stream import Gamma, StreamDecision
+from quantlab.release.verify import verify_release
+from tests.unit.release.registered_release import build, resign
+
+G = Gamma.front(0.9)
+# decision 3 of its stream: 1 released (0.9), 2 blocked at 0.95, so gamma_3 alone
+DECISION = StreamDecision(key="k" * 32, position=3, share=G.at(3), gamma=G,
+                          history=((1, 0.9, True), (2, 0.9 + G.at(2), False)))
+
+
+def problems(r) -> list[str]:
+    return verify_release(r.folder, public_key=r.public_key, require_attestation=True).problems
+
+
+def test_a_release_at_its_stream_level_verifies(tmp_path):
+    r = build(tmp_path, stream=DECISION)
+    entry = r.manifest()["error_budget"]["stream"]
+    assert (entry["position"], entry["method"]) == (3, "online-fallback")
+    assert entry["level"] == round(0.05 * G.at(3), 10)
+    assert problems(r) == []
+
+
+def test_a_forged_level_is_refused(tmp_path):
+    r = build(tmp_path, stream=DECISION)
+
+    def claim_the_passed_on_level(m):
+        m["error_budget"]["stream"].update(share=0.95 + G.at(3), level=0.05 * (0.95 + G.at(3)))
+    resign(r, claim_the_passed_on_level)
+    found = problems(r)
+    assert any("online fallback rule gives 0.0166667" in p for p in found), found
+
+
+def test_gates_judged_looser_than_the_recorded_level_are_refused(tmp_path):
+    """A run judged at the recipe's alpha whose manifest claims a stream position."""
+    r = build(tmp_path)
+
+    def add_stream(m):
+        m["error_budget"]["stream"] = DECISION.record(0.05)
+    resign(r, add_stream)
+    found = problems(r)
+    assert any("not the one its gates were judged at" in p for p in found), found
+
+
+def test_a_manifest_without_a_stream_entry_still_verifies(tmp_path):
+    assert problems(build(tmp_path)) == []

@@ -169,7 +169,8 @@ def test_a_verdict_never_passes_on_an_interval_that_does_not_hold_its_value():
     mean of Harrell-Davis log ratios) may differ: the bounds are widened to hold the value."""
     gates = PerfGates(min_throughput_ratio=None, max_p99_ttft_ratio=1.5, max_p99_tpot_ratio=None, max_error_rate=None)
     iv = {"pass_low": 1.2, "pass_high": 1.45, "fail_low": 1.1, "fail_high": 1.6, "fail_alpha": 0.004, "draws": 4000,
-          "repeats": 3, "requests": 100, "between_df": 21, "centre": 1.32, "noise_model": "pooled: run 1 df + host 20 df"}
+          "repeats": 3, "requests": 100, "between_df": 21, "centre": 1.32,
+          "noise_model": "pooled: run 1 df + host 20 df"}
 
     def judged(value):
         p = PerfPoint(workload="w", point="c8", baseline={}, candidate={"error_rate": 0.0}, baseline_repeats=[{}] * 3,

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from quantlab.core.errors import CheckError, GateFailure, QuantlabError, RecipeError
+from quantlab.core.errors import CheckError, GateFailure, RecipeError
 from quantlab.core.progress import Progress
 from quantlab.core.run import RunDir
 from quantlab.performance import noise_store
@@ -125,7 +125,7 @@ def calibrate(loaded: LoadedRecipe, runs_root: Path, *, repeats: int = DEFAULT_R
     except GateFailure as err:  # the A/A's own decision: a false block, worth saying, not a failed calibration
         run_dir = err.run_dir
         notes.append(f"the A/A run itself ended blocked (an unchanged model): {str(err).splitlines()[0]}")
-    except QuantlabError as err:
+    except Exception as err:  # noqa: BLE001 - a later stage (the release) failing leaves the repeats stored
         run_dir = getattr(err, "run_dir", None)
         record = RunDir.open(run_dir).record if run_dir else None
         perf = record.stages.get("performance") if record else None

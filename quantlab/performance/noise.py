@@ -188,12 +188,6 @@ def per_repeat_figures(baseline: list[RepeatSample], candidate: list[RepeatSampl
     return np.where(np.isfinite(values) & (values > 0), values, np.nan)
 
 
-def crossover_orders(repeats: int) -> np.ndarray:
-    """Who went first in each paired repeat as the stage alternates them side by side:
-    +1 the baseline (repeats 0, 2, ...), -1 the candidate (1, 3, ...)."""
-    return np.where(np.arange(repeats) % 2 == 0, 1, -1)
-
-
 @dataclass(frozen=True)
 class HostNoise:
     """Evidence about one gated figure's between-repeat spread from outside this run (a
@@ -331,7 +325,7 @@ def interval(draws: np.ndarray, *, confidence: float, fail_alpha: float, repeats
     """The bootstrap's one-sided bounds, each widened to the between-repeat t bound where
     that is wider (per_repeat: the measured figure of each repeat, see per_repeat_figures;
     host_noise: the host's calibrated spread of the same figure; orders: +1 where the
-    baseline went first in that repeat, -1 where the candidate did, see crossover_orders)."""
+    baseline went first in that repeat, -1 where the candidate did, see result.crossover_orders)."""
     a = 1.0 - confidence
     q = [float(x) for x in np.quantile(draws, [a, 1.0 - a, fail_alpha, 1.0 - fail_alpha])]
     spread = repeat_spread(per_repeat, host_noise=host_noise, orders=orders) if per_repeat is not None else None

@@ -10,10 +10,15 @@ from scipy.stats.mstats import hdquantiles
 
 from quantlab.core.results import PerfPoint
 from quantlab.performance.gates import verdicts
-from quantlab.performance.noise import (HostNoise, RepeatSample, crossover_orders, interval, per_repeat_figures,
-                                        ratio_draws, repeat_spread, row_harrell_davis)
+from quantlab.performance.noise import (HostNoise, RepeatSample, interval, per_repeat_figures, ratio_draws,
+                                        repeat_spread, row_harrell_davis)
 from quantlab.recipe.performance import PerfGates
 from tests.unit.performance.test_noise import requests
+
+def crossover_orders(repeats: int) -> np.ndarray:
+    """The stage's alternation side by side: the baseline first in repeats 0, 2, ..., the candidate in 1, 3, ..."""
+    return np.where(np.arange(repeats) % 2 == 0, 1, -1)
+
 
 HOST = HostNoise(ss=20 * 0.04 ** 2, df=20, sources=("20 A/A repeats (calibration)",))
 

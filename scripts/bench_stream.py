@@ -17,12 +17,17 @@ A stream: the baseline is served once (its answers cached) and every decision of
 stream compares a fresh candidate run with those same answers. Each served copy answers
 an item as the records did, except that with probability u it answers by a coin toss;
 u is set so two copies disagree on a share d of the items (d = (1 - (1 - u)^2) / 2).
-Two streams:
-- **bad**: the same candidate, 5 points worse on the safety task (a required slice of
-  its own: its right answers turned wrong at the rate that loses 5 points on average),
-  submitted `--length` times: P(any release) is the stream's false-release rate;
-- **unchanged**: `--length` candidates equal to the baseline: P(released) at each position.
-Each rule (quantlab.recipe.stream) turns the stream's w* into releases.
+A bad candidate is 5 points worse on the safety task (a required slice of its own: its
+right answers turned wrong at the rate that loses 5 points on average); a good one is
+equal to the baseline. The streams:
+- **bad**: the same bad candidate submitted `--length` times: P(any release);
+- **unchanged**: `--length` good candidates: P(released) at each position;
+- **mixed p**: each decision bad with probability p (0.2, 0.5);
+- **adversarial**: `--length` / 2 good candidates, then the bad one re-run the other half.
+For each: the realised FDR (false releases / releases, 0 without a release, averaged over
+streams), P(any false release), the good candidates' release rate, and their release
+rate after the stream's first block (a good candidate at a position after one that was
+not released). Each rule (quantlab.recipe.stream) turns the stream's w* into releases.
 """
 
 from __future__ import annotations
@@ -45,7 +50,7 @@ from quantlab.quality import gates as quality_gates  # noqa: E402
 from quantlab.quality.compare import TRANSFORMS  # noqa: E402
 from quantlab.quality.stats import tango_z  # noqa: E402
 from quantlab.recipe.quality import ni_margin  # noqa: E402
-from quantlab.recipe.stream import METHOD, SPENDING, Gamma, next_share  # noqa: E402
+from quantlab.recipe.stream import LORD, METHOD, SPENDING, Gamma, next_share  # noqa: E402
 
 RECORDS = REPO / "scripts" / "records" / "default-suite-smollm2-bf16"
 BROKEN_TASK = "ql_safety"
@@ -99,31 +104,36 @@ def smallest_share(base: np.ndarray, cand: np.ndarray, comps) -> np.ndarray:
     return worst
 
 
-def simulate(truth, spans, comps, *, streams: int, length: int, d: float, broken: bool, seed: int) -> np.ndarray:
+def simulate(truth, spans, comps, *, bad: np.ndarray, d: float, seed: int) -> np.ndarray:
+    """w* (streams, decisions): `bad` (streams, decisions) marks the bad candidates."""
     rng = np.random.default_rng(seed)
     u = 1 - np.sqrt(1 - 2 * d)
+    streams, length = bad.shape
     out = []
     for start in range(0, streams, 100):
         k = min(100, streams - start)
         base = served(truth, u, (k,), rng)
         cand = served(truth, u, (k, length), rng)
-        if broken:
-            idx = spans[BROKEN_TASK]
-            right = (1 - u) * truth[idx].mean() + u / 2
-            turn = rng.random((k, length, len(idx))) < LOSS / right
-            cand[:, :, idx] &= ~turn
+        idx = spans[BROKEN_TASK]
+        right = (1 - u) * truth[idx].mean() + u / 2
+        turn = (rng.random((k, length, len(idx))) < LOSS / right) & bad[start:start + k, :, None]
+        cand[:, :, idx] &= ~turn
         out.append(smallest_share(base, cand, comps))
     return np.concatenate(out)
 
 
 RULES = {
     "alone (every run at alpha)": None,
-    "alpha-spending, 1/20 each": (SPENDING, Gamma.horizon(20)),
-    "fallback, 1/20 each (horizon 20)": (METHOD, Gamma.horizon(20)),
-    "fallback, gamma_1 0.5": (METHOD, Gamma.front(0.5)),
-    "fallback, gamma_1 0.8": (METHOD, Gamma.front(0.8)),
-    "fallback, gamma_1 0.9 (shipped)": (METHOD, Gamma.front(0.9)),
-    "fallback, gamma_1 0.95": (METHOD, Gamma.front(0.95)),
+    "alpha-spending, 1/20 each": (SPENDING, Gamma.horizon(20), None),
+    "fallback, gamma_1 0.5": (METHOD, Gamma.front(0.5), None),
+    "fallback, gamma_1 0.9 (its shipped gamma)": (METHOD, Gamma.front(0.9), None),
+    "LORD++, paper gamma, w0 0.5": (LORD, Gamma.lord(), 0.5),
+    "LORD++, gamma_1 0.3, w0 0.5": (LORD, Gamma.front(0.3), 0.5),
+    "LORD++, gamma_1 0.5, w0 0.5": (LORD, Gamma.front(0.5), 0.5),
+    "LORD++, gamma_1 0.5, w0 0.7 (shipped)": (LORD, Gamma.front(0.5), 0.7),
+    "LORD++, gamma_1 0.5, w0 0.9": (LORD, Gamma.front(0.5), 0.9),
+    "LORD++, gamma_1 0.7, w0 0.5": (LORD, Gamma.front(0.7), 0.5),
+    "LORD++, gamma_1 0.9, w0 0.5": (LORD, Gamma.front(0.9), 0.5),
 }
 
 
@@ -131,16 +141,28 @@ def releases(wstar: np.ndarray, rule) -> np.ndarray:
     """Released (streams, decisions) under a rule, each decision at the share its rule gives."""
     if rule is None:
         return wstar <= 1
-    method, gamma = rule
+    method, gamma, w0 = rule
+    kw = {"w0": w0} if w0 is not None else {}
     out = np.zeros(wstar.shape, dtype=bool)
     for s in range(wstar.shape[0]):
         history: list[tuple[float, bool]] = []
         for t in range(wstar.shape[1]):
-            share = next_share(gamma, history, method=method)
+            share = next_share(gamma, history, method=method, **kw)
             released = bool(wstar[s, t] <= share)
             history.append((share, released))
             out[s, t] = released
     return out
+
+
+def errors(released: np.ndarray, bad: np.ndarray) -> dict[str, float]:
+    """Realised FDR, P(any false release), good release rate, and after the first block."""
+    false = (released & bad).sum(1)
+    fdr = np.where(released.sum(1) > 0, false / np.maximum(released.sum(1), 1), 0.0).mean()
+    blocked_before = np.cumsum(~released, axis=1) - ~released > 0  # an earlier decision was not released
+    good = ~bad
+    after = good & blocked_before
+    return {"fdr": fdr, "any_false": (false > 0).mean(), "good": released[good].mean() if good.any() else np.nan,
+            "good_after_block": released[after].mean() if after.any() else np.nan}
 
 
 def main() -> None:
@@ -157,30 +179,43 @@ def main() -> None:
     print(f"records: {args.samples}; recipe {args.recipe.name}; required pass/fail comparisons: "
           f"{', '.join(c[0] for c in comps)}; {args.streams} streams of {args.length}")
     t0 = time.time()
-    bad = simulate(truth, spans, comps, streams=args.streams, length=args.length, d=min(args.discordance),
-                   broken=True, seed=args.seed)
-    good = {d: simulate(truth, spans, comps, streams=args.streams, length=args.length, d=d, broken=False,
-                        seed=args.seed + 1 + i) for i, d in enumerate(args.discordance)}
+    rng = np.random.default_rng(args.seed)
+    shape = (args.streams, args.length)
+    half = np.zeros(shape, dtype=bool)
+    half[:, args.length // 2:] = True
+    worlds = {"bad": np.ones(shape, dtype=bool), "unchanged": np.zeros(shape, dtype=bool),
+              "mixed 0.2": rng.random(shape) < 0.2, "mixed 0.5": rng.random(shape) < 0.5, "adversarial": half}
+    w = {(name, d): simulate(truth, spans, comps, bad=bad, d=d, seed=args.seed + 1 + i)
+         for i, (name, bad, d) in enumerate((name, bad, d) for name, bad in worlds.items()
+                                             for d in args.discordance)}
     print(f"simulated in {time.time() - t0:.0f} s")
     fixed = (1.0, 0.9, 0.7, 0.5, 0.3, 0.1, 0.05)
     for d in args.discordance:  # what any rule must pay: an unchanged candidate's release at a fixed share
         print(f"unchanged, d={d:g}, one decision at a share w of alpha: "
-              + ", ".join(f"w={w:g}: {(good[d] <= w).mean():.3f}" for w in fixed))
-    print("bad, one decision at a share w: " + ", ".join(f"w={w:g}: {(bad <= w).mean():.4f}" for w in fixed))
+              + ", ".join(f"w={x:g}: {(w['unchanged', d] <= x).mean():.3f}" for x in fixed))
+        print(f"bad, d={d:g}, one decision at a share w: "
+              + ", ".join(f"w={x:g}: {(w['bad', d] <= x).mean():.4f}" for x in fixed))
     at = [t for t in (1, 2, 3, 5, 10, 20) if t <= args.length]
-    head = (f"| rule | bad: one release in {args.length} (per run) | "
-            + " | ".join(f"unchanged d={d:g}: released at t = {', '.join(map(str, at))} (mean, min)"
-                         for d in args.discordance) + " |")
-    print(head)
-    print("|---|---|" + "---|" * len(args.discordance))
-    for name, rule in RULES.items():
-        b = releases(bad, rule)
-        cells = [f"{b.any(axis=1).mean():.3f} ({b.mean():.4f})"]
-        for d in args.discordance:
-            r = releases(good[d], rule).mean(axis=0)
-            cells.append(" / ".join(f"{r[t - 1]:.2f}" for t in at) + f" ({r.mean():.2f}, {r.min():.2f})")
-        print(f"| {name} | " + " | ".join(cells) + " |")
-        sys.stdout.flush()
+    for d in args.discordance:
+        print(f"\n### d = {d:g}\n")
+        print(f"| rule | bad x{args.length}: P(any release) | unchanged: released at t = {', '.join(map(str, at))} "
+              "(mean) | mixed 0.2: FDR, P(any false), good, good after a block | mixed 0.5: same | "
+              "adversarial: FDR, P(any false), good |")
+        print("|---|---|---|---|---|---|")
+        for name, rule in RULES.items():
+            cells = [f"{releases(w['bad', d], rule).any(axis=1).mean():.3f}"]
+            r = releases(w["unchanged", d], rule)
+            e = errors(r, worlds["unchanged"])
+            cells.append(" / ".join(f"{x:.2f}" for x in r.mean(axis=0)[[t - 1 for t in at]])
+                         + f" ({r.mean():.2f}; after a block {e['good_after_block']:.2f})")
+            for world in ("mixed 0.2", "mixed 0.5"):
+                e = errors(releases(w[world, d], rule), worlds[world])
+                cells.append(f"{e['fdr']:.3f}, {e['any_false']:.3f}, {e['good']:.2f}, {e['good_after_block']:.2f}")
+            e = errors(releases(w["adversarial", d], rule), worlds["adversarial"])
+            cells.append(f"{e['fdr']:.3f}, {e['any_false']:.3f}, {e['good']:.2f}")
+            print(f"| {name} | " + " | ".join(cells) + " |")
+            sys.stdout.flush()
+    print(f"\nin {time.time() - t0:.0f} s")
 
 
 if __name__ == "__main__":

@@ -29,7 +29,8 @@ from quantlab.core.digest import json_sha256
 from quantlab.core.errors import RecipeError
 from quantlab.core.fsutil import write_text_atomic
 from quantlab.core.layout import cache_dir
-from quantlab.recipe.stream import CONTROLLED, NO_STREAM, OFF, SHIPPED_GAMMA, StreamDecision, next_share
+from quantlab.recipe.stream import (CONTROLLED, DEFAULT_METHOD, METHOD, NO_STREAM, OFF, SHIPPED_GAMMAS, SHIPPED_W0,
+                                    StreamDecision, next_share)
 
 STREAMS_DIR = "streams"
 RUN_FILE = "stream.json"  # in the run folder: the run's decision, kept by a resume
@@ -99,18 +100,37 @@ def _refused(folder: Path, why: str) -> RecipeError:
                        "releases sees the restart)", file=str(folder))
 
 
-def take_position(key: str, info: dict[str, Any], gamma=SHIPPED_GAMMA) -> StreamDecision:
+def stream_rule(key: str, history: list[dict[str, Any]], method: str) -> str:
+    """The stream's method: its first decision's (a register from before methods were
+    recorded was the online fallback's); RecipeError when the run asks another, since two
+    rules spending one alpha keep neither's guarantee."""
+    if not history:
+        return method
+    first = history[0].get("method", METHOD)
+    if first != method:
+        raise RecipeError(f"the decisions against this baseline ({stream_folder(key)}) are judged by {first}, its "
+                          f"first decision's method, and this recipe's release.stream_method asks {method}: two rules "
+                          f"spending one alpha keep neither's guarantee. Set release.stream_method: {first} (or remove "
+                          "that folder to start the stream again at decision 1, which the later manifests show)",
+                          field="release.stream_method")
+    return method
+
+
+def take_position(key: str, info: dict[str, Any], method: str = DEFAULT_METHOD) -> StreamDecision:
     """This run's decision appended to the stream `key`: its position t, claimed so that no
     concurrent run takes it, and the share the rule gives from the decisions before it."""
     folder = stream_folder(key)
     folder.mkdir(parents=True, exist_ok=True)
+    gamma, w0 = SHIPPED_GAMMAS[method], SHIPPED_W0
     for _ in range(MAX_TRIES):
         history = read_history(key)
+        stream_rule(key, history, method)
         known = tuple((d["t"], float(d["share"]), d.get("released") is True) for d in history)
-        share = next_share(gamma, [(s, r) for _, s, r in known])
+        share = next_share(gamma, [(s, r) for _, s, r in known], method=method, w0=w0)
         decision = StreamDecision(control=CONTROLLED, key=key, position=len(history) + 1, share=share,
-                                  gamma=gamma, history=known)
-        doc = {"t": decision.position, "share": share, "gamma": gamma.as_dict(), "released": None, **info}
+                                  method=method, gamma=gamma, w0=w0, history=known)
+        doc = {"t": decision.position, "share": share, "method": method, "gamma": gamma.as_dict(), "w0": w0,
+               "released": None, **info}
         if _claim(folder / f"{decision.position}.json", _signed(key, doc)):
             return decision
     raise RecipeError(f"no position could be taken in {folder}: {MAX_TRIES} were taken by other runs meanwhile",
@@ -166,12 +186,17 @@ def decide_position(ctx: Any, *, alone: bool = False, claim: bool = True) -> Str
     if parts is None:
         return StreamDecision(control=NO_STREAM)
     key = json_sha256(parts)[:32]
+    method = ctx.loaded.recipe.release.stream_method
     if not claim:
-        known = tuple((d["t"], float(d["share"]), d.get("released") is True) for d in read_history(key))
-        return StreamDecision(key=key, position=len(known) + 1, history=known,
-                              share=next_share(SHIPPED_GAMMA, [(s, r) for _, s, r in known]))
+        history = read_history(key)
+        stream_rule(key, history, method)
+        known = tuple((d["t"], float(d["share"]), d.get("released") is True) for d in history)
+        gamma = SHIPPED_GAMMAS[method]
+        return StreamDecision(key=key, position=len(known) + 1, history=known, method=method, gamma=gamma,
+                              share=next_share(gamma, [(s, r) for _, s, r in known], method=method, w0=SHIPPED_W0))
     decision = take_position(key, {"run": str(ctx.run.path), "recipe": ctx.loaded.recipe.name,
-                                   "recipe_sha256": ctx.loaded.content_hash, "candidate": candidate_of(ctx)})
+                                   "recipe_sha256": ctx.loaded.content_hash, "candidate": candidate_of(ctx)},
+                             method)
     write_text_atomic(saved, json.dumps(decision.record(None), indent=1, sort_keys=True))
     return decision
 
@@ -189,8 +214,11 @@ def candidate_of(ctx: Any) -> str | None:
 def from_run_file(doc: dict[str, Any]) -> StreamDecision:
     from quantlab.recipe.stream import Gamma
 
+    if doc["control"] != CONTROLLED:
+        return StreamDecision(control=doc["control"], by=doc.get("by"))
     return StreamDecision(control=doc["control"], key=doc.get("key"), position=doc.get("position"),
-                          share=float(doc["share"]), gamma=Gamma.from_dict(doc["gamma"]),
+                          share=float(doc["share"]), method=doc.get("method", METHOD),
+                          gamma=Gamma.from_dict(doc["gamma"]), w0=float(doc.get("w0", SHIPPED_W0)),
                           history=tuple((h["t"], float(h["share"]), bool(h["released"])) for h in doc["history"]))
 
 

@@ -84,8 +84,15 @@ class ReleaseSpec(_Strict):
 
     policy: ReleasePolicySpec = Field(default_factory=ReleasePolicySpec)
     stream_control: bool = Field(True, description="Every run judged against the same baseline answers is one "
-                                 "decision of a stream, judged at the level the online fallback rule gives its "
+                                 "decision of a stream, judged at the level its method (stream_method) gives its "
                                  "position, so re-running until a candidate passes is counted (docs/decisions.md). "
                                  "false: this run is judged alone at the recipe's alpha and takes no position; its "
                                  "manifest and report say the control was turned off by the user.")
+    stream_method: Literal["lord++", "online-fallback"] = Field(
+        "lord++", description="The stream's rule. lord++ (the default): a release earns later decisions a level and "
+        "a block costs nothing, so among the releases against one baseline the share of wrong ones is held at the "
+        "alpha (measured under the shared baseline; a stream of only bad candidates releases any at most 0.7 x "
+        "alpha of the time under any dependence). online-fallback: P(any wrong release in the stream) at the alpha "
+        "under any dependence, but after one block later candidates are judged at a small level. A stream keeps "
+        "the method of its first decision: a run asking another is refused.")
 

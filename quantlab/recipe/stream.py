@@ -7,31 +7,51 @@ stream's register). Judged each at the recipe's alpha, a candidate exactly at it
 re-run 20 times is released at least once far more often than once (28.5% where one run
 releases it 1.7%: docs/decisions.md).
 
-The rule is the online fallback procedure (Tian & Ramdas, "Online control of the
-familywise error rate", Statistical Methods in Medical Research 2021): the t-th decision
-is judged at level alpha_t = alpha * gamma_t + R_(t-1) * alpha_(t-1), where R_(t-1) is 1
-when the previous decision released (its level is passed on) and gamma is a fixed
-non-increasing sequence summing to at most 1. It keeps P(any false release in the stream)
-at alpha under any dependence between the decisions (they share the baseline's answers,
-so the online FDR rules that need independence, LORD++ or alpha-investing, do not hold
-here). Here every level is a share of the recipe's alpha (alpha_t = alpha * share_t), so
-a recipe whose confidences differ from another's in the same stream still spends only
-its own share: share_t = gamma_t + R_(t-1) * share_(t-1), at most 1.
+Two rules, named by the recipe's release.stream_method and recorded with every decision:
+
+- **LORD++** (Ramdas, Yang, Wainwright & Jordan, "Online control of the false discovery
+  rate with decaying memory", NeurIPS 2017), the default: decision t is judged at share
+  w0 gamma_t + (1 - w0) gamma_(t - tau_1) + sum_(j >= 2) gamma_(t - tau_j) of the alpha,
+  tau_j the j-th released decision. A release earns the later decisions a level; a block
+  costs nothing but time. Before any release the shares are w0 gamma_t, so a stream of
+  only bad candidates releases any at most w0 x alpha of the time under any dependence
+  (a union bound). Its bound on the share of wrong releases among all releases (the FDR)
+  is proved for independent decisions; ours share the baseline's answers, so it is
+  measured here (docs/decisions.md).
+- **online fallback** (Tian & Ramdas, "Online control of the familywise error rate",
+  Statistical Methods in Medical Research 2021): share_t = gamma_t + R_(t-1) share_(t-1),
+  R_(t-1) 1 when the previous decision released. P(any false release in the stream) <=
+  alpha under any dependence, but a block passes nothing on, so after one correct block
+  every later candidate is judged at a small level.
+
+Every level is a share of the recipe's alpha (alpha_t = alpha x share_t), so a recipe
+whose confidences differ from another's in the same stream still spends only its own
+share; a share is at most 1.
 
 gamma: gamma_1 = `first`, then (1 - first) / ((t - 1) t) for t >= 2 (summing to exactly
-1 - first over the rest of an endless stream), or 1 / N for N decisions declared ahead
-(`horizon`). Chosen by scripts/bench_stream.py (docs/decisions.md).
+1 - first over the rest of an endless stream); 1 / N for N decisions declared ahead
+(`horizon`); or LORD++'s paper sequence (`lord`: 0.0772 log(max(t, 2)) / (t e^sqrt(log t)),
+made for thousands of tests: gamma_1 = 0.054). Chosen by scripts/bench_stream.py
+(docs/decisions.md).
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-METHOD = "online-fallback"
-REFERENCE = ("Tian & Ramdas, Online control of the familywise error rate, Statistical Methods in Medical "
-             "Research 2021 (the online fallback procedure)")
+METHOD = "online-fallback"  # FWER under any dependence
+LORD = "lord++"  # online FDR, decaying memory; the default
+METHODS = (LORD, METHOD)
+REFERENCES = {
+    METHOD: "Tian & Ramdas, Online control of the familywise error rate, Statistical Methods in Medical Research "
+            "2021 (the online fallback procedure)",
+    LORD: "Ramdas, Yang, Wainwright & Jordan, Online control of the false discovery rate with decaying memory, "
+          "NeurIPS 2017 (LORD++)"}
+REFERENCE = REFERENCES[METHOD]
+LORD_CONSTANT = 0.07720838  # the paper's: its gamma sums to 0.976 over an endless stream
 SPENDING = "alpha-spending"  # share_t = gamma_t: nothing passed on (the benchmark's comparison only)
 TOLERANCE = 1e-9  # shares recorded in JSON and read back
 
@@ -40,7 +60,8 @@ TOLERANCE = 1e-9  # shares recorded in JSON and read back
 class Gamma:
     """The fixed share of the alpha each position of a stream gets before anything is passed on."""
 
-    kind: str = "front"  # front: gamma_1 = first, then (1 - first) / ((t - 1) t); horizon: 1 / n for t <= n
+    kind: str = "front"  # front: gamma_1 = first, then (1 - first) / ((t - 1) t); horizon: 1 / n for t <= n;
+    # lord: LORD++'s paper sequence
     first: float = 0.9
     n: int | None = None
 
@@ -56,17 +77,25 @@ class Gamma:
             raise ValueError(f"a horizon holds at least one decision, not {n}")
         return cls("horizon", 1.0 / n, n)
 
+    @classmethod
+    def lord(cls) -> Gamma:
+        return cls("lord", LORD_CONSTANT * math.log(2))
+
     def at(self, t: int) -> float:
         """gamma_t (t from 1)."""
         if t < 1:
             raise ValueError(f"stream positions start at 1, not {t}")
         if self.kind == "horizon":
             return 1.0 / self.n if t <= self.n else 0.0
+        if self.kind == "lord":
+            return LORD_CONSTANT * math.log(max(t, 2)) / (t * math.exp(math.sqrt(math.log(t))))
         return self.first if t == 1 else (1.0 - self.first) / ((t - 1) * t)
 
     def as_dict(self) -> dict[str, Any]:
         if self.kind == "horizon":
             return {"kind": "horizon", "n": self.n, "rule": f"gamma_t = 1/{self.n} for t <= {self.n}, then 0"}
+        if self.kind == "lord":
+            return {"kind": "lord", "rule": f"gamma_t = {LORD_CONSTANT} log(max(t, 2)) / (t exp(sqrt(log t)))"}
         return {"kind": "front", "first": self.first,
                 "rule": f"gamma_1 = {self.first:g}, gamma_t = {1 - self.first:g} / ((t - 1) t) for t >= 2"}
 
@@ -79,21 +108,45 @@ class Gamma:
             return cls.horizon(doc["n"])
         if doc.get("kind") == "front" and isinstance(doc.get("first"), (int, float)):
             return cls.front(float(doc["first"]))
-        raise ValueError(f"gamma {doc!r} is not one quantlab writes (front with first, or horizon with n)")
+        if doc.get("kind") == "lord":
+            return cls.lord()
+        raise ValueError(f"gamma {doc!r} is not one quantlab writes (front with first, horizon with n, or lord)")
 
 
-SHIPPED_GAMMA = Gamma.front(0.9)
+# Each method's gamma (and LORD++'s initial wealth w0, a share of the alpha), chosen by
+# scripts/bench_stream.py on the committed records (docs/decisions.md: the table).
+SHIPPED_GAMMAS = {LORD: Gamma.front(0.5), METHOD: Gamma.front(0.9)}
+SHIPPED_W0 = 0.7
+SHIPPED_GAMMA = SHIPPED_GAMMAS[METHOD]
+DEFAULT_METHOD = LORD
+RULES = {
+    LORD: "share_t = w0 x gamma_t + (1 - w0) x gamma_(t - tau_1) + sum over j >= 2 of gamma_(t - tau_j) (tau_j: the "
+          "j-th released decision, as known when this one took its place), level = alpha x share: among the releases "
+          "against the same baseline answers the expected share of wrong ones is at most alpha for independent "
+          "decisions (ours share the baseline's answers: measured in docs/decisions.md); with no release before, "
+          "P(any false release) <= w0 x alpha under any dependence",
+    METHOD: "share_t = gamma_t + R_(t-1) x share_(t-1) (R: the previous decision released, as known when this one "
+            "took its place), level = alpha x share: every decision against the same baseline answers keeps "
+            "P(any false release) at alpha under any dependence"}
 
 
-def next_share(gamma: Gamma, history: Sequence[tuple[float, bool]], *, method: str = METHOD) -> float:
+def next_share(gamma: Gamma, history: Sequence[tuple[float, bool]], *, method: str = METHOD,
+               w0: float = SHIPPED_W0) -> float:
     """The share of the recipe's alpha the next decision is judged at, from the stream's
-    earlier decisions in order ((share, released) each; an unfinished one released nothing)."""
+    earlier decisions in order ((share, released) each; an unfinished one released nothing).
+    `w0`: LORD++'s initial wealth, a share of the alpha (its other rules ignore it)."""
     t = len(history) + 1
     share = gamma.at(t)
-    if method == METHOD and history and history[-1][1]:
+    if method == LORD:
+        if not 0 < w0 <= 1:
+            raise ValueError(f"LORD++'s initial wealth w0 is a share of the alpha in (0, 1], not {w0}")
+        released = [i + 1 for i, (_, r) in enumerate(history) if r]
+        # w0 x gamma_t, then each release's alpha earned over the decisions after it (the first's less w0)
+        share = w0 * share + sum((1 - w0 if j == 0 else 1.0) * gamma.at(t - tau) for j, tau in enumerate(released))
+    elif method == METHOD and history and history[-1][1]:
         share += history[-1][0]
     elif method not in (METHOD, SPENDING):
-        raise ValueError(f"unknown stream method {method!r}")
+        raise ValueError(f"unknown stream method {method!r}: expected one of {', '.join(METHODS)}")
     return min(1.0, share)
 
 
@@ -110,7 +163,9 @@ class StreamDecision:
     key: str | None = None  # the stream's key (quality/work.cache_parts without the tasks)
     position: int | None = None  # t, from 1
     share: float = 1.0  # of the recipe's alpha: alpha_t / alpha
-    gamma: Gamma = SHIPPED_GAMMA
+    method: str = DEFAULT_METHOD
+    gamma: Gamma = SHIPPED_GAMMAS[DEFAULT_METHOD]
+    w0: float = SHIPPED_W0  # LORD++'s initial wealth (a share of the alpha); unused by the fallback rule
     # the earlier decisions as known when this one took its position: (t, share, released)
     history: tuple[tuple[int, float, bool], ...] = ()
     by: str | None = None  # control off: how the user turned it off (the recipe field, the flag, the environment)
@@ -118,8 +173,8 @@ class StreamDecision:
     def next_shares(self) -> tuple[float, float]:
         """The next decision's share after this one: (if this one releases, if it does not)."""
         earlier = [(s, r) for _, s, r in self.history]
-        return (next_share(self.gamma, [*earlier, (self.share, True)]),
-                next_share(self.gamma, [*earlier, (self.share, False)]))
+        return (next_share(self.gamma, [*earlier, (self.share, True)], method=self.method, w0=self.w0),
+                next_share(self.gamma, [*earlier, (self.share, False)], method=self.method, w0=self.w0))
 
     def record(self, alpha: float | None) -> dict[str, Any]:
         """The ledger's `stream` entry; `alpha`: the recipe's own false-release alpha (its
@@ -132,14 +187,13 @@ class StreamDecision:
                             "no quality check, so no cached baseline answers shared with other runs: judged alone"}
         level = None if alpha is None else round(alpha * self.share, 10)
         after_release, after_block = self.next_shares()
-        return {"control": self.control, "method": METHOD, "reference": REFERENCE, "key": self.key,
-                "gamma": self.gamma.as_dict(), "alpha": alpha, "position": self.position,
+        return {"control": self.control, "method": self.method, "reference": REFERENCES[self.method],
+                "key": self.key, "gamma": self.gamma.as_dict(), **({"w0": self.w0} if self.method == LORD else {}),
+                "alpha": alpha, "position": self.position,
                 "share": round(self.share, 12), "level": level,
                 "history": [{"t": t, "share": round(s, 12), "released": r} for t, s, r in self.history],
                 "next": {"share_after_release": round(after_release, 12), "share_after_block": round(after_block, 12)},
-                "rule": "share_t = gamma_t + R_(t-1) x share_(t-1) (R: the previous decision released, as known "
-                        "when this one took its place), level = alpha x share: every decision against the same "
-                        "baseline answers keeps P(any false release) at alpha under any dependence"}
+                "rule": RULES[self.method]}
 
 
 def rederive(entry: Any) -> tuple[float | None, list[str]]:
@@ -153,8 +207,11 @@ def rederive(entry: Any) -> tuple[float | None, list[str]]:
             return 1.0, []
         return None, [f"the stream entry says control {entry.get('control')!r} with share {share} and level {level} "
                       f"(alpha {alpha}): a run judged alone is at share 1, its level its alpha"]
-    if entry.get("method") != METHOD:
-        return None, [f"the stream's method {entry.get('method')!r} is not {METHOD!r}, the only one quantlab uses"]
+    method, w0 = entry.get("method"), entry.get("w0", SHIPPED_W0)
+    if method not in METHODS:
+        return None, [f"the stream's method {method!r} is not one quantlab uses ({', '.join(METHODS)})"]
+    if method == LORD and not (isinstance(w0, (int, float)) and 0 < w0 <= 1):
+        return None, [f"the stream's LORD++ initial wealth w0 is {w0!r}: expected a share of the alpha in (0, 1]"]
     try:
         gamma = Gamma.from_dict(entry.get("gamma"))
     except ValueError as err:
@@ -172,20 +229,37 @@ def rederive(entry: Any) -> tuple[float | None, list[str]]:
         earlier = [(float(h["share"]), bool(h["released"])) for h in history]
     except (KeyError, TypeError, ValueError):
         return None, problems + ["the stream's history records a decision without its share or outcome"]
+    def rule(before):
+        return next_share(gamma, before, method=method, w0=w0)
+
     for i, (share, _) in enumerate(earlier):
-        # as the rule gave it, or gamma alone: the decision before it had not finished when it took its place
-        want = next_share(gamma, earlier[:i])
-        if min(abs(share - want), abs(share - gamma.at(i + 1))) > TOLERANCE:
+        want = rule(earlier[:i])
+        if method == LORD:
+            # LORD++'s level only grows with the releases it knows of: a decision that took its place while an
+            # earlier one was running knew fewer, so it lies between w0 x gamma_t (none known) and the rule's
+            if not w0 * gamma.at(i + 1) - TOLERANCE <= share <= want + TOLERANCE:
+                problems.append(f"decision {i + 1} of the stream is recorded at share {share:.6g}; LORD++ gives "
+                                f"{want:.6g} from the decisions before it, at least {w0 * gamma.at(i + 1):.6g} "
+                                "with none of their releases known")
+        elif min(abs(share - want), abs(share - gamma.at(i + 1))) > TOLERANCE:
+            # as the rule gave it, or gamma alone: the decision before it had not finished when it took its place
             problems.append(f"decision {i + 1} of the stream is recorded at share {share:.6g}; the rule gives "
                             f"{want:.6g} from the decisions before it ({gamma.at(i + 1):.6g} had the one before "
                             "it not finished)")
-    share = next_share(gamma, earlier)
+    share = rule(earlier)
     recorded, alpha, level = entry.get("share"), entry.get("alpha"), entry.get("level")
     if not isinstance(recorded, (int, float)) or abs(recorded - share) > TOLERANCE:
-        problems.append(f"decision {position} is recorded at share {recorded} of the alpha; the online fallback rule "
-                        f"gives {share:.6g} from its recorded history (gamma_{position} = {gamma.at(position):.6g}"
-                        + (f" + the released decision {position - 1}'s {earlier[-1][0]:.6g})" if earlier and
-                           earlier[-1][1] else ", the previous decision passed nothing on)"))
+        if method == LORD:
+            released = [i + 1 for i, (_, r) in enumerate(earlier) if r]
+            problems.append(f"decision {position} is recorded at share {recorded} of the alpha; LORD++ gives "
+                            f"{share:.6g} from its recorded history (w0 {w0:g} x gamma_{position}, and the released "
+                            f"decisions {released or 'none'} earning gamma of their distance)")
+        else:
+            problems.append(f"decision {position} is recorded at share {recorded} of the alpha; the online fallback "
+                            f"rule gives {share:.6g} from its recorded history (gamma_{position} = "
+                            f"{gamma.at(position):.6g}" + (f" + the released decision {position - 1}'s "
+                                                            f"{earlier[-1][0]:.6g})" if earlier and earlier[-1][1]
+                                                            else ", the previous decision passed nothing on)"))
     if not isinstance(alpha, (int, float)) or not isinstance(level, (int, float)) or \
             abs(level - alpha * share) > TOLERANCE * max(1.0, alpha):
         problems.append(f"decision {position} records level {level} with alpha {alpha}: the rule's level is alpha x "
@@ -222,8 +296,8 @@ def cost_line(decision: StreamDecision, alpha: float | None) -> str:
     if alpha is None:
         return (f"decision {decision.position} against this baseline: judged at {decision.share:.3g} of the "
                 f"recipe's alpha; the next, after a release, at {after_release:.3g}, after none at {after_block:.3g}")
-    return (f"decision {decision.position} against this baseline: judged at level {alpha * decision.share:.3g} "
-            f"({decision.share:.3g} of the recipe's {alpha:g}); the next run against it is judged at "
+    return (f"decision {decision.position} against this baseline ({decision.method}): judged at level "
+            f"{alpha * decision.share:.3g} ({decision.share:.3g} of the recipe's {alpha:g}); the next run against it is judged at "
             f"{alpha * after_block:.3g} if this one is not released ({alpha * after_release:.3g} if it is)")
 
 
@@ -241,7 +315,10 @@ def report_line(entry: Any, released: bool) -> str | None:
     nxt = (entry.get("next") or {}).get("share_after_release" if released else "share_after_block")
     if not isinstance(alpha, (int, float)) or not isinstance(nxt, (int, float)):
         return None
-    return (f"decision {entry.get('position')} against this baseline: judged at level {entry.get('level'):.3g} "
-            f"({entry.get('share'):.3g} of the recipe's {alpha:g}); this run "
-            + ("released, so its level passes on: " if released else "released nothing, so nothing passes on: ")
+    lord = entry.get("method") == LORD
+    return (f"decision {entry.get('position')} against this baseline ({entry.get('method')}): judged at level "
+            f"{entry.get('level'):.3g} ({entry.get('share'):.3g} of the recipe's {alpha:g}); this run "
+            + (("released, so it earns the later runs a level: " if released else
+                "released nothing, so it earns nothing and costs nothing: ") if lord else
+               ("released, so its level passes on: " if released else "released nothing, so nothing passes on: "))
             + f"the next run against it, a re-run of the same weights included, is judged at {alpha * nxt:.3g}")

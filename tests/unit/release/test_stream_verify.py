@@ -7,13 +7,13 @@ format before streams) still verifies. The releases are made by quantlab's own f
 
 from __future__ import annotations
 
-from quantlab.recipe.stream import Gamma, StreamDecision
+from quantlab.recipe.stream import LORD, METHOD, Gamma, StreamDecision
 from quantlab.release.verify import verify_release
 from tests.unit.release.registered_release import build, resign
 
 G = Gamma.front(0.9)
 # decision 3 of its stream: 1 released (0.9), 2 blocked at 0.95, so gamma_3 alone
-DECISION = StreamDecision(key="k" * 32, position=3, share=G.at(3), gamma=G,
+DECISION = StreamDecision(key="k" * 32, position=3, share=G.at(3), method=METHOD, gamma=G,
                           history=((1, 0.9, True), (2, 0.9 + G.at(2), False)))
 
 
@@ -52,3 +52,21 @@ def test_gates_judged_looser_than_the_recorded_level_are_refused(tmp_path):
 
 def test_a_manifest_without_a_stream_entry_still_verifies(tmp_path):
     assert problems(build(tmp_path)) == []
+
+
+LORD_DECISION = StreamDecision(key="k" * 32, position=3, method=LORD, gamma=Gamma.front(0.5), w0=0.7,
+                               share=0.7 * Gamma.front(0.5).at(3) + 0.3 * Gamma.front(0.5).at(2),
+                               history=((1, 0.35, True), (2, 0.325, False)))
+
+
+def test_a_lord_release_verifies_and_a_forged_lord_level_is_refused(tmp_path):
+    r = build(tmp_path, stream=LORD_DECISION)
+    assert r.manifest()["error_budget"]["stream"]["method"] == "lord++"
+    assert problems(r) == []
+
+    def claim_what_a_release_would_earn(m):  # decision 2 was blocked; the level claims gamma_1 from it
+        entry = m["error_budget"]["stream"]
+        entry.update(share=entry["share"] + 0.5, level=0.05 * (entry["share"] + 0.5))
+    resign(r, claim_what_a_release_would_earn)
+    found = problems(r)
+    assert any("LORD++ gives 0.133333" in p for p in found), found

@@ -13,6 +13,7 @@ from rich.markup import escape
 
 from quantlab.core.errors import QuantlabError, RecipeError
 from quantlab.cli.base import app, err, exit_codes, progress
+from quantlab.cli.candidate_options import declared_family, named_checkpoints, refuse_alone
 from quantlab.cli.plans import print_plan, print_plans
 from quantlab.cli.ray_option import compare_on_ray, on_ray
 
@@ -201,6 +202,7 @@ def run(
         if ray and (resume or checkpoint):
             raise RecipeError("--ray runs recipes afresh on the cluster's nodes: drop --resume and --checkpoint "
                               "(or drop --ray to resume, or to judge an existing checkpoint here)", field="--ray")
+        refuse_alone(alone, several=len(recipes) > 1 or bool(checkpoint) or bool(ray))
         if (family is None) != (family_size is None):
             raise RecipeError("--family and --family-size go together: the family's name and the most candidates "
                               "it will judge", field="--family" if family is None else "--family-size")
@@ -226,38 +228,6 @@ def run(
         elif resume:
             resume_path = Path(resume)
         _run_with_summary(loaded, runs_dir, resume=resume_path, verbose=verbose, family=declared, alone=alone)
-
-
-def declared_family(name: str, size: int, recipes: list[Path], checkpoints: dict[str, Path]):
-    """--family NAME --family-size N: these candidates joined to the family (before any work)."""
-    from quantlab.pipeline.families import join_family
-    from quantlab.recipe.file import load_recipe
-
-    members = {}
-    for path in recipes:
-        loaded = load_recipe(path)
-        members[loaded.recipe.name] = {"recipe_sha256": loaded.content_hash}
-    for cand, folder in checkpoints.items():
-        members[cand] = {"checkpoint": str(Path(folder).resolve())}
-    return join_family(name, size, members)
-
-
-def named_checkpoints(values: list[str] | None) -> dict[str, Path]:
-    """--checkpoint NAME=DIR (or DIR, named after its folder) -> {name: folder}."""
-    import re
-
-    named: dict[str, Path] = {}
-    for value in values or []:
-        name, sep, folder = value.partition("=")
-        if not sep or Path(value).is_dir():  # a folder whose path holds '=' is a folder
-            folder, name = value, re.sub(r"[^a-z0-9._-]+", "-", Path(value).resolve().name.lower()).strip("-._")
-        if not name or not folder:
-            raise RecipeError(f"--checkpoint {value!r}: expected NAME=DIR or DIR", field="--checkpoint")
-        if name in named:
-            raise RecipeError(f"--checkpoint: two checkpoints are named '{name}' ({named[name]} and {folder}); "
-                              "name them apart with NAME=DIR", field="--checkpoint")
-        named[name] = Path(folder)
-    return named
 
 
 def _compare_with_summary(files: list[Path], runs_dir: Path, *, verbose: bool,

@@ -154,3 +154,11 @@ def test_run_on_a_recipe_without_checks_is_refused_before_any_work(tmp_path):
         assert "no check section" in r.stderr and "quantlab quantize quantize-only.yaml" in r.stderr
         assert "quantize-only.yaml" in r.stderr and "field 'quality'" in r.stderr
     assert not list((tmp_path / "runs").glob("quantize-only/*/checkpoint"))
+
+
+def test_alone_is_refused_for_a_comparison(tmp_path):
+    """A comparison takes no stream position, so --alone there is refused, not silently ignored."""
+    r = ql("run", RECIPES / "rtn-w8a16.yaml", RECIPES / "gptq-w4a16.yaml", "--alone", "--runs-dir", tmp_path)
+    assert r.returncode == 2, r.stderr
+    assert "--alone" in r.stderr and "takes no stream position yet" in " ".join(r.stderr.split())
+    assert not any(tmp_path.iterdir())  # refused before any work

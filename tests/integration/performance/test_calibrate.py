@@ -32,8 +32,8 @@ def test_calibrate_stores_aa_repeats_where_a_run_finds_them(tmp_path, tiny_model
         "workloads": [{"name": "short", "prompt_tokens": 32, "output_tokens": 8, "concurrency": [1, 2],
                        "num_requests": 4, "warmup_requests": 1}],
         "client_check": False,
-        # ratios between two servers of a random tiny model are noise: only errors are gated here
-        "gates": {"min_throughput_ratio": None, "max_p99_ttft_ratio": None, "max_p99_tpot_ratio": None,
+        # one ratio gate, for the dry run to name its noise model (the A/A run's own decision does not matter)
+        "gates": {"min_throughput_ratio": 0.5, "max_p99_ttft_ratio": None, "max_p99_tpot_ratio": None,
                   "max_error_rate": 0.0}}
     recipe = write_recipe(tmp_path, data)
     cache = tmp_path / "cache"

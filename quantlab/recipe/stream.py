@@ -297,8 +297,8 @@ def cost_line(decision: StreamDecision, alpha: float | None) -> str:
         return (f"decision {decision.position} against this baseline: judged at {decision.share:.3g} of the "
                 f"recipe's alpha; the next, after a release, at {after_release:.3g}, after none at {after_block:.3g}")
     return (f"decision {decision.position} against this baseline ({decision.method}): judged at level "
-            f"{alpha * decision.share:.3g} ({decision.share:.3g} of the recipe's {alpha:g}); the next run against it is judged at "
-            f"{alpha * after_block:.3g} if this one is not released ({alpha * after_release:.3g} if it is)")
+            f"{alpha * decision.share:.3g} ({decision.share:.3g} of the recipe's {alpha:g}); the next run against it "
+            f"is judged at {alpha * after_block:.3g} if this one is not released ({alpha * after_release:.3g} if it is)")
 
 
 def report_line(entry: Any, released: bool) -> str | None:

@@ -41,10 +41,12 @@ HOSTILE = {
 
 
 @pytest.mark.parametrize("answer", HOSTILE.values(), ids=HOSTILE.keys())
-def test_a_hostile_answer_is_a_failed_row_within_a_second(answer):
+def test_a_hostile_answer_is_a_failed_row_without_hanging(answer):
     start = time.perf_counter()
     metrics = score_checked({"check": CHECK, "row": {}}, [answer])  # what lm-eval's process_results calls
-    assert time.perf_counter() - start < 1.0
+    # a hang guard, not a speed claim (each takes milliseconds): a quadratic or exponential
+    # parse of these inputs takes minutes; 10 s leaves room for a loaded 2-core machine
+    assert time.perf_counter() - start < 10.0
     assert metrics["passed"] == 0
 
 

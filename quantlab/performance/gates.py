@@ -138,7 +138,7 @@ def _tail_needs_requests(key: str, verdict: str, why: str, iv: dict | None, p: P
 def _holding(iv: dict | None, value: float) -> dict | None:
     """The interval widened, where needed, to hold the value the verdict reports: the value
     is the median over repeats of per-pair ratios (metrics.compare), the interval's centre
-    the order-balanced mean of Harrell-Davis log ratios, and a verdict never passes (or
+    the order-balanced mean of the per-repeat log ratios, and a verdict never passes (or
     fails) on a bound on the far side of the value it states."""
     if iv is None:
         return None

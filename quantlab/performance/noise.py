@@ -15,11 +15,10 @@ stratifying by order): at 2-3 repeats its draws of pairs are the few pairs thems
 and an uneven draw of the two orders only widens it; cancelling the order effect is the
 t bound's job (below).
 
-A P99 is the Harrell-Davis estimate (a weighted sum of every order statistic, weights
-from the Beta(p(n+1), (1-p)(n+1)) distribution over the sorted requests): it moves with
-every request rather than jumping between the slowest one or two, and its bootstrap can
-draw a tail between the observed values. It still leans on the top few requests (at
-n = 100 the slowest request carries about 63% of the weight). Throughput under
+A P99 is numpy's linear percentile of a repeat's requests. The Harrell-Davis estimate
+(every order statistic, Beta weights) was tried and measured noisier between repeats on
+the committed A/A rows at 100 requests (P99 TPOT log-ratio SD 0.065 against 0.046; TTFT
+equal): it puts about 63% of its weight on the slowest request. Throughput under
 resampling: a point's wall time is scaled by the resampled mean end-to-end time over the
 observed one (closed loop: the time to serve n requests at concurrency C is about
 n x mean(E2E) / C), and the output tokens summed over the drawn requests. With no
@@ -102,24 +101,20 @@ class RepeatSample:
             wall = self.wall_s * self.e2e[idx].mean(axis=1) / mean_e2e
             return self.tokens[idx].sum(axis=1) / np.maximum(wall, 1e-9)
         values = {"ttft_ms.p99": self.ttft, "tpot_ms.p99": self.tpot}[key][idx] * 1000.0
-        return row_harrell_davis(values, 0.99)
+        return row_percentile(values, 99)
 
 
-def row_harrell_davis(values: np.ndarray, q: float) -> np.ndarray:
-    """The Harrell-Davis estimate of quantile q (0-1) of each row, NaNs left out (NaN for
-    a row of only NaNs; the value itself for a row of one). The weights depend only on a
-    row's count, so rows are weighted a count at a time: a bootstrap's draws x requests
-    array costs one sort and a matrix product per distinct count."""
-    from scipy.special import betainc
-
+def row_percentile(values: np.ndarray, q: float) -> np.ndarray:
+    """numpy's linear percentile of each row, NaNs left out (NaN for a row of only NaNs).
+    np.nanpercentile does the same about 60x slower on draws x requests arrays."""
     ordered = np.sort(values, axis=1)  # NaNs sort last
     count = np.sum(~np.isnan(values), axis=1)
-    out = np.full(len(ordered), np.nan)
-    for m in np.unique(count[count > 0]):
-        rows = count == m
-        cdf = betainc(q * (m + 1), (1.0 - q) * (m + 1), np.arange(m + 1) / m)
-        out[rows] = ordered[rows, :m] @ np.diff(cdf)
-    return out
+    pos = np.maximum(count - 1, 0) * (q / 100.0)
+    lo = np.floor(pos).astype(int)
+    hi = np.minimum(lo + 1, np.maximum(count - 1, 0))
+    rows = np.arange(len(ordered))
+    out = ordered[rows, lo] + (ordered[rows, hi] - ordered[rows, lo]) * (pos - lo)
+    return np.where(count > 0, out, np.nan)
 
 
 @contextmanager

@@ -1,17 +1,16 @@
 """The between-repeat t bound with the host's calibrated spread: pooling, the homogeneity
-guard, the order-balanced centre, the Harrell-Davis P99, and what the gates do with them."""
+guard, the order-balanced centre, and what the gates do with them."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
 from scipy.stats import t
-from scipy.stats.mstats import hdquantiles
 
 from quantlab.core.results import PerfPoint
 from quantlab.performance.gates import verdicts
 from quantlab.performance.noise import (HostNoise, RepeatSample, interval, per_repeat_figures, ratio_draws,
-                                        repeat_spread, row_harrell_davis)
+                                        repeat_spread)
 from quantlab.recipe.performance import PerfGates
 from tests.unit.performance.test_noise import requests
 
@@ -21,26 +20,6 @@ def crossover_orders(repeats: int) -> np.ndarray:
 
 
 HOST = HostNoise(ss=20 * 0.04 ** 2, df=20, sources=("20 A/A repeats (calibration)",))
-
-
-def test_harrell_davis_agrees_with_scipy_row_by_row():
-    """Rows of different lengths, skews and NaN counts (TPOT of one-token requests): each
-    row's estimate is scipy's hdquantiles of its non-NaN values."""
-    rng = np.random.default_rng(5)
-    rows = np.vstack([rng.lognormal(0, 0.5, 100), rng.exponential(1.0, 100), rng.normal(10, 1, 100),
-                      np.where(rng.random(100) < 0.2, np.nan, rng.lognormal(0, 1, 100))])
-    rows[1, :3] = np.nan
-    for q in (0.99, 0.5, 0.9):
-        ours = row_harrell_davis(rows, q)
-        for row, got in zip(rows, ours, strict=True):
-            assert got == pytest.approx(float(hdquantiles(row[~np.isnan(row)], prob=[q])[0]), rel=1e-10)
-    # a bootstrap's draws of the same requests: one row per draw, NaNs in some
-    draws = rows[3][rng.integers(0, 100, size=(50, 100))]
-    want = [float(hdquantiles(d[~np.isnan(d)], prob=[0.99])[0]) for d in draws]
-    assert row_harrell_davis(draws, 0.99) == pytest.approx(want, rel=1e-10)
-    # an empty row has no figure; one request is its own figure
-    assert np.isnan(row_harrell_davis(np.full((1, 5), np.nan), 0.99)[0])
-    assert row_harrell_davis(np.array([[np.nan, 3.0]]), 0.99)[0] == 3.0
 
 
 def test_the_host_noise_is_pooled_with_the_runs_repeats():
@@ -171,7 +150,7 @@ def test_one_repeat_with_host_noise_may_fail_but_never_passes():
 
 def test_a_verdict_never_passes_on_an_interval_that_does_not_hold_its_value():
     """The reported value (median of per-pair ratios) and the interval's centre (balanced
-    mean of Harrell-Davis log ratios) may differ: the bounds are widened to hold the value."""
+    mean of the per-repeat log ratios) may differ: the bounds are widened to hold the value."""
     gates = PerfGates(min_throughput_ratio=None, max_p99_ttft_ratio=1.5, max_p99_tpot_ratio=None, max_error_rate=None)
     iv = {"pass_low": 1.2, "pass_high": 1.45, "fail_low": 1.1, "fail_high": 1.6, "fail_alpha": 0.004, "draws": 4000,
           "repeats": 3, "requests": 100, "between_df": 21, "centre": 1.32,

@@ -202,7 +202,9 @@ def lookup_covering(kind: str, parts: dict[str, Any], field: str, *,
             stored = json.loads(complete.read_text())
         except (OSError, ValueError):
             continue
-        have = stored.pop(field, None) if isinstance(stored, dict) else None
+        if not isinstance(stored, dict):  # not an entry quantlab wrote
+            continue
+        have = stored.pop(field, None)
         for k in free:
             stored.pop(k, None)
         if isinstance(have, list) and set(want) <= set(have) and stored == rest \

@@ -322,6 +322,8 @@ def interval(draws: np.ndarray, *, confidence: float, fail_alpha: float, repeats
     host_noise: the host's calibrated spread of the same figure; orders: +1 where the
     baseline went first in that repeat, -1 where the candidate did, see result.crossover_orders)."""
     a = 1.0 - confidence
+    if per_repeat is not None:  # a repeat with no figure (every request failed) is not evidence: a pass needs two
+        repeats = min(repeats, int(np.isfinite(np.asarray(per_repeat, dtype=float)).sum()))
     q = [float(x) for x in np.quantile(draws, [a, 1.0 - a, fail_alpha, 1.0 - fail_alpha])]
     spread = repeat_spread(per_repeat, host_noise=host_noise, orders=orders) if per_repeat is not None else None
     t_bounds = spread.bounds((a, fail_alpha)) if spread else None

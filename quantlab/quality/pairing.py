@@ -32,7 +32,9 @@ def compare_tasks(spec: QualitySpec, work: list[tuple[Suite, Any]], base_dir: Pa
         if plans:
             answered = {r["doc_id"] for r in c_rows}
             b_rows = [r for r in b_rows if r["doc_id"] in answered]
-            confidence = boundary_confidence(confidence, plans.get(task.task, [len(answered)]), len(answered))
+            # the look the evidence reached: the items both roles answered (the fail side counts pairs too)
+            paired = len(answered & {r["doc_id"] for r in b_rows})
+            confidence = boundary_confidence(confidence, plans.get(task.task, [paired]), paired)
         lm_eval_version = c_sum.get("lm_eval")
         hib = _direction(task, suite, c_sum)
         cmp, task_flips = compare_task(task.task, task.slice, task.metric, task.filter, hib, b_rows, c_rows,

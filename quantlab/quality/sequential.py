@@ -49,7 +49,8 @@ def schedule(available: int, first: int, growth: float) -> list[int]:
         return [available]
     sizes, n = [], float(first)
     while int(n) < available:
-        sizes.append(int(n))
+        if not sizes or int(n) > sizes[-1]:  # a small first x growth repeats a size: one look at it
+            sizes.append(int(n))
         n *= growth
     return sizes + [available]
 

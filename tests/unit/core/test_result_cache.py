@@ -99,6 +99,11 @@ def test_a_setting_unset_in_the_lookup_matches_any_when_told_so(tmp_path, monkey
     assert lookup(result_cache.QUALITY, {"limit": 40, "code_sandbox": "bwrap", "tasks": ["code"]}, "tasks",
                   **free)[0] == entry
     assert lookup(result_cache.QUALITY, {"limit": 20, "code_sandbox": None, "tasks": ["a"]}, "tasks", **free) is None
+    # a complete.json that is not an object (not written by quantlab) covers nothing and breaks nothing
+    odd = tmp_path / "cache" / result_cache.QUALITY / "0123456789ab"
+    odd.mkdir()
+    (odd / result_cache.COMPLETE).write_text("[1, 2]")
+    assert lookup(result_cache.QUALITY, {"limit": 40, "code_sandbox": None, "tasks": ["a"]}, "tasks", **free)[0] == entry
 
 
 def test_a_writers_folder_before_its_rename_covers_nothing(tmp_path, monkeypatch):

@@ -170,3 +170,24 @@ def test_a_verdict_never_passes_on_an_interval_that_does_not_hold_its_value():
     # an interval wholly beyond the limit, a value within it: not blocked
     iv.update(pass_low=1.6, pass_high=1.8, fail_low=1.55, fail_high=1.9)
     assert judged(1.45).verdict != "fail"
+
+
+def test_a_repeat_with_no_figure_is_not_counted_towards_a_pass():
+    """Two repeats measured, but every request of the second baseline block failed: one
+    pair has a figure. With the host's spread its bound may be narrow, yet a pass needs two
+    repeats with a figure, so the gate is not shown (and the interval says 1 repeat)."""
+    rng = np.random.default_rng(4)
+    b = [RepeatSample.of(*requests(rng, 100)), RepeatSample.of([], 10.0)]
+    c = [RepeatSample.of(*requests(rng, 100)), RepeatSample.of(*requests(rng, 100))]
+    key = "output_tokens_per_s"
+    per = per_repeat_figures(b, c, key)
+    assert np.isnan(per[1])
+    iv = interval(ratio_draws(b, c, key, draws=2000, seed=1), confidence=0.95, fail_alpha=0.025 / 6, repeats=2,
+                  requests=100, per_repeat=per, host_noise=HOST, orders=crossover_orders(2)).as_dict()
+    assert iv["repeats"] == 1
+    point = PerfPoint(workload="w", point="c8", baseline={}, candidate={"error_rate": 0.0},
+                      baseline_repeats=[{}] * 2, candidate_repeats=[{}] * 2,
+                      comparison={key: {"ratio": float(np.nanmedian(per))}}, monitor={},
+                      intervals={f"ratio:{key}": iv})
+    v = verdicts([point], GATES)[0]
+    assert v.verdict == "inconclusive" and "a pass needs >= 2 paired repeats" in v.evidence

@@ -25,6 +25,10 @@ def test_schedule_grows_then_takes_everything():
     assert schedule(160, 40, 2.0) == [40, 80, 160]
     assert schedule(30, 40, 2.0) == [30]
     assert schedule(100, 10, 3.0) == [10, 30, 90, 100]
+    # a growth too small to add a sample at first: each size looked at once, strictly growing
+    slow = schedule(200, 10, 1.05)
+    assert slow[:3] == [10, 11, 12] and slow[-1] == 200 and all(a < b for a, b in zip(slow, slow[1:]))
+    assert 0.95 < boundary_confidence(0.95, slow, 11) < 1.0
 
 
 def test_each_look_shares_the_error():

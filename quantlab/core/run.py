@@ -90,6 +90,8 @@ class RunRecord(BaseModel):
                                              "(node, Ray node and job id, attempt); None on this machine.")
     registration: dict[str, Any] | None = Field(None, description="The gate set registered before any engine "
                                                 "started (release/registration.py): its file, digests, signing.")
+    stream_note: str | None = Field(None, description="What the stream's register could not record of this run's "
+                                    "decision (pipeline/streams.py), said rather than lost.")
     stopped_early: str | None = Field(None, description="`--ray` racing: the failed required gate that ended "
                                       "the candidate's checks after its quality stage.")
     attempt: AttemptTime | None = Field(None, description="Wall and engine time of the latest run/validate "

@@ -163,6 +163,8 @@ def _run_stages(loaded: LoadedRecipe, run: RunDir, progress: Progress, verbose: 
         progress(f"family '{family.id}': member {family.joined} of at most {family.size}, every interval gate at "
                  f"confidence 1 - (1 - c) / {family.size}")
     try:
+        resumed = streams.resumed_position(ctx)  # a resume's decision, checked against the register
+        ctx.stream = resumed[0]  # its stages' inputs were hashed at its level
         todo = stages_to_run(ctx)
         ctx.will_run = set(todo)
         for name in [n for n in run.record.stages if n not in ctx.enabled_stages]:
@@ -172,12 +174,15 @@ def _run_stages(loaded: LoadedRecipe, run: RunDir, progress: Progress, verbose: 
             if stage.NAME in todo:
                 stage.preflight(ctx)
         ctx.needs_baseline = lambda: baseline_needed(ctx)
-        ctx.stream = streams.decide_position(ctx, alone=alone)  # its level, before the gate set is registered
+        # its level, before the gate set is registered
+        ctx.stream = streams.decide_position(ctx, alone=alone, resumed=resumed, will_run=ctx.will_run)
+        todo = _after_renewal(ctx, resumed, todo)
         progress(streams.position_line(ctx.stream, ctx.loaded.recipe))
         run.record.registration = register(ctx)  # the gate set, signed before any engine starts
         run.save()
     except BaseException as err:
         run.record.attempt = _attempt_time(clock)
+        _close_void(ctx, progress)
         _finish(run, err)
         wrapped = _as_quantlab_error(err, run, "preflight")
         if wrapped is None:
@@ -197,12 +202,13 @@ def _run_stages(loaded: LoadedRecipe, run: RunDir, progress: Progress, verbose: 
     except BaseException:
         ctx.close_engines()
         unlock_checkpoint(ctx)
+        _close_void(ctx, progress)
         save_with_time(run, clock, progress)  # a failed run gets its report too
         raise
     ctx.close_engines()  # servers live across the check stages, never past the run
     unlock_checkpoint(ctx)
     decided = release_stage.decide_run(ctx)  # an optional target's failures block that target only
-    streams.close_decision(ctx.stream, decided.record.decision == "release", streams.candidate_of(ctx))
+    _close(ctx, progress, decided.record.decision == "release")
     run.record.status = "blocked" if decided.blocked else "ok"
     save_with_time(run, clock, progress)
     if decided.blocked:
@@ -218,6 +224,44 @@ def _run_stages(loaded: LoadedRecipe, run: RunDir, progress: Progress, verbose: 
         raise GateFailure(f"{head}{fallback}; each gate's figures and interval: {run.path / 'report.md'}:\n  - "
                           + "\n  - ".join(lines[:MAX_LISTED]) + more)
     return run
+
+
+def _after_renewal(ctx: RunContext, resumed: tuple, todo: dict[str, str]) -> dict[str, str]:
+    """A resume that took a new stream position judges on fresh checks: the earlier ones
+    belong to the decision already made. The stages to run again, their preflights done."""
+    why = streams.renewal(resumed[0], resumed[1], ctx.stream)
+    if why is None and ctx.stream == resumed[0]:
+        return todo
+    if why is not None:
+        ctx.progress(f"stream: a new position for this run: {why}; its checks run again")
+        for name in streams.REJUDGING:
+            ctx.run.record.stages.pop(name, None)
+    again = stages_to_run(ctx)  # the level changed: the checks' inputs with it
+    for stage in ctx.stages:
+        if stage.NAME in again and stage.NAME not in todo:
+            stage.preflight(ctx)
+    ctx.will_run = set(again)
+    return again
+
+
+def _close_void(ctx: RunContext, progress: Progress) -> None:
+    """A run that ends with no check verdict decided nothing: its position is closed void,
+    so crashes do not push later decisions to smaller shares. One with verdicts stays open
+    (released nothing, passes nothing on)."""
+    if any(ctx.run.record.result(name) is not None for name in CHECK_STAGES):
+        return
+    _close(ctx, progress, False, void=True)
+
+
+def _close(ctx: RunContext, progress: Progress, released: bool, void: bool = False) -> None:
+    """The decision's outcome into the register; a failure there (its file removed, the
+    secret rotated) is said and noted on the run, never allowed to leave the record unsaved."""
+    try:
+        streams.close_decision(ctx.stream, released, streams.candidate_of(ctx), void=void)
+    except (QuantlabError, OSError, ValueError) as err:
+        note = f"the stream's register could not record this decision's outcome: {err}"
+        progress(f"stream: {note}")
+        ctx.run.record.stream_note = note
 
 
 MAX_LISTED = 5  # gates named when a run ends blocked; every one is in the report

@@ -21,6 +21,7 @@ import json
 import os
 import re
 import tempfile
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -30,7 +31,7 @@ from quantlab.core.errors import RecipeError
 from quantlab.core.fsutil import write_text_atomic
 from quantlab.core.layout import cache_dir
 from quantlab.recipe.stream import (CONTROLLED, DEFAULT_METHOD, METHOD, NO_STREAM, OFF, SHIPPED_GAMMAS, SHIPPED_W0,
-                                    StreamDecision, next_share)
+                                    TOLERANCE, StreamDecision, next_share)
 
 STREAMS_DIR = "streams"
 RUN_FILE = "stream.json"  # in the run folder: the run's decision, kept by a resume
@@ -116,22 +117,30 @@ def stream_rule(key: str, history: list[dict[str, Any]], method: str) -> str:
     return method
 
 
+def counted(history: list[dict[str, Any]]) -> tuple[tuple[int, float, bool], ...]:
+    """The decisions the rule counts, numbered from 1: every one but those closed void (a run
+    that produced no check verdict: it decided nothing, so it neither spends nor passes on)."""
+    kept = [d for d in history if not d.get("void")]
+    return tuple((i + 1, float(d["share"]), d.get("released") is True) for i, d in enumerate(kept))
+
+
 def take_position(key: str, info: dict[str, Any], method: str = DEFAULT_METHOD) -> StreamDecision:
-    """This run's decision appended to the stream `key`: its position t, claimed so that no
-    concurrent run takes it, and the share the rule gives from the decisions before it."""
+    """This run's decision appended to the stream `key`: its file (slot) claimed so that no
+    concurrent run takes it, its position among the decisions the rule counts, and the share
+    the rule gives from them (recorded with the history it was derived from)."""
     folder = stream_folder(key)
     folder.mkdir(parents=True, exist_ok=True)
     gamma, w0 = SHIPPED_GAMMAS[method], SHIPPED_W0
     for _ in range(MAX_TRIES):
         history = read_history(key)
         stream_rule(key, history, method)
-        known = tuple((d["t"], float(d["share"]), d.get("released") is True) for d in history)
+        known = counted(history)
         share = next_share(gamma, [(s, r) for _, s, r in known], method=method, w0=w0)
-        decision = StreamDecision(control=CONTROLLED, key=key, position=len(history) + 1, share=share,
-                                  method=method, gamma=gamma, w0=w0, history=known)
-        doc = {"t": decision.position, "share": share, "method": method, "gamma": gamma.as_dict(), "w0": w0,
-               "released": None, **info}
-        if _claim(folder / f"{decision.position}.json", _signed(key, doc)):
+        decision = StreamDecision(control=CONTROLLED, key=key, position=len(known) + 1, share=share,
+                                  method=method, gamma=gamma, w0=w0, history=known, slot=len(history) + 1)
+        doc = {"t": decision.slot, "position": decision.position, "share": share, "method": method,
+               "gamma": gamma.as_dict(), "w0": w0, "history": [list(h) for h in known], "released": None, **info}
+        if _claim(folder / f"{decision.slot}.json", _signed(key, doc)):
             return decision
     raise RecipeError(f"no position could be taken in {folder}: {MAX_TRIES} were taken by other runs meanwhile",
                       file=str(folder))
@@ -153,52 +162,147 @@ def _claim(path: Path, text: str) -> bool:
         os.unlink(tmp)
 
 
-def close_decision(decision: StreamDecision | None, released: bool, candidate: str | None = None) -> None:
+def _entry(key: str, slot: int) -> tuple[Path, dict[str, Any]]:
+    """One decision's file in the register, authenticated (RecipeError naming it otherwise)."""
+    path = stream_folder(key) / f"{slot}.json"
+    try:
+        doc = json.loads(path.read_text())
+    except (OSError, ValueError) as err:
+        raise _refused(path.parent, f"{path.name}, this run's decision, cannot be read ({err})") from None
+    if not isinstance(doc, dict) or doc.get("t") != slot or doc.get("stream") != key or \
+            not cache_secret.holds(_body(key, doc), doc.get("hmac")):
+        raise _refused(path.parent, f"{path.name} is not authenticated by this user's cache secret")
+    return path, doc
+
+
+def closed(doc: dict[str, Any]) -> str | None:
+    """How a register entry was closed (None: still open)."""
+    if doc.get("void"):
+        return "void (no check verdict)"
+    return None if doc.get("released") is None else ("released" if doc["released"] else "not released")
+
+
+def close_decision(decision: StreamDecision | None, released: bool, candidate: str | None = None, *,
+                   void: bool = False) -> None:
     """The decision's outcome into its file (still authenticated): what it passes on; the
-    candidate's weights (a digest, as quality/work.mark_judged counts them) now known."""
-    if decision is None:
+    candidate's weights (a digest, as quality/work.mark_judged counts them) now known.
+    `void`: the run produced no check verdict. A decision is closed once: closing it again
+    with the same outcome changes nothing, with another is refused (a resume that re-judges
+    takes a new position instead: decide_position)."""
+    if decision is None or decision.control != CONTROLLED or decision.key is None:
         return
-    if decision.control != CONTROLLED or decision.key is None:
-        return
-    path = stream_folder(decision.key) / f"{decision.position}.json"
-    doc = json.loads(path.read_text())
-    if doc.get("t") != decision.position or not cache_secret.holds(_body(decision.key, doc), doc.get("hmac")):
-        raise _refused(path.parent, f"{path.name} is not the decision this run wrote")
-    doc["released"] = bool(released)
+    path, doc = _entry(decision.key, decision.slot or decision.position)
+    was = closed(doc)
+    if was is not None:
+        if void:  # this attempt produced nothing; the decision was made by an earlier one
+            return
+        if not void and not doc.get("void") and doc.get("released") == bool(released):
+            return
+        raise RecipeError(f"decision {doc['t']} of the stream ({path}) is already closed as {was}: a decision is "
+                          "made once, so its outcome is not rewritten. Judge the candidate again in a new run (or "
+                          "resume with a changed check, which takes a new position)", file=str(path))
+    if void:
+        doc["void"], doc["released"] = True, False
+    else:
+        doc["released"] = bool(released)
     doc["candidate"] = candidate or doc.get("candidate")
     write_text_atomic(path, _signed(decision.key, doc))
 
 
-def decide_position(ctx: Any, *, alone: bool = False, claim: bool = True) -> StreamDecision:
-    """Where this run stands, before any check: its stream decision (a resume's own, kept),
-    judged alone when the user turned the control off, none without a quality check.
-    claim=False (the dry run): the position the run would take now, taken by nobody."""
+def resumed_position(ctx: Any) -> tuple[StreamDecision | None, dict[str, Any] | None]:
+    """A resumed run's saved decision and its register entry (None: a new run), checked against the register: its
+    file there must be authenticated, name this run folder and hold the saved share; the
+    history is the register's, not the run folder's (which anyone who can write it can edit)."""
     saved = ctx.run.path / RUN_FILE
+    if not saved.is_file():
+        return None, None
+    try:
+        doc = json.loads(saved.read_text())
+        decision = from_run_file(doc)
+    except (OSError, ValueError, KeyError, TypeError) as err:
+        raise RecipeError(f"{saved} cannot be read as this run's stream decision ({err}): resume is refused since "
+                          "its level cannot be checked. Start a new run (drop --resume)", file=str(saved)) from None
+    if decision.control != CONTROLLED:
+        return decision, None
+    slot = doc.get("register", decision.position)
+    if not isinstance(slot, int) or not isinstance(decision.key, str):
+        raise RecipeError(f"{saved} names no decision in the register (key {decision.key!r}, file {slot!r}): "
+                          "start a new run (drop --resume)", file=str(saved))
+    path, entry = _entry(decision.key, slot)
+    problem = None
+    if entry.get("run") != str(ctx.run.path):
+        problem = f"it is the decision of run {entry.get('run')!r}, not of {ctx.run.path}"
+    elif not isinstance(entry.get("share"), (int, float)) or abs(entry["share"] - decision.share) > TOLERANCE:
+        problem = f"it records share {entry.get('share')!r}, the run folder's {saved.name} {decision.share!r}"
+    if problem is not None:
+        raise RecipeError(f"the run folder's {saved.name} does not match its decision in the register ({path}): "
+                          f"{problem}. The level this run is judged at comes from the register, so the resume is "
+                          "refused; start a new run (drop --resume)", file=str(saved), field="share")
+    history = entry.get("history")
+    if isinstance(history, list):
+        known = tuple((int(t), float(s), bool(r)) for t, s, r in history)
+    else:  # a register entry from before the history was recorded with it: the earlier files as they are
+        known = counted(read_history(decision.key)[:slot - 1])
+    want = next_share(decision.gamma, [(s, r) for _, s, r in known], method=decision.method, w0=decision.w0)
+    if abs(want - decision.share) > TOLERANCE:
+        raise RecipeError(f"the register's history before {path.name} gives share {want:.6g}, not the {decision.share:.6g} "
+                          f"this run was judged at: resume is refused; start a new run (drop --resume)", file=str(path))
+    return replace(decision, history=known, position=len(known) + 1, slot=slot), entry
+
+
+REJUDGING = ("quality", "performance", "stability", "targets", "release")  # stages that make the decision
+
+
+def decide_position(ctx: Any, *, alone: bool = False, claim: bool = True,
+                    resumed: tuple[StreamDecision | None, dict[str, Any] | None] = (None, None),
+                    will_run: set[str] | frozenset[str] = frozenset()) -> StreamDecision:
+    """Where this run stands, before any check: its stream decision, judged alone when the
+    user turned the control off, none without a quality check. A resume (`resumed`:
+    resumed_position's) keeps its decision while it is open and of the same stream; one
+    already closed takes a new position when a stage that decides runs again (`will_run`),
+    since a decision is made once, and a change of the stream's parts takes a new one too.
+    claim=False (the dry run): the position the run would take now, taken by nobody."""
+    saved, entry = resumed
     if alone:
         return StreamDecision(control=OFF, by="quantlab run --alone")
     if not ctx.loaded.recipe.release.stream_control:
         return StreamDecision(control=OFF, by="release.stream_control: false")
     if os.environ.get(CONTROL_ENV, "").lower() == "off":  # the test suite's: its runs share baselines by design
         return StreamDecision(control=OFF, by=f"{CONTROL_ENV}=off in the environment")
-    if saved.is_file():  # a resume: the same decision, at the level its gates were registered under
-        return from_run_file(json.loads(saved.read_text()))
+    if saved is not None and saved.control != CONTROLLED:
+        return saved
     parts = stream_parts(ctx)
     if parts is None:
         return StreamDecision(control=NO_STREAM)
     key = json_sha256(parts)[:32]
+    if saved is not None and saved.key == key and (closed(entry or {}) is None or not set(will_run) & set(REJUDGING)):
+        return saved  # an interrupted run resumed (or a closed one re-saved): the same decision, at its level
     method = ctx.loaded.recipe.release.stream_method
     if not claim:
         history = read_history(key)
         stream_rule(key, history, method)
-        known = tuple((d["t"], float(d["share"]), d.get("released") is True) for d in history)
+        known = counted(history)
         gamma = SHIPPED_GAMMAS[method]
         return StreamDecision(key=key, position=len(known) + 1, history=known, method=method, gamma=gamma,
+                              slot=len(history) + 1,
                               share=next_share(gamma, [(s, r) for _, s, r in known], method=method, w0=SHIPPED_W0))
     decision = take_position(key, {"run": str(ctx.run.path), "recipe": ctx.loaded.recipe.name,
-                                   "recipe_sha256": ctx.loaded.content_hash, "candidate": candidate_of(ctx)},
+                                   "recipe_sha256": ctx.loaded.content_hash, "candidate": candidate_of(ctx),
+                                   **({"replaces": saved.slot} if saved is not None and saved.key == key else {})},
                              method)
-    write_text_atomic(saved, json.dumps(decision.record(None), indent=1, sort_keys=True))
+    write_text_atomic(ctx.run.path / RUN_FILE, json.dumps(decision.record(None), indent=1, sort_keys=True))
     return decision
+
+
+def renewal(saved: StreamDecision | None, entry: dict[str, Any] | None, now: StreamDecision) -> str | None:
+    """Why a resumed run took a new position (None: it kept its decision, or is new)."""
+    if saved is None or saved.control != CONTROLLED or now == saved:
+        return None
+    if now.control != CONTROLLED:
+        return None
+    if now.key != saved.key:
+        return "the stream's parts changed (another baseline, suite, engine or hardware)"
+    return f"its decision {saved.position} was already closed ({closed(entry or {})}) and a check runs again"
 
 
 def candidate_of(ctx: Any) -> str | None:
@@ -219,7 +323,8 @@ def from_run_file(doc: dict[str, Any]) -> StreamDecision:
     return StreamDecision(control=doc["control"], key=doc.get("key"), position=doc.get("position"),
                           share=float(doc["share"]), method=doc.get("method", METHOD),
                           gamma=Gamma.from_dict(doc["gamma"]), w0=float(doc.get("w0", SHIPPED_W0)),
-                          history=tuple((h["t"], float(h["share"]), bool(h["released"])) for h in doc["history"]))
+                          history=tuple((h["t"], float(h["share"]), bool(h["released"])) for h in doc["history"]),
+                          slot=doc.get("register", doc.get("position")))
 
 
 def position_line(decision: StreamDecision, recipe: Any) -> str:

@@ -169,6 +169,8 @@ class StreamDecision:
     # the earlier decisions as known when this one took its position: (t, share, released)
     history: tuple[tuple[int, float, bool], ...] = ()
     by: str | None = None  # control off: how the user turned it off (the recipe field, the flag, the environment)
+    # its file in the register (<slot>.json): the position counts only the decisions not void, the slot every one
+    slot: int | None = None
 
     def next_shares(self) -> tuple[float, float]:
         """The next decision's share after this one: (if this one releases, if it does not)."""
@@ -189,7 +191,7 @@ class StreamDecision:
         after_release, after_block = self.next_shares()
         return {"control": self.control, "method": self.method, "reference": REFERENCES[self.method],
                 "key": self.key, "gamma": self.gamma.as_dict(), **({"w0": self.w0} if self.method == LORD else {}),
-                "alpha": alpha, "position": self.position,
+                "alpha": alpha, "position": self.position, "register": self.slot or self.position,
                 "share": round(self.share, 12), "level": level,
                 "history": [{"t": t, "share": round(s, 12), "released": r} for t, s, r in self.history],
                 "next": {"share_after_release": round(after_release, 12), "share_after_block": round(after_block, 12)},

@@ -91,6 +91,11 @@ class Gamma:
             return LORD_CONSTANT * math.log(max(t, 2)) / (t * math.exp(math.sqrt(math.log(t))))
         return self.first if t == 1 else (1.0 - self.first) / ((t - 1) * t)
 
+    def proper(self) -> bool:
+        """Non-increasing and summing to at most 1, as every rule here needs (front: gamma_2 =
+        (1 - first) / 2 is at most gamma_1 from first = 1/3)."""
+        return self.kind != "front" or 1 / 3 - TOLERANCE <= self.first <= 1
+
     def as_dict(self) -> dict[str, Any]:
         if self.kind == "horizon":
             return {"kind": "horizon", "n": self.n, "rule": f"gamma_t = 1/{self.n} for t <= {self.n}, then 0"}
@@ -218,6 +223,9 @@ def rederive(entry: Any) -> tuple[float | None, list[str]]:
         gamma = Gamma.from_dict(entry.get("gamma"))
     except ValueError as err:
         return None, [f"the stream's gamma: {err}"]
+    if not gamma.proper():
+        return None, [f"the stream's gamma {entry.get('gamma')!r} is not a non-increasing sequence summing to at most "
+                      "1 (the ones quantlab writes: front with first in [1/3, 1], horizon with n >= 1, lord)"]
     position, history = entry.get("position"), entry.get("history")
     if not isinstance(position, int) or position < 1 or not isinstance(history, list):
         return None, [f"the stream entry records position {position!r} and a history of "

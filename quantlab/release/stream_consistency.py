@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from quantlab.recipe.stream import CONTROLLED, rederive
+from quantlab.recipe.stream import CONTROLLED, NO_STREAM, rederive
 
 SLACK = 2e-6  # the ledger rounds each check's pass alpha to 6 decimals
 
@@ -24,6 +24,11 @@ def stream_problems(manifest: Any) -> list[str]:
     entry = budget["stream"]
     share, problems = rederive(entry)
     problems = [f"error_budget.stream: {p}" for p in problems]
+    if isinstance(entry, dict) and entry.get("control") == NO_STREAM and \
+            any(getattr(g, "check", None) == "quality" for g in manifest.gates or []):
+        problems.append("error_budget.stream: the run is recorded as in no stream (no quality check), yet the "
+                        "manifest has quality verdicts: a quality check shares the baseline's answers and is a "
+                        "decision of their stream")
     if share is None or not isinstance(entry, dict) or entry.get("control") != CONTROLLED:
         return problems
     level = entry.get("level")

@@ -7,7 +7,7 @@ format before streams) still verifies. The releases are made by quantlab's own f
 
 from __future__ import annotations
 
-from quantlab.recipe.stream import LORD, METHOD, Gamma, StreamDecision
+from quantlab.recipe.stream import LORD, METHOD, NO_STREAM, Gamma, StreamDecision, rederive
 from quantlab.release.verify import verify_release
 from tests.unit.release.registered_release import build, resign
 
@@ -70,3 +70,21 @@ def test_a_lord_release_verifies_and_a_forged_lord_level_is_refused(tmp_path):
     resign(r, claim_what_a_release_would_earn)
     found = problems(r)
     assert any("LORD++ gives 0.133333" in p for p in found), found
+
+
+def test_no_stream_with_quality_verdicts_is_refused(tmp_path):
+    r = build(tmp_path)
+    assert any(g["check"] == "quality" for g in r.manifest()["gates"])
+
+    def claim_no_stream(m):
+        m["error_budget"]["stream"] = StreamDecision(control=NO_STREAM).record(0.05)
+    resign(r, claim_no_stream)
+    found = problems(r)
+    assert any("in no stream (no quality check), yet the manifest has quality verdicts" in p for p in found), found
+
+
+def test_a_gamma_that_grows_is_refused():
+    entry = StreamDecision(key="k" * 32, position=1, share=0.1, method=METHOD, gamma=Gamma.front(0.1)).record(0.05)
+    share, found = rederive(entry)
+    assert share is None and any("not a non-increasing sequence" in p for p in found), found
+    assert rederive(DECISION.record(0.05))[1] == []

@@ -97,8 +97,8 @@ def _refused(folder: Path, why: str) -> RecipeError:
     return RecipeError(f"the register of decisions made against this baseline ({folder}) cannot be trusted: {why}. "
                        "Every run against the same baseline answers is judged at a level derived from that history, "
                        "so quantlab does not judge this run from an edited one. Restore the folder, or remove it to "
-                       "start the stream again at decision 1 (the manifests made after say so: a reader of your "
-                       "releases sees the restart)", file=str(folder))
+                       "start the stream again at decision 1 (nothing records the restart: the later manifests "
+                       "read as a first decision, docs/decisions.md)", file=str(folder))
 
 
 def stream_rule(key: str, history: list[dict[str, Any]], method: str) -> str:
@@ -112,7 +112,7 @@ def stream_rule(key: str, history: list[dict[str, Any]], method: str) -> str:
         raise RecipeError(f"the decisions against this baseline ({stream_folder(key)}) are judged by {first}, its "
                           f"first decision's method, and this recipe's release.stream_method asks {method}: two rules "
                           f"spending one alpha keep neither's guarantee. Set release.stream_method: {first} (or remove "
-                          "that folder to start the stream again at decision 1, which the later manifests show)",
+                          "that folder to start the stream again at decision 1, which nothing records)",
                           field="release.stream_method")
     return method
 

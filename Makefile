@@ -7,7 +7,7 @@ PYTEST_ARGS ?=
 DEMO_RECIPES ?= recipes/demo-gptq-w4a16.yaml recipes/demo-smoothquant-gptq-w8a8.yaml
 # A/A repeats the demo's first run measures (quantlab calibrate), so its performance gates
 # judge with that many more degrees of freedom than their two repeats give (docs/performance.md)
-DEMO_CALIBRATE_REPEATS ?= 4
+DEMO_CALIBRATE_REPEATS ?= 8
 
 .PHONY: setup demo compare test test-fast bench clean
 

@@ -1,3 +1,3 @@
 """quantlab's version, on the floor so that records and cache keys can name it."""
 
-__version__ = "0.2.0"
+__version__ = "0.3.0"

@@ -158,6 +158,8 @@ def next_share(gamma: Gamma, history: Sequence[tuple[float, bool]], *, method: s
 CONTROLLED = "controlled"  # judged at its stream position's level
 OFF = "off by the user"  # release.stream_control: false, or quantlab run --alone: judged alone at alpha
 NO_STREAM = "no stream"  # no quality check: no cached baseline answers to share
+# a comparison's or a search's candidate: judged in its family (Bonferroni over its size), not yet a stream member
+FAMILY_ONLY = "a family, not a stream member"
 
 
 @dataclass(frozen=True)
@@ -191,6 +193,9 @@ class StreamDecision:
                     "rule": f"judged alone at the recipe's alpha: the stream's control was turned off by the user "
                             f"({self.by}); nothing bounds a wrong release over the runs against this baseline"
                             if self.control == OFF else
+                            "a candidate of a comparison or search: judged in its family (the family entry), which "
+                            "takes no position in its baseline's stream yet; nothing bounds a wrong release over "
+                            "separate runs against this baseline" if self.control == FAMILY_ONLY else
                             "no quality check, so no cached baseline answers shared with other runs: judged alone"}
         level = None if alpha is None else round(alpha * self.share, 10)
         after_release, after_block = self.next_shares()
@@ -210,7 +215,7 @@ def rederive(entry: Any) -> tuple[float | None, list[str]]:
         return None, [f"the stream entry is a {type(entry).__name__}, not an object"]
     if entry.get("control") != CONTROLLED:
         alpha, level, share = entry.get("alpha"), entry.get("level"), entry.get("share")
-        if entry.get("control") in (OFF, NO_STREAM) and share == 1.0 and level == alpha:
+        if entry.get("control") in (OFF, NO_STREAM, FAMILY_ONLY) and share == 1.0 and level == alpha:
             return 1.0, []
         return None, [f"the stream entry says control {entry.get('control')!r} with share {share} and level {level} "
                       f"(alpha {alpha}): a run judged alone is at share 1, its level its alpha"]

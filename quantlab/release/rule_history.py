@@ -12,7 +12,8 @@ error budget, and then nothing holds it to a registered gate set: a key holder w
 rule 1 (a release with no gate at all) writes one. quantlab 0.2.0 is the format where every
 release carries a registration and an error budget under rule 3; a manifest claiming an
 older version is refused unless the verifier says it trusts that history
-(`quantlab verify --allow-legacy`). A new rule ships in a new quantlab version with a row of
+(`quantlab verify --allow-legacy`). From 0.3.0 the error budget also records the run's
+place in its baseline's stream (a `stream` entry), which verify then requires. A new rule ships in a new quantlab version with a row of
 its own (tests/unit/release/test_verify_holds_the_signer.py holds the current version's row
 to decision.RULE_VERSION).
 """
@@ -27,7 +28,9 @@ from quantlab.core.version import __version__
 # rule_version recorded, before commit 43cea77; rule 2 from 43cea77; rule 3 from f9478a1).
 # From 0.2.0 every release is decided under rule 3 and carries a registration and an error budget.
 # A new rule comes with a new version and a row here (a unit test holds this version's row to RULE_VERSION).
-RULES_BY_VERSION: dict[str, tuple[int, ...]] = {"0.1.0": (1, 2, 3), "0.2.0": (3,)}
+RULES_BY_VERSION: dict[str, tuple[int, ...]] = {"0.1.0": (1, 2, 3), "0.2.0": (3,), "0.3.0": (3,)}
+# versions whose error budget records the run's place in its baseline's stream (release/stream_consistency.py)
+STREAM_VERSIONS = frozenset({"0.3.0"})
 # versions whose releases may lack a registration and an error budget: verified only with --allow-legacy
 LEGACY_VERSIONS = frozenset({"0.1.0"})
 FIRST_RECORDED_RULE = 2  # the first rule a manifest records as `rule_version` (rule 1: none recorded)

@@ -24,7 +24,7 @@ from quantlab.core.fsutil import remove_tree, sha256_file, write_json_atomic
 from quantlab.core.layout import RELEASE_FILES, SBOM_DIR, release_owned
 from quantlab.core.verdicts import all_verdicts
 from quantlab.release.error_budget import ledger
-from quantlab.recipe.stream import recipe_alpha
+from quantlab.recipe.stream import FAMILY_ONLY, StreamDecision, recipe_alpha
 from quantlab.release.decision import Decided, decide, policy_for, targets_line
 from quantlab.release.manifest import (
     MANIFEST_FILE,
@@ -229,8 +229,16 @@ def build_manifest(ctx: StageContext, results: dict[str, Any], verdicts, decisio
                             performance=ctx.recipe.performance, family=ctx.family,
                             judged_on_these_items=getattr(results.get("quality"), "judged_on_these_items", None),
                             warned=decision.warned_gates if decision.decision == "release" else (),
-                            stream=ctx.stream, stream_alpha=recipe_alpha(ctx.loaded.recipe)),
+                            stream=_stream_of(ctx), stream_alpha=recipe_alpha(ctx.loaded.recipe)),
     )
+
+
+def _stream_of(ctx: StageContext) -> StreamDecision | None:
+    """The run's stream decision; a comparison's or search's candidate (which takes no
+    stream position) says so in its record rather than leaving the entry out."""
+    if ctx.stream is None and ctx.family is not None:
+        return StreamDecision(control=FAMILY_ONLY, by=f"{ctx.family.kind} of {ctx.family.size}")
+    return ctx.stream
 
 
 def _model_files(baseline) -> dict[str, dict[str, Any]]:

@@ -2,8 +2,10 @@
 re-derived from the history it records (recipe/stream.rederive), and the gates' own
 pass-side alphas held to that level.
 
-A manifest whose error budget has no `stream` entry is of the format before streams
-(quantlab 0.2.0 wrote both): nothing to re-derive, as rule_history accepts it. What this
+A manifest of quantlab 0.3.0 or later must carry a `stream` entry (controlled, turned off
+by the user, no quality check, or a family's candidate): one without it had its place in
+the stream removed. A 0.2.0 manifest has none (the format before streams): nothing to
+re-derive, as rule_history accepts it. What this
 cannot catch is a history edited together with the level by whoever holds the signing
 key: the register in the cache is the history's witness, not the manifest.
 """
@@ -13,6 +15,7 @@ from __future__ import annotations
 from typing import Any
 
 from quantlab.recipe.stream import CONTROLLED, NO_STREAM, rederive
+from quantlab.release.rule_history import STREAM_VERSIONS
 
 SLACK = 2e-6  # the ledger rounds each check's pass alpha to 6 decimals
 
@@ -20,6 +23,10 @@ SLACK = 2e-6  # the ledger rounds each check's pass alpha to 6 decimals
 def stream_problems(manifest: Any) -> list[str]:
     budget = manifest.error_budget if isinstance(manifest.error_budget, dict) else {}
     if "stream" not in budget:
+        version = str((getattr(manifest, "quantlab", None) or {}).get("version"))
+        if version in STREAM_VERSIONS:
+            return [f"error_budget.stream: missing, and quantlab {version} records every release's place in its "
+                    "baseline's stream: the entry was removed from what was signed"]
         return []
     entry = budget["stream"]
     share, problems = rederive(entry)

@@ -25,7 +25,7 @@ from quantlab.performance.metrics import RequestRecord, summarize
 from quantlab.performance.noise import RepeatSample
 from quantlab.performance.result import Measured, load_points, points_of
 from quantlab.pipeline.context import RunContext
-from quantlab.recipe.stream import recipe_alpha
+from quantlab.recipe.stream import OFF, StreamDecision, recipe_alpha
 from quantlab.quality import gates as quality_gates
 from quantlab.quality.compare import compare_task, paired_values
 from quantlab.quality.pairing import pool_everything, pool_slices
@@ -116,10 +116,16 @@ def _stability(spec):
     return stability_gates.verdicts({"candidate": role, "baseline": role}, spec)
 
 
+JUDGED_ALONE = StreamDecision(control=OFF, by="QUANTLAB_STREAM_CONTROL=off")
+
+
 def build(tmp_path: Path, *, development_key: bool = False, edit: Callable[[dict], None] | None = None,
-          stream: Any = None) -> Release:
+          stream: Any = JUDGED_ALONE, no_stream_entry: bool = False) -> Release:
     """A released folder under tmp_path/ckpt, signed with a key made here; `stream`: the
-    run's place in its stream (recipe.stream.StreamDecision), its gates judged at that level."""
+    run's place in its stream (recipe.stream.StreamDecision), its gates judged at that level
+    (by default judged alone, as the suite runs: QUANTLAB_STREAM_CONTROL=off);
+    `no_stream_entry`: a manifest without one (the format before streams, or one removed)."""
+    stream = None if no_stream_entry else stream
     priv, pub = tmp_path / "keys" / "release.pem", tmp_path / "keys" / "release.pub.pem"
     generate_keypair(priv, pub)
     loaded = load_recipe(RECIPES / "gptq-w4a16.yaml")

@@ -1,8 +1,8 @@
 """`verify` re-derives a release's stream level from the history its manifest records
 (release/stream_consistency.py): a release made at its position's level verifies; the
 level forged upward (a blocked decision's level claimed as passed on), or gates judged
-looser than the recorded level, are problems; a manifest without a stream entry (the
-format before streams) still verifies. The releases are made by quantlab's own functions
+looser than the recorded level, are problems; a manifest without a stream entry verifies
+only as the format before streams (0.2.0). The releases are made by quantlab's own functions
 (registered_release.build), signed again after each edit as a key holder can."""
 
 from __future__ import annotations
@@ -50,8 +50,17 @@ def test_gates_judged_looser_than_the_recorded_level_are_refused(tmp_path):
     assert any("not the one its gates were judged at" in p for p in found), found
 
 
-def test_a_manifest_without_a_stream_entry_still_verifies(tmp_path):
-    assert problems(build(tmp_path)) == []
+def test_a_manifest_without_a_stream_entry_verifies_only_as_the_format_before_streams(tmp_path):
+    """quantlab 0.3.0 records every release's place in its stream: a manifest of it without
+    the entry had it removed. A 0.2.0 manifest (the format before streams) has none."""
+    r = build(tmp_path, no_stream_entry=True)
+    found = problems(r)
+    assert any("error_budget.stream: missing" in p for p in found), found
+
+    def as_0_2_0(m):
+        m["quantlab"]["version"] = "0.2.0"
+    resign(r, as_0_2_0)
+    assert problems(r) == []
 
 
 LORD_DECISION = StreamDecision(key="k" * 32, position=3, method=LORD, gamma=Gamma.front(0.5), w0=0.7,
@@ -88,3 +97,27 @@ def test_a_gamma_that_grows_is_refused():
     share, found = rederive(entry)
     assert share is None and any("not a non-increasing sequence" in p for p in found), found
     assert rederive(DECISION.record(0.05))[1] == []
+
+
+def test_a_comparisons_candidate_records_its_family_not_a_stream_position(tmp_path):
+    """A candidate of `quantlab run a.yaml b.yaml` takes no stream position: its manifest
+    says it was judged as a family (release/stage._stream_of) and verifies; the same entry
+    claiming a smaller level than its alpha is refused."""
+    from types import SimpleNamespace
+
+    from quantlab.recipe.family import Family
+    from quantlab.recipe.stream import FAMILY_ONLY
+    from quantlab.release.stage import _stream_of
+
+    decision = _stream_of(SimpleNamespace(stream=None, family=Family(size=3, members=("a", "b", "c"))))
+    assert decision.control == FAMILY_ONLY and decision.by == "comparison of 3"
+    r = build(tmp_path, stream=decision)
+    entry = r.manifest()["error_budget"]["stream"]
+    assert entry["control"] == FAMILY_ONLY and "family" in entry["rule"]
+    assert problems(r) == []
+    assert _stream_of(SimpleNamespace(stream=None, family=None)) is None  # a single run always has its own decision
+
+    def claim_a_level(m):
+        m["error_budget"]["stream"]["level"] = 0.01
+    resign(r, claim_a_level)
+    assert any("a run judged alone is at share 1" in p for p in problems(r))

@@ -188,3 +188,22 @@ def _bounds_from(iv: dict) -> str:
     if model is None:  # an interval recorded before the host's noise could be pooled
         return f"the wider of the bootstrap and Student's t over the repeats ({df} df)"
     return f"the wider of the bootstrap and Student's t ({df} df; noise model: {model})"
+
+
+def decision_band(limit: float, direction: str, *, variance: float, df: int, repeats: int, pass_alpha: float,
+                  fail_alpha: float) -> tuple[float, float]:
+    """Before the run: the measured ratio a gate needs to decide, from the host's calibrated
+    log-ratio variance pooled over df (performance/noise_store.py) and `repeats` paired
+    repeats, as the t bound judges (noise.repeat_spread; the bootstrap can only widen it).
+    (pass_at, fail_at): a min gate passes when its ratio is at or above pass_at and fails
+    at or below fail_at (a max gate the other way round); between them it stays not shown.
+    At 2 repeats the balanced centre's variance factor is 1/4 + 1/4 = 1/k, as the plain mean's."""
+    from math import exp, sqrt
+
+    from scipy.stats import t
+
+    se = sqrt(variance / max(1, repeats))
+    to_pass, to_fail = t.ppf(1 - pass_alpha, df) * se, t.ppf(1 - fail_alpha, df) * se
+    if direction == "min":
+        return limit * exp(to_pass), limit * exp(-to_fail)
+    return limit * exp(-to_pass), limit * exp(to_fail)

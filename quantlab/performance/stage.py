@@ -93,11 +93,34 @@ def plan(ctx: StageContext) -> list[str]:
             if all(n is not None for n in noise):
                 least = min(noise, key=lambda n: n.df)
                 lines.append(f"{w.name}/{point}: host calibration: {least.df} df from {'; '.join(least.sources)}, "
-                             f"pooled with the run's own {own}")
+                             f"pooled with the run's own {own}" + _bands(spec, found[(w.name, point)]))
             else:
                 lines.append(f"{w.name}/{point}: the run's own repeats: {own} df; run `quantlab calibrate "
                              f"{ctx.loaded.path}` to calibrate this host")
     return lines
+
+
+def _bands(spec: PerformanceSpec, noise: dict) -> str:
+    """Per ratio gate, the ratio it needs to decide at `repeats` (no adaptive repeat), at the
+    levels the stage judges: the pass side at 1 - confidence, the fail side at its share of
+    the run's false-block budget over every gated figure and point (result.points_of)."""
+    ratio_gates = [g for g in perf_gates.judged_by_interval(spec.gates) if perf_gates.PERF_GATES[g][1] == "ratio"]
+    n_points = sum(len(load_points(w)) for w in spec.workloads)
+    family = max(1, len(perf_gates.judged_by_interval(spec.gates)) * n_points)
+    fail_alpha = perf_gates.FAIL_SHARE * (1 - spec.confidence) / family
+    parts = []
+    for gate in ratio_gates:
+        key, _, direction = perf_gates.PERF_GATES[gate]
+        host = noise.get(key)
+        if host is None or not host.df:
+            continue
+        limit = getattr(spec.gates, gate)
+        pass_at, fail_at = perf_gates.decision_band(limit, direction, variance=host.ss / host.df,
+                                                    df=host.df + max(spec.repeats - 1, 0), repeats=spec.repeats,
+                                                    pass_alpha=1 - spec.confidence, fail_alpha=fail_alpha)
+        sign = (">=", "<=") if direction == "min" else ("<=", ">=")
+        parts.append(f"{key} ratio passes {sign[0]} {pass_at:.3g}, fails {sign[1]} {fail_at:.3g}")
+    return ("; at " + str(spec.repeats) + " repeats " + ", ".join(parts) + " (between: not shown)") if parts else ""
 
 
 def _schedule(ctx: StageContext, repeats: int) -> tuple[list[tuple[int, str]], bool]:

@@ -191,3 +191,27 @@ def test_a_repeat_with_no_figure_is_not_counted_towards_a_pass():
                       intervals={f"ratio:{key}": iv})
     v = verdicts([point], GATES)[0]
     assert v.verdict == "inconclusive" and "a pass needs >= 2 paired repeats" in v.evidence
+
+
+def test_the_dry_runs_decision_band_is_where_the_t_bound_meets_the_limit():
+    """gates.decision_band forecasts, from the host's spread, the ratio a gate needs: a run
+    whose two repeats spread as calibrated and centre exactly there has its t bound exactly
+    at the limit (pass side and fail side)."""
+    from quantlab.performance.gates import decision_band
+    from quantlab.performance.noise import repeat_spread
+
+    var, df, pass_alpha, fail_alpha = 0.054 ** 2, 8, 0.05, 0.025 / 6
+    host = HostNoise(ss=var * df, df=df)
+    pass_at, fail_at = decision_band(0.8, "min", variance=var, df=df + 1, repeats=2, pass_alpha=pass_alpha,
+                                     fail_alpha=fail_alpha)
+    assert fail_at < 0.8 < pass_at
+    d = np.sqrt(var / 2)  # two repeats whose own spread is the host's: the pooled variance stays var
+    for centre, side, alpha in ((pass_at, 0, pass_alpha), (fail_at, 1, fail_alpha)):
+        per = np.array([centre * np.exp(d), centre * np.exp(-d)])
+        spread = repeat_spread(per, host_noise=host, orders=crossover_orders(2))
+        (low, high), = spread.bounds((alpha,))
+        assert (low if side == 0 else high) == pytest.approx(0.8, rel=1e-9)
+    # a max gate mirrors it
+    p_max, f_max = decision_band(1.5, "max", variance=var, df=df + 1, repeats=2, pass_alpha=pass_alpha,
+                                 fail_alpha=fail_alpha)
+    assert p_max < 1.5 < f_max and p_max * f_max == pytest.approx(1.5 ** 2 * 0.8 ** 2 / (pass_at * fail_at))

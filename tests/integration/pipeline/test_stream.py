@@ -11,7 +11,7 @@ import subprocess
 import sys
 
 import pytest
-from conftest import REPO, TINY_SERVER_KEY_ENV, validate, write_recipe
+from conftest import REPO, tiny_endpoint_recipe, validate, write_recipe
 
 from quantlab.recipe.stream import LORD, SHIPPED_GAMMAS, SHIPPED_W0, next_share
 
@@ -23,11 +23,7 @@ def test_two_runs_against_one_baseline_are_decisions_1_and_2_of_its_stream(tiny_
     monkeypatch.setenv("QUANTLAB_STREAM_CONTROL", "on")  # the suite judges each run alone (tests/conftest.py)
     server, _, _ = tiny_server
     recipe = write_recipe(tmp_path, {
-        "name": "tiny-stream",
-        "model": {"source": str(tiny_served_checkpoint)},
-        "quantization": {"method": "rtn", "scheme": "W4A16", "group_size": 64},
-        "serve": {"mode": "endpoint", "endpoint": server.base_url, "allow_same_endpoint": True,
-                  "api_key_env": TINY_SERVER_KEY_ENV},
+        **tiny_endpoint_recipe("tiny-stream", server, tiny_served_checkpoint),
         "quality": {"tasks": ["ql_lastword"], "limit": 10, "kl": {"enabled": False}},
     })
     manifests, records, runs = [], [], []

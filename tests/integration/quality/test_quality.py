@@ -9,7 +9,7 @@ import shutil
 from pathlib import Path
 
 import pytest
-from conftest import TINY_SERVER_KEY_ENV, validate, write_recipe
+from conftest import tiny_endpoint_recipe, validate, write_recipe
 
 from quantlab.core.errors import EngineError, RecipeError
 from quantlab.quality.sandbox import ISOLATING, probe, resolve
@@ -23,12 +23,8 @@ CODE_SANDBOX = "auto" if any(probe(k) is None for k in ISOLATING) else "unsandbo
 
 def self_check_recipe(tmp_path, server, model_dir):
     return write_recipe(tmp_path, {
-        "name": "tiny-self-check",
-        "model": {"source": str(model_dir)},
-        "quantization": {"method": "rtn", "scheme": "W4A16", "group_size": 64},
         # side by side: both roles are up, so baseline and candidate are evaluated at the same time
-        "serve": {"mode": "endpoint", "endpoint": server.base_url, "allow_same_endpoint": True, "side_by_side": True,
-                  "api_key_env": TINY_SERVER_KEY_ENV},
+        **tiny_endpoint_recipe("tiny-self-check", server, model_dir, side_by_side=True),
         "quality": {"tasks": TASKS, "limit": 20, "kl": {"max_texts": 4, "max_tokens": 64, "max_mean_kl": 0.001,
                                                          "min_same_top_rate": 0.99},
                     "allow_code_execution": True, "code_sandbox": CODE_SANDBOX},  # ql_code runs the model's code

@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from conftest import TINY_SERVER_KEY_ENV, validate, write_recipe
+from conftest import tiny_endpoint_recipe, validate, write_recipe
 
 pytestmark = pytest.mark.slow
 
@@ -15,11 +15,7 @@ pytestmark = pytest.mark.slow
 def test_standard_tasks_on_the_served_tiny_model(tiny_server, tiny_served_checkpoint, tmp_path):
     server, _, _ = tiny_server
     recipe = write_recipe(tmp_path, {
-        "name": "tiny-standard",
-        "model": {"source": str(tiny_served_checkpoint)},
-        "quantization": {"method": "rtn", "scheme": "W4A16", "group_size": 64},
-        "serve": {"mode": "endpoint", "endpoint": server.base_url, "allow_same_endpoint": True,
-                  "api_key_env": TINY_SERVER_KEY_ENV},
+        **tiny_endpoint_recipe("tiny-standard", server, tiny_served_checkpoint),
         "quality": {"suites": ["standard"], "tasks": ["std_piqa", "std_gsm8k"], "kl": {"enabled": False}},
         "release": {"policy": {"not_shown": "warn"}},
     })

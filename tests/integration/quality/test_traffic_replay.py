@@ -10,7 +10,7 @@ import subprocess
 import sys
 
 import pytest
-from conftest import REPO, TINY_SERVER_KEY_ENV, validate, write_recipe
+from conftest import REPO, tiny_endpoint_recipe, validate, write_recipe
 
 pytestmark = pytest.mark.slow
 
@@ -60,11 +60,7 @@ def test_traffic_replay_blocks_on_a_critical_row(tiny_server, tiny_served_checkp
     ]
     (folder / "rows.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     recipe = write_recipe(tmp_path, {
-        "name": "tiny-traffic",
-        "model": {"source": str(tiny_served_checkpoint)},
-        "quantization": {"method": "rtn", "scheme": "W4A16", "group_size": 64},
-        "serve": {"mode": "endpoint", "endpoint": server.base_url, "allow_same_endpoint": True,
-                  "api_key_env": TINY_SERVER_KEY_ENV},
+        **tiny_endpoint_recipe("tiny-traffic", server, tiny_served_checkpoint),
         "quality": {"suites": [], "kl": {"enabled": False},
                     "traffic": [{"path": "traffic/rows.jsonl", "max_tokens": 12, "scorer_timeout_s": 2}],
                     "allow_code_execution": True, "code_sandbox": "unsandboxed"},

@@ -12,7 +12,7 @@ import types
 
 import pytest
 import yaml
-from conftest import TINY_SERVER_KEY_ENV, quiet, validate, write_recipe
+from conftest import quiet, tiny_endpoint_recipe, validate, write_recipe
 from transformers import AutoTokenizer
 
 from quantlab.stability import probe as sp
@@ -72,12 +72,8 @@ def test_greedy_repeats_and_batches_and_a_soak_account_for_every_request(tiny_se
 def test_stability_stage_self_check_through_validate(tiny_server, tiny_served_checkpoint, tmp_path):
     server, _, _ = tiny_server
     recipe = write_recipe(tmp_path, {
-        "name": "tiny-stability",
-        "model": {"source": str(tiny_served_checkpoint)},
-        "quantization": {"method": "rtn", "scheme": "W4A16", "group_size": 64},
         # side by side: both roles are up, so they are probed at the same time
-        "serve": {"mode": "endpoint", "endpoint": server.base_url, "allow_same_endpoint": True, "side_by_side": True,
-                  "api_key_env": TINY_SERVER_KEY_ENV},
+        **tiny_endpoint_recipe("tiny-stability", server, tiny_served_checkpoint, side_by_side=True),
         # an endpoint's memory is not visible from here: its growth gate could never decide, and no policy
         # warns an unmeasured gate into a release, so it is not set
         "stability": {"prompts": 4, "max_tokens": 8, "batch": {"concurrency": [4]},

@@ -10,7 +10,7 @@ import subprocess
 import sys
 
 import pytest
-from conftest import REPO, TINY_SERVER_KEY_ENV, tiny_variant, validate, write_recipe
+from conftest import REPO, tiny_endpoint_recipe, tiny_variant, validate, write_recipe
 
 pytestmark = pytest.mark.slow
 
@@ -18,19 +18,14 @@ pytestmark = pytest.mark.slow
 def test_per_target_decisions_through_validate(tiny_server, tiny_served_checkpoint, tmp_path):
     server, _, _ = tiny_server
     recipe = write_recipe(tmp_path, {
-        "name": "tiny-targets",
-        "model": {"source": str(tiny_served_checkpoint)},
-        "quantization": {"method": "rtn", "scheme": "W4A16", "group_size": 64},
-        "serve": {"mode": "endpoint", "endpoint": server.base_url, "allow_same_endpoint": True,
-                  "startup_timeout_s": 600, "api_key_env": TINY_SERVER_KEY_ENV,
-                  "targets": [
+        **tiny_endpoint_recipe("tiny-targets", server, tiny_served_checkpoint, startup_timeout_s=600, targets=[
                       {"name": "replica", "mode": "endpoint", "endpoint": server.base_url,
                        "allow_same_endpoint": True, "max_mismatch": 0.0},
                       # it serves no baseline, so its drift cannot be told from the baseline's: the excess gate
                       # could never decide, and no policy warns an unmeasured gate into a release, so it is not set
                       {"name": "cpu-eager", "mode": "launch", "roles": ["candidate"], "max_mismatch_excess": None,
                        "engine_args": {"max_model_len": 512, "enforce_eager": True}},
-                      {"name": "gpu", "mode": "launch", "device": "cuda", "required": False}]},
+                      {"name": "gpu", "mode": "launch", "device": "cuda", "required": False}]),
         "stability": {"prompts": 4, "max_tokens": 8, "batch": {"concurrency": [4]}, "lengths": None,
                       "determinism": None, "bad_requests": False, "soak": None},
     })

@@ -13,12 +13,13 @@ from quantlab.performance.noise import RepeatSample, interval, per_repeat_figure
 from quantlab.recipe.performance import PerfGates
 
 
-def requests(rng, n, *, ttft_s=0.2, tpot_s=0.05, tokens=32, slow=1.0, spread=0.3):
-    """n closed-loop requests with log-normal latencies; wall time as if one at a time."""
+def requests(rng, n, *, ttft_s=0.2, tpot_s=0.05, tokens=32, slow=1.0, spread=0.3, tpot_spread=0.15):
+    """n closed-loop requests with log-normal latencies (tpot_spread None: every TPOT the
+    same, no draw for it); wall time as if one at a time."""
     out, t = [], 0.0
     for i in range(n):
         ttft = ttft_s * slow * rng.lognormal(0, spread)
-        tpot = tpot_s * slow * rng.lognormal(0, 0.15)
+        tpot = tpot_s * slow * (1.0 if tpot_spread is None else rng.lognormal(0, tpot_spread))
         e2e = ttft + tpot * (tokens - 1)
         out.append(RequestRecord(index=i, outcome="ok", sent_at=t, ttft=ttft, e2e=e2e, output_tokens=tokens))
         t += e2e

@@ -16,7 +16,7 @@ import pytest
 from quantlab.core import cache_secret
 from quantlab.core.result_cache import CacheEntryWarning
 from quantlab.performance import noise_store as store
-from quantlab.performance.metrics import RequestRecord
+from tests.unit.performance.test_noise import requests
 from quantlab.performance.noise import RepeatSample, per_repeat_figures
 from quantlab.recipe.performance import PerformanceSpec
 
@@ -145,20 +145,14 @@ def test_an_entry_made_under_another_secret_is_not_pooled(tmp_path):
     assert any(issubclass(w.category, CacheEntryWarning) for w in caught)
 
 
-def requests(rng, n, slow=1.0):
-    out, t = [], 0.0
-    for i in range(n):
-        ttft = 0.2 * slow * rng.lognormal(0, 0.3)
-        e2e = ttft + 0.05 * slow * 31
-        out.append(RequestRecord(index=i, outcome="ok", sent_at=t, ttft=ttft, e2e=e2e, output_tokens=32))
-        t += e2e
-    return RepeatSample.of(out, t)
+def repeat(rng, n, slow=1.0):
+    return RepeatSample.of(*requests(rng, n, slow=slow, tpot_spread=None))
 
 
 def test_a_run_stores_its_baseline_repeats_and_an_aa_run_its_ratios(tmp_path):
     rng = np.random.default_rng(3)
-    samples = {("short", pt): {"baseline": [requests(rng, 16, s) for s in (1.0, 1.1, 0.95)],
-                               "candidate": [requests(rng, 16, s) for s in (1.0, 1.1, 0.95)]}
+    samples = {("short", pt): {"baseline": [repeat(rng, 16, s) for s in (1.0, 1.1, 0.95)],
+                               "candidate": [repeat(rng, 16, s) for s in (1.0, 1.1, 0.95)]}
                for pt in ("c1", "c8")}
     ctx = fake_ctx(tmp_path, run_id="run-1")
     assert not store.is_aa_run(ctx)

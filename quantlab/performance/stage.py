@@ -93,14 +93,14 @@ def plan(ctx: StageContext) -> list[str]:
             if all(n is not None for n in noise):
                 least = min(noise, key=lambda n: n.df)
                 lines.append(f"{w.name}/{point}: host calibration: {least.df} df from {'; '.join(least.sources)}, "
-                             f"pooled with the run's own {own}" + _bands(spec, found[(w.name, point)]))
+                             f"pooled with the run's own {own}" + _bands(spec, w, found[(w.name, point)]))
             else:
                 lines.append(f"{w.name}/{point}: the run's own repeats: {own} df; run `quantlab calibrate "
                              f"{ctx.loaded.path}` to calibrate this host")
     return lines
 
 
-def _bands(spec: PerformanceSpec, noise: dict) -> str:
+def _bands(spec: PerformanceSpec, w: Workload, noise: dict) -> str:
     """Per ratio gate, the ratio it needs to decide at `repeats` (no adaptive repeat), at the
     levels the stage judges: the pass side at 1 - confidence, the fail side at its share of
     the run's false-block budget over every gated figure and point (result.points_of)."""
@@ -119,6 +119,10 @@ def _bands(spec: PerformanceSpec, noise: dict) -> str:
                                                     df=host.df + max(spec.repeats - 1, 0), repeats=spec.repeats,
                                                     pass_alpha=1 - spec.confidence, fail_alpha=fail_alpha)
         sign = (">=", "<=") if direction == "min" else ("<=", ">=")
+        if ".p99" in key and w.num_requests < perf_gates.MIN_P99_REQUESTS:  # gates._tail_needs_requests
+            parts.append(f"{key} ratio fails {sign[1]} {fail_at:.3g}, never passes ({w.num_requests} requests a "
+                         f"repeat, a pass needs {perf_gates.MIN_P99_REQUESTS})")
+            continue
         parts.append(f"{key} ratio passes {sign[0]} {pass_at:.3g}, fails {sign[1]} {fail_at:.3g}")
     return ("; at " + str(spec.repeats) + " repeats " + ", ".join(parts) + " (between: not shown)") if parts else ""
 

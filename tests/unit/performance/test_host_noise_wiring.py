@@ -8,7 +8,7 @@ import numpy as np
 
 from quantlab.core.results import PerfPoint, PerfResult
 from quantlab.performance import noise_store, stage
-from quantlab.performance.metrics import RequestRecord
+from tests.unit.performance.test_noise import requests
 from quantlab.performance.noise import HostNoise, RepeatSample
 from quantlab.performance.result import crossover_orders, intervals
 from quantlab.recipe.performance import PerformanceSpec
@@ -28,13 +28,7 @@ def test_orders_follow_the_measuring_order():
 
 
 def sample(rng, slow, n=16):
-    out, t = [], 0.0
-    for i in range(n):
-        ttft = 0.2 * slow * rng.lognormal(0, 0.2)
-        e2e = ttft + 0.05 * slow * 31
-        out.append(RequestRecord(index=i, outcome="ok", sent_at=t, ttft=ttft, e2e=e2e, output_tokens=32))
-        t += e2e
-    return RepeatSample.of(out, t)
+    return RepeatSample.of(*requests(rng, n, slow=slow, spread=0.2, tpot_spread=None))
 
 
 def test_a_ratios_interval_pools_the_host_noise_and_an_absolute_one_does_not():
@@ -67,6 +61,9 @@ def test_the_dry_run_says_which_noise_model_will_judge_each_point(tmp_path):
     lines = stage.plan(ctx)
     assert lines[0].startswith("short/c1: the run's own repeats: 1 df")
     assert lines[1].startswith("short/c8: host calibration: 4 df from 4 A/A repeats from 1 calibration run(s)")
+    # what each ratio gate needs to decide; a P99 from 16 requests a repeat can fail, never pass
+    assert "output_tokens_per_s ratio passes >= " in lines[1]
+    assert "ttft_ms.p99 ratio fails >= " in lines[1] and "never passes (16 requests a repeat" in lines[1]
     ctx.recipe.performance = SPEC.model_copy(update={"host_noise": False})
     assert "performance.host_noise is false" in stage.plan(ctx)[0]
 

@@ -198,7 +198,7 @@ def _run_stages(loaded: LoadedRecipe, run: RunDir, progress: Progress, verbose: 
                 progress(f"stage {stage.NAME}: {todo[stage.NAME]}")
                 run_stage(ctx, stage)
             if stage.NAME in CHECKPOINT_STAGES:
-                lock_checkpoint(ctx)
+                guard_checkpoint(ctx, made_now=stage.NAME in todo)
     except BaseException:
         ctx.close_engines()
         unlock_checkpoint(ctx)
@@ -274,6 +274,16 @@ def lock_checkpoint(ctx: RunContext) -> None:
     compares every file with the record before signing whatever the modes held."""
     if ctx.checkpoint_dir.is_dir():
         folder_record.lock(ctx.checkpoint_dir)
+
+
+def guard_checkpoint(ctx: RunContext, made_now: bool) -> None:
+    """After the stage that makes or takes in the candidate: its folder locked for the checks
+    and, when it was made by an earlier invocation (a resume, a retried Ray task), hashed
+    and compared with its record before any server reads it (IntegrityError naming each
+    file that differs): a folder edited between runs is never evaluated, let alone signed."""
+    if not made_now:
+        release_stage.checked_checkpoint(ctx, before="the checks of a resumed run")
+    lock_checkpoint(ctx)
 
 
 def unlock_checkpoint(ctx: RunContext) -> None:

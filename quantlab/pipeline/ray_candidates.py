@@ -55,7 +55,7 @@ from quantlab.pipeline.candidates.conclusion import conclude
 from quantlab.pipeline.candidates.run import choose_then_release, comparison_family, finish_candidate
 from quantlab.pipeline.context import RunContext
 from quantlab.pipeline.loop import (CHECKPOINT_STAGES, STAGES, baseline_needed, blocking_line, enabled,
-                                    lock_checkpoint, run_stage, stages_to_run, unlock_checkpoint)
+                                    guard_checkpoint, run_stage, stages_to_run, unlock_checkpoint)
 from quantlab.pipeline.ray_cluster import (RUNS_SUBDIR, check_fits, check_storage, check_storage_on_nodes,
                                            shared_cache, task_resources)
 from quantlab.recipe.family import Family
@@ -337,15 +337,15 @@ def _candidate_task(loaded: LoadedRecipe, run_path: str, job: str, family: Famil
         for stage in ctx.stages:
             if not enabled(stage, ctx):
                 continue
-            if stage.NAME in todo:
-                said(f"stage {stage.NAME}: {todo[stage.NAME]}")
-                try:
+            try:
+                if stage.NAME in todo:
+                    said(f"stage {stage.NAME}: {todo[stage.NAME]}")
                     run_stage(ctx, stage)
-                except QuantlabError as err:
-                    out["failed"] = f"stage {stage.NAME} failed on {node}: {err}"
-                    return out
-            if stage.NAME in CHECKPOINT_STAGES:
-                lock_checkpoint(ctx)  # read-only through the checks, as in a single run
+                if stage.NAME in CHECKPOINT_STAGES:  # as in a single run
+                    guard_checkpoint(ctx, made_now=stage.NAME in todo)
+            except QuantlabError as err:
+                out["failed"] = f"stage {stage.NAME} failed on {node}: {err}"
+                return out
             stop = _stopped_early(ctx, stage.NAME)
             if stop:
                 out["stopped_early"] = run.record.stopped_early = stop

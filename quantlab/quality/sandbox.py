@@ -179,13 +179,28 @@ def probe(kind: str) -> str | None:
             out = run_python("import os, sys\nprint(os.path.exists(sys.argv[1]), os.getpid())", timeout_s=20,
                              kind=kind, args=(str(marker),))
         except (OSError, ViewError, SandboxFailed) as err:
-            return f"{tool} could not start: {err}"
+            return f"{tool} could not start: {err}{userns_hint(kind)}"
     if not out.ok:
-        return f"{tool} could not run a test program: {out.reason}"
+        return f"{tool} could not run a test program: {out.reason}{userns_hint(kind)}"
     seen, pid = out.stdout.split()
     if seen != "False" or int(pid) > 16:
         return f"{tool} did not isolate a test program (it saw the host's files or processes)"
     return None
+
+
+USERNS_RESTRICTED = Path("/proc/sys/kernel/apparmor_restrict_unprivileged_userns")
+
+
+def userns_hint(kind: str) -> str:
+    """Why bwrap fails for a non-root user on Ubuntu 23.10+ (and the GitHub-hosted runners):
+    AppArmor denies unprivileged user namespaces unless a profile allows them."""
+    try:
+        restricted = kind == "bwrap" and os.geteuid() != 0 and USERNS_RESTRICTED.read_text().strip() == "1"
+    except OSError:
+        return ""
+    return ("; AppArmor restricts unprivileged user namespaces here (kernel.apparmor_restrict_unprivileged_userns "
+            "is 1): give bwrap a profile that allows them (docs/quality.md, 'bubblewrap under AppArmor')"
+            if restricted else "")
 
 
 def unreadable(folder: Path, kind: str) -> list[str]:

@@ -108,13 +108,14 @@ def recorded_checkpoint(ctx: StageContext) -> dict[str, dict[str, Any]]:
     return {rel: f.model_dump() for rel, f in made.files.items()}
 
 
-def checked_checkpoint(ctx: StageContext) -> dict[str, dict[str, Any]]:
+def checked_checkpoint(ctx: StageContext, before: str = "release") -> dict[str, dict[str, Any]]:
     """Every file in the checkpoint folder hashed and compared with the record (the release's
     own files aside); the recorded files, when they all hold. IntegrityError naming each
-    file that differs otherwise: a resume never trusts the record over the disk."""
+    file that differs otherwise: a resume never trusts the record over the disk. `before`:
+    what the check guards (the release, or the checks of a resumed run), for the progress line."""
     folder = ctx.checkpoint_dir
     recorded = recorded_checkpoint(ctx)
-    ctx.progress(f"release: {len(recorded)} checkpoint files hashed and compared with the record made when it "
+    ctx.progress(f"{before}: {len(recorded)} checkpoint files hashed and compared with the record made when it "
                  "was created")
     problems, found = folder_record.differences(folder, recorded, skip=release_owned)
     if problems:

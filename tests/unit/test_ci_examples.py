@@ -102,3 +102,17 @@ def test_the_release_run_signs_with_sigstore_and_no_key_or_token_variable(tmp_pa
     signing = load_recipe(_overlay(RELEASE, tmp_path)).recipe.signing
     assert signing.method == "sigstore"
     assert signing.private_key is None and signing.identity_token_env is None and signing.password_env is None
+
+
+@pytest.mark.parametrize("path", [PR, RELEASE], ids=lambda p: p.name)
+def test_each_run_has_its_code_sandbox_before_it(path):
+    """The shipped recipes run code tasks, refused at the preflight without isolation: on a
+    GitHub-hosted Ubuntu the job installs bwrap and gives it an AppArmor profile first."""
+    for name, job in workflow(path)["jobs"].items():
+        runs = [str(step.get("run", "")) for step in job.get("steps", [])]
+        run_at = [i for i, text in enumerate(runs) if re.search(r"quantlab run\b", text)]
+        if not run_at:
+            continue
+        sandbox_at = [i for i, text in enumerate(runs)
+                      if "install -y -q bubblewrap" in text and "apparmor_parser -r" in text and "userns," in text]
+        assert sandbox_at and sandbox_at[0] < run_at[0], f"{path.name}: job {name} runs quantlab with no bwrap step"

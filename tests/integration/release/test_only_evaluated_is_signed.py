@@ -18,7 +18,7 @@ from quantlab.core.errors import IntegrityError
 from quantlab.core.layout import MANIFEST_FILE, SIGNATURE_FILE, release_owned
 from quantlab.core.run import RunDir
 from quantlab.pipeline.context import RunContext
-from quantlab.pipeline.loop import VALIDATE_STAGES, enabled, lock_checkpoint, run_stage
+from quantlab.pipeline.loop import VALIDATE_STAGES, enabled, guard_checkpoint, lock_checkpoint, run_stage
 from quantlab.quantize import checkpoint_stage
 from quantlab.recipe.file import load_recipe
 from quantlab.release import stage as release_stage
@@ -129,3 +129,19 @@ def test_a_resume_hashes_the_folder_again_and_never_trusts_the_record(tmp_path):
     with pytest.raises(IntegrityError, match=said):
         run_stage(resumed, release_stage)
     assert RunDir.open(ctx.run.path).record.stages["release"].status == "failed"
+
+
+@pytest.mark.parametrize("how", ["added", "changed", "removed"])
+def test_a_resumed_run_compares_the_folder_before_any_check_reads_it(tmp_path, how):
+    """The run loop's guard after the checkpoint stage: made in this invocation, the folder is
+    only locked; made by an earlier one (a resume, a retried Ray task), it is hashed against
+    the record first, so a folder edited between runs is never served or evaluated."""
+    ctx = validated(tmp_path)
+    guard_checkpoint(context(tmp_path, RunDir.open(ctx.run.path)), made_now=False)  # untouched: passes
+    said = tampered(ctx.checkpoint_dir, how)
+    guard_checkpoint(ctx, made_now=True)  # just made: no hashing, locked again
+    assert set(modes(ctx.checkpoint_dir).values()) <= {0o444, 0o555}
+    os.chmod(ctx.checkpoint_dir, 0o755)
+    with pytest.raises(IntegrityError, match=said) as err:
+        guard_checkpoint(context(tmp_path, RunDir.open(ctx.run.path)), made_now=False)
+    assert err.value.exit_code == 3

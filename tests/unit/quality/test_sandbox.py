@@ -496,3 +496,25 @@ def test_an_unsandboxed_run_says_so_in_the_headline_and_the_manifest_field():
     quality["result"]["code_sandbox"] = "bwrap"
     record = RunRecord.model_validate({**data, "stages": {**data["stages"], "quality": quality}})
     assert "UNSANDBOXED" not in render_markdown(record) and "ran in the bwrap sandbox" in render_markdown(record)
+
+
+def test_a_bwrap_refused_by_apparmor_says_what_to_allow(monkeypatch, tmp_path):
+    """Ubuntu 23.10+ (GitHub's ubuntu-latest) deny a non-root user's namespaces: the probe's
+    reason names the sysctl and the docs' profile; root, other kinds and other hosts get nothing."""
+    from quantlab.quality import sandbox
+    restricted = tmp_path / "apparmor_restrict_unprivileged_userns"
+    restricted.write_text("1\n")
+    monkeypatch.setattr(sandbox, "USERNS_RESTRICTED", restricted)
+    monkeypatch.setattr(sandbox.os, "geteuid", lambda: 1000)
+    hint = sandbox.userns_hint("bwrap")
+    assert "apparmor_restrict_unprivileged_userns" in hint and "bubblewrap under AppArmor" in hint
+    assert "bubblewrap under AppArmor" in (Path(__file__).parents[3] / "docs" / "quality.md").read_text()
+    assert sandbox.userns_hint("unshare") == ""
+    restricted.write_text("0\n")
+    assert sandbox.userns_hint("bwrap") == ""
+    monkeypatch.setattr(sandbox, "USERNS_RESTRICTED", tmp_path / "absent")
+    assert sandbox.userns_hint("bwrap") == ""
+    restricted.write_text("1\n")
+    monkeypatch.setattr(sandbox, "USERNS_RESTRICTED", restricted)
+    monkeypatch.setattr(sandbox.os, "geteuid", lambda: 0)
+    assert sandbox.userns_hint("bwrap") == ""

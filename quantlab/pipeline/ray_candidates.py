@@ -69,7 +69,9 @@ WAIT_STEP_S = 1.0  # how often the wait wakes (a Ctrl-C is taken between two wai
 CANCEL_GRACE_S = 30.0  # a cancelled task's stages stop their servers within this, then it is killed
 ATTEMPTS_DIR = "ray-attempts"  # in a candidate's run folder: one mark per attempt (node, pid)
 NODE_LOG = "logs/node-progress.log"  # in a candidate's run folder: what its task said, on its node
-NODE_STAGES = [s for s in STAGES if s is not release_stage]  # the driver releases: only it signs
+def node_stages() -> list:
+    """What a node runs: the run's stages as they are now, but the release (only the driver signs)."""
+    return [s for s in STAGES if s is not release_stage]
 
 
 @dataclass
@@ -322,7 +324,7 @@ def _candidate_task(loaded: LoadedRecipe, run_path: str, job: str, family: Famil
     run.save()
     said = _node_log(run.path / NODE_LOG)
     out: dict[str, Any] = {"node": node, "started_at": started_at, "attempts": attempts}
-    ctx = RunContext(loaded, run, progress=said, stages=NODE_STAGES, family=family)
+    ctx = RunContext(loaded, run, progress=said, stages=node_stages(), family=family)
     try:
         try:
             todo = stages_to_run(ctx)

@@ -42,17 +42,13 @@ from quantlab.reports.stage_plots import draw as draw_plots
 from quantlab.core.engine_time import engine_seconds
 from quantlab.core.errors import EngineError, QuantlabError, RecipeError
 from quantlab.core.fsutil import safetensors_bytes
-from quantlab.pipeline.loop import (STAGES, VALIDATE_STAGES, run_stage, save_with_time, enabled,
-                                    stages_to_run)
+from quantlab.pipeline.loop import (STAGES, VALIDATE_STAGES, guard_checkpoint, run_stage, save_with_time,
+                                    enabled, stages_to_run, unlock_checkpoint)
 from quantlab.recipe.file import LoadedRecipe
 from quantlab.core.run import RunDir, StageRecord, now_iso
 from quantlab.performance import stage as perf_stage
-from quantlab.quality import stage as quality_stage
 from quantlab.release import stage as release_stage
 from quantlab.release.registration import register
-from quantlab.serving import stage as serve_stage
-from quantlab.stability import stage as stability_stage
-from quantlab.targets import stage as targets_stage
 from quantlab.pipeline.candidates.members import (CANDIDATES_DIR, Candidate, Comparison, candidates_of,
                                                   check_comparable, create_folder, selection_of)
 from quantlab.pipeline.candidates.conclusion import conclude, summary_rows
@@ -85,6 +81,8 @@ def run_comparison(recipes: list[Path | LoadedRecipe], runs_root: Path, *,
         if active:
             for c in active:
                 _each([c], c.ctx.stages[0])  # quantize, or take in the existing checkpoint
+                if c.active:
+                    guard_checkpoint(c.ctx, made_now=True)  # read-only through the checks
             still = [c for c in cands if c.active]
             if still and not still[0].loaded.recipe.serve.side_by_side:
                 _in_turn(still)
@@ -100,6 +98,7 @@ def run_comparison(recipes: list[Path | LoadedRecipe], runs_root: Path, *,
         for c in cands:
             if c.ctx is not None:
                 c.ctx.close_engines()
+                unlock_checkpoint(c.ctx)
         if baseline is not None and held is None:
             baseline.stop()
     choose_then_release(cands, selection)
@@ -133,10 +132,11 @@ def _in_groups(folder: Path, active: list[Candidate], selection: SelectionSpec, 
                 progress(f"candidates group {n} of {len(groups)}: {', '.join(c.name for c in group)} "
                          "(beside the baseline)")
             start_candidates(baseline, group, progress, slots, first=n == 1 and not reused)
-            group = [c for c in group if c.active]
-            _each(group, serve_stage, quality_stage)
-            _shared_performance([c for c in group if c.active], progress)
-            _each([c for c in group if c.active], stability_stage, targets_stage)
+            for stage in check_stages(group[0].ctx.stages):
+                if stage is perf_stage:  # one interleaved load over the group and the baseline
+                    _shared_performance([c for c in group if c.active], progress)
+                else:
+                    _each([c for c in group if c.active], stage)
             if n < len(groups):
                 for c in group:
                     c.ctx.close_engines()  # its own server; the baseline stays up for the next group
@@ -153,8 +153,15 @@ def _in_turn(active: list[Candidate]) -> None:
     single run checks it (its servers started and stopped by its own stages; the
     baseline's quality and stability results come from the result cache after the first)."""
     for c in active:
-        _each([c], serve_stage, quality_stage, perf_stage, stability_stage, targets_stage)
+        _each([c], *check_stages(c.ctx.stages))
         c.ctx.close_engines()
+
+
+def check_stages(stages: list[ModuleType]) -> list[ModuleType]:
+    """What a comparison runs between making each checkpoint and the decision: the run's
+    stages in their order, the first (quantize, or take in a checkpoint) and the release
+    aside, so a stage added to STAGES runs here as it does in a single run."""
+    return [s for s in stages[1:] if s is not release_stage]
 
 
 def _groups(active: list[Candidate], selection: SelectionSpec, progress: Progress) -> list[list[Candidate]]:

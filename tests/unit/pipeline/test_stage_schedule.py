@@ -1,0 +1,38 @@
+"""Every path runs the stages of STAGES: a comparison (its groups and its one-at-a-time
+form) and a Ray node read the list as it is, so a stage added to STAGES, as docs/design.md
+instructs, runs there too (before, a comparison named its stages by hand and skipped it)."""
+
+from __future__ import annotations
+
+from types import ModuleType
+
+import pytest
+
+from quantlab.pipeline import loop
+from quantlab.pipeline.candidates.run import check_stages
+from quantlab.performance import stage as perf_stage
+from quantlab.release import stage as release_stage
+
+ray_candidates = pytest.importorskip("quantlab.pipeline.ray_candidates")
+
+
+def dummy_stage() -> ModuleType:
+    stage = ModuleType("dummy_stage")
+    stage.NAME = "dummy"
+    return stage
+
+
+def test_a_comparison_runs_every_stage_between_the_checkpoint_and_the_release_in_order():
+    for stages in (loop.STAGES, loop.VALIDATE_STAGES):
+        assert check_stages(stages) == stages[1:-1]
+        assert stages[-1] is release_stage and perf_stage in check_stages(stages)
+
+
+def test_a_stage_added_to_stages_runs_in_a_comparison_and_on_a_ray_node(monkeypatch):
+    dummy = dummy_stage()
+    added = [*loop.STAGES[:3], dummy, *loop.STAGES[3:]]
+    monkeypatch.setattr(loop, "STAGES", added)
+    monkeypatch.setattr(ray_candidates, "STAGES", added)
+    assert dummy in check_stages(added) and check_stages(added).index(dummy) == 2
+    on_node = ray_candidates.node_stages()
+    assert dummy in on_node and release_stage not in on_node and on_node == added[:-1]

@@ -2,7 +2,7 @@
 CLI's other commands are in pipeline/commands.py).
 
 Resume: a stage is redone when it has no `ok` record, when the hash of its inputs
-changed (stages/__init__.py: `inputs`), or when a stage before it was redone. So an
+changed (each stage's `inputs`, core/stage_context.py), or when a stage before it was redone. So an
 edited serve section re-serves and keeps the checkpoint, an edited quantization
 section starts again from quantize, and an edited description changes nothing.
 Before the first stage runs, every stage that will run gets its preflight.

@@ -1,8 +1,8 @@
 """The recipe file: its schema, loading, path resolution and content hash.
 
 A recipe is YAML. Every section forbids unknown keys so a typo is an error, not a
-silently ignored setting. Each section's schema lives with its part of the pipeline (quantize/spec.py,
-serving/spec.py, quality/spec.py, ...); this module puts them together.
+silently ignored setting. Each section's schema is a module of its own (recipe/quantize.py,
+recipe/serve.py, recipe/quality.py, ...); this module puts them together.
 This module imports no engine: `quantlab recipes check` must stay instant.
 """
 

@@ -10,7 +10,7 @@ __init__.py` (`_POSSIBLE_KERNELS` for mixed-precision (weight-only int) layers,
 `_POSSIBLE_INT8_KERNELS`, `_POSSIBLE_FP8_KERNELS`, `_POSSIBLE_FP8_BLOCK_KERNELS`,
 `_POSSIBLE_WFP8A16_KERNELS`), each kernel's
 `get_min_capability` / `is_supported` in `mixed_precision/` and `scaled_mm/`, and
-`layers/quantization/utils/humming/priority.py` (Humming moved ahead of Marlin on 9.0).
+`vllm/model_executor/layers/quantization/utils/humming/priority.py` (Humming moved ahead of Marlin on 9.0).
 A user may choose the kernels: the engine argument `linear_backend` (`--linear-backend`, or
 `linear_backend` / `linear_backend_per_quant` in `--kernel-config`; applied in
 `_resolve_backend_kernels`), the environment variable `VLLM_DISABLED_KERNELS` (class names

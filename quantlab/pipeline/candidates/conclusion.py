@@ -3,7 +3,6 @@ files (table, JSON, HTML with its plot, JUnit)."""
 
 from __future__ import annotations
 
-import json
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -113,6 +112,3 @@ def _junit_of(documents: list[str], names: set[str]) -> str:
             root.append(suite)
     return ET.tostring(root, encoding="unicode")
 
-
-def load_result(folder: Path) -> dict[str, Any]:
-    return json.loads((Path(folder) / RESULT_FILE).read_text())

@@ -6,9 +6,9 @@ Each recipe is a candidate with its own run folder (runs/compare/<id>/candidates
 - the baseline's quality and stability results (computed for the first candidate and
   taken from the result cache by the others, as their keys are equal);
 - the baseline's performance blocks: the load is measured B, C1, C2, ..., B, ..., C2, C1
-  (`performance/shared_stage.py`), every candidate paired with the baseline block of its sweep.
+  (`pipeline/candidates/shared_performance.py`), every candidate paired with the baseline block of its sweep.
 Each candidate is then judged by its own recipe's gates and `decide`, and the recipe's
-`selection` rule chooses among the released ones (`candidates/select.py`). The
+`selection` rule chooses among the released ones (`pipeline/candidates/select.py`). The
 comparison's table, JSON and JUnit land in the comparison folder.
 
 A candidate is a recipe (quantized, or its checkpoint taken from the cache) or an

@@ -81,8 +81,8 @@ def ray_side(recipes: list[Path], storage: Path, nodes: int, cpus: int) -> dict:
     import ray
     from ray.cluster_utils import Cluster
 
-    from quantlab.pipeline.ray_candidates import PLACEMENT_FILE, run_comparison_on_ray
-    from quantlab.pipeline.ray_cluster import connect, disconnect
+    from quantlab.executors.ray_cluster import connect, disconnect
+    from quantlab.executors.ray_driver import PLACEMENT_FILE, run_comparison_on_ray
 
     t0 = time.monotonic()
     cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": cpus, "include_dashboard": False,

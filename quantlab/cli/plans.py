@@ -19,7 +19,7 @@ def print_plans(recipes: list[Path], runs_dir: Path, *, ray: str | None, storage
 
     loaded = [load_recipe(r) for r in recipes]  # every file valid before any plan
     if ray:
-        from quantlab.cli.ray_option import storage_for
+        from quantlab.executors.ray import storage_for
 
         where = storage_for(ray, storage, runs_dir)
         typer.echo(f"ray: would run {len(loaded)} candidate(s) as tasks on the nodes of {ray} (quantize, serve "

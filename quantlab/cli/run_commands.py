@@ -15,7 +15,7 @@ from quantlab.core.errors import QuantlabError, RecipeError
 from quantlab.cli.base import app, err, exit_codes, progress
 from quantlab.cli.candidate_options import declared_family, named_checkpoints, refuse_alone
 from quantlab.cli.plans import print_plan, print_plans
-from quantlab.cli.ray_option import compare_on_ray, on_ray
+from quantlab.cli.executor_option import compare, executor_for
 
 
 @app.command()
@@ -137,11 +137,9 @@ def search(
                         time_budget_s=time_budget_s, knobs=tuple(knob or ()), progress=progress, verbose=verbose,
                         schemes=() if schemes.strip() == "none" else
                         tuple(x.strip() for x in schemes.split(",") if x.strip()))
-        if ray:
-            with on_ray(ray, storage, runs_dir) as folder:
-                result = run_search(loaded, runs_dir, ray_storage=folder, ray_cpus=ray_cpus, **settings)
-        else:
-            result = run_search(loaded, runs_dir, **settings)
+        executor = executor_for(ray, storage, runs_dir, ray_cpus)
+        with executor:  # with --ray: the cluster joined, the storage folder checked
+            result = run_search(loaded, runs_dir, executor=executor, **settings)
         err.print("[bold]search[/]", highlight=False)
         for line in search_markdown(result).splitlines():
             err.print(f"  {escape(line)}", highlight=False, soft_wrap=True)
@@ -208,13 +206,10 @@ def run(
                               "it will judge", field="--family" if family is None else "--family-size")
         declared = declared_family(family, family_size, recipes, named_checkpoints(checkpoint)) \
             if family and not dry_run else None
-        if ray and not dry_run:
-            _show_comparison(compare_on_ray(recipes, ray, storage, runs_dir, cpus=ray_cpus, verbose=verbose,
-                                            family=declared))
-            return
-        if len(recipes) > 1 or checkpoint:
-            _compare_with_summary(recipes, runs_dir, verbose=verbose, checkpoints=named_checkpoints(checkpoint),
-                                  family=declared)
+        if ray or len(recipes) > 1 or checkpoint:  # with --ray, a dry run has printed its plans above
+            here_only = {"checkpoints": named_checkpoints(checkpoint)} if checkpoint else {}
+            _compare_with_summary(executor_for(ray, storage, runs_dir, ray_cpus), recipes, runs_dir,
+                                  verbose=verbose, family=declared, **here_only)
             return
         loaded = load_recipe(recipes[0])
         if dry_run:
@@ -230,14 +225,10 @@ def run(
         _run_with_summary(loaded, runs_dir, resume=resume_path, verbose=verbose, family=declared, alone=alone)
 
 
-def _compare_with_summary(files: list[Path], runs_dir: Path, *, verbose: bool,
-                          checkpoints: dict[str, Path] | None = None, judge_by: Path | None = None,
-                          family=None) -> None:
+def _compare_with_summary(executor, files: list[Path], runs_dir: Path, *, verbose: bool, family=None,
+                          **here_only) -> None:
     """Several candidates, one baseline: the comparison, its table, then one line on the choice."""
-    from quantlab.pipeline.candidates.run import run_comparison
-
-    _show_comparison(run_comparison(files, runs_dir, checkpoints=checkpoints, judge_by=judge_by,
-                                    progress=progress, verbose=verbose, family=family))
+    _show_comparison(compare(executor, files, runs_dir, verbose=verbose, family=family, **here_only))
 
 
 def _show_comparison(result) -> None:
@@ -269,7 +260,8 @@ def validate(
     with exit_codes():
         named = named_checkpoints(checkpoint)
         if len(named) > 1:
-            _compare_with_summary([], runs_dir, verbose=verbose, checkpoints=named, judge_by=recipe)
+            _compare_with_summary(executor_for(None, None, runs_dir), [], runs_dir, verbose=verbose,
+                                  checkpoints=named, judge_by=recipe)
             return
         _run_with_summary(load_recipe(recipe), runs_dir, verbose=verbose, checkpoint=next(iter(named.values())))
 

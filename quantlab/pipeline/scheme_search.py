@@ -22,6 +22,7 @@ from quantlab.core.progress import Progress
 from quantlab.core.shipped import RECIPES
 from quantlab.pipeline.candidates.servers import HeldBaseline
 from quantlab.pipeline.commands import dry_run
+from quantlab.pipeline.executor import Executor
 from quantlab.pipeline.search_rounds import compare_trials
 from quantlab.recipe.family import Family
 from quantlab.recipe.file import LoadedRecipe, load_recipe
@@ -128,7 +129,7 @@ def _baseline_dir(loaded: LoadedRecipe, progress: Progress) -> Path:
 
 
 def run_schemes(trials: list[SchemeTrial], folder: Path, *, width: int, budget_left: int, progress: Progress,
-                verbose: bool, on_ray: tuple[Path | None, int], family: Family, held: HeldBaseline | None,
+                verbose: bool, executor: Executor, family: Family, held: HeldBaseline | None,
                 past_budget) -> tuple[list[dict[str, Any]], list[dict[str, Any]], str | None]:
     """The trials in rounds of `width`, cheapest first, until one is released, the trial
     budget is spent or `past_budget(rounds)` says the next round would end past the time
@@ -143,7 +144,7 @@ def run_schemes(trials: list[SchemeTrial], folder: Path, *, width: int, budget_l
                                                 + (f", {t.predicted_time_ratio:.2f}x the 16-bit layer time"
                                                    if t.predicted_time_ratio is not None else "") + ")"
                                                 for t in chunk))
-        got, info = compare_trials([t.loaded for t in chunk], folder, progress, verbose, on_ray, family, held)
+        got, info = compare_trials([t.loaded for t in chunk], folder, progress, verbose, executor, family, held)
         rounds.append({**info, "schemes": [t.source for t in chunk]})
         for t, o in zip(chunk, got):
             outcomes.append({**o, "source": t.source, "scheme": t.describe(), "predicted_bytes": t.predicted_bytes,

@@ -2,11 +2,11 @@
 layers to keep unquantized so that every required gate passes.
 
 The ranking comes from `quantlab sensitivity` (computed here, or read from its JSON).
-Each round is one comparison (`core/compare.run_comparison`) of the round's trials, each
-trial the recipe with the k most sensitive groups' modules added to
-`quantization.ignore`: one baseline for the round, every trial judged by the recipe's own
-gates, quantized checkpoints and the baseline's results reused from the cache.
-`sensitivity/search.SearchState` picks the next k values (bisection, `width` at a
+Each round is one comparison of the round's trials, run by the search's executor
+(search_rounds.compare_trials; pipeline/executor.py), each trial the recipe with the k
+most sensitive groups' modules added to `quantization.ignore`: one baseline for the
+round, every trial judged by the recipe's own gates, quantized checkpoints and the
+baseline's results reused from the cache. `search/state.SearchState` picks the next k values (bisection, `width` at a
 time) and the winner. The written recipe is the original plus the ignore list; the
 winning trial's checkpoint is released (signed) by its comparison like any candidate.
 
@@ -27,6 +27,7 @@ import yaml
 
 from quantlab.core.layout import SEARCH_DIR  # noqa: F401 (also read from here)
 from quantlab.pipeline.candidates.servers import HeldBaseline
+from quantlab.pipeline.executor import Executor
 from quantlab.pipeline.scheme_search import refused_by_preflight, run_schemes, scheme_sources, scheme_trials
 from quantlab.pipeline.search_report import markdown, plot
 from quantlab.pipeline.search_rounds import compare_trials
@@ -43,16 +44,16 @@ from quantlab.recipe.sensitivity import SensitivitySpec
 
 
 
-def run_search(loaded: LoadedRecipe, runs_root: Path, *, sensitivity: Path | None = None,
+def run_search(loaded: LoadedRecipe, runs_root: Path, *, executor: Executor, sensitivity: Path | None = None,
                max_layers: int | None = None,
                width: int = 2, max_trials: int = 8, time_budget_s: float | None = None,
                knobs: tuple[str, ...] = (), schemes: tuple[str, ...] = (), progress: Progress = print,
-               verbose: bool = False, ray_storage: Path | None = None, ray_cpus: int = 1) -> dict[str, Any]:
+               verbose: bool = False) -> dict[str, Any]:
     """The search; returns its result (also written as search.json beside search.md and
     the chosen recipe file). `schemes`: other methods and schemes tried first
-    (pipeline/scheme_search.py). `ray_storage`: connected to a Ray cluster
-    (ray_cluster.connect), each round's trials run as Ray tasks, their run folders in that
-    storage folder. Here, one baseline server stays up across the rounds."""
+    (pipeline/scheme_search.py). `executor` (pipeline/executor.py, entered already) runs
+    each round's trials: here, one baseline server stays up across the rounds; on Ray,
+    each round's trials are Ray tasks, their run folders in the storage folder."""
     t0 = time.perf_counter()
     recipe = loaded.recipe
     if recipe.quantization.method == "raw":
@@ -67,8 +68,8 @@ def run_search(loaded: LoadedRecipe, runs_root: Path, *, sensitivity: Path | Non
                           f"from the last run of '{recipe.name}'): give at least {estimate:.0f} s",
                           field="--time-budget-s")
     folder = new_run_folder(Path(runs_root) / SEARCH_DIR / recipe.name, loaded.content_hash)
-    held = HeldBaseline(at_least=1 + width) if ray_storage is None else None
-    run = _Search(loaded, runs_root, folder, progress, verbose, (ray_storage, ray_cpus), held,
+    held = executor.hold_baseline(at_least=1 + width)
+    run = _Search(loaded, runs_root, folder, progress, verbose, executor, held,
                   lambda rounds: _past_budget(rounds, estimate, t0, time_budget_s), max_trials, width)
     try:
         result = run.schemes(sources)
@@ -89,10 +90,10 @@ def run_search(loaded: LoadedRecipe, runs_root: Path, *, sensitivity: Path | Non
 class _Search:
     """One search's phases: schemes (first, when asked), then knobs and layers."""
 
-    def __init__(self, loaded, runs_root, folder, progress, verbose, on_ray, held, past_budget, max_trials, width):
+    def __init__(self, loaded, runs_root, folder, progress, verbose, executor, held, past_budget, max_trials, width):
         self.loaded, self.runs_root, self.folder, self.progress, self.verbose = loaded, runs_root, folder, progress, \
             verbose
-        self.on_ray, self.held, self.past_budget, self.max_trials, self.width = on_ray, held, past_budget, \
+        self.executor, self.held, self.past_budget, self.max_trials, self.width = executor, held, past_budget, \
             max_trials, width
         self.rounds: list[dict[str, Any]] = []
         self.scheme_trials: list[dict[str, Any]] = []
@@ -113,7 +114,7 @@ class _Search:
                       f"(selection.rule {self.kernel_bench.get('rule')}): {', '.join(order)}"
                       + (f"; {len(self.refused)} refused by the preflight (no trial used)" if self.refused else ""))
         outcomes, rounds, chosen = run_schemes(trials, self.folder, width=self.width, budget_left=self.max_trials,
-                                               progress=self.progress, verbose=self.verbose, on_ray=self.on_ray,
+                                               progress=self.progress, verbose=self.verbose, executor=self.executor,
                                                family=self.family, held=self.held, past_budget=self.past_budget)
         self.scheme_trials, self.rounds = outcomes, rounds
         if chosen is None:
@@ -163,7 +164,7 @@ class _Search:
                 stopped = "trial budget"
                 break
             progress(f"search: knob {field}, choices {choices} in this order")
-            outcomes, info = compare_trials(trials, folder, progress, self.verbose, self.on_ray, self.family,
+            outcomes, info = compare_trials(trials, folder, progress, self.verbose, self.executor, self.family,
                                             self.held) if trials else ([], {"wall_s": 0.0})
             rounds.append({**info, "knob": field, "choices": choices})
             by_name = {o["name"]: o for o in outcomes + refused}
@@ -194,7 +195,7 @@ class _Search:
             if self.past_budget(rounds):
                 stopped = "time budget"
                 break
-            rounds.append(_round(base, todo, ranking, folder, state, progress, self.verbose, self.on_ray,
+            rounds.append(_round(base, todo, ranking, folder, state, progress, self.verbose, self.executor,
                                  self.family, self.held))
         note = state.monotonic_note()
         if note:
@@ -281,12 +282,12 @@ def trial_recipe(loaded: LoadedRecipe, ranking: list[dict[str, Any]], k: int) ->
 
 
 def _round(loaded: LoadedRecipe, ks: list[int], ranking: list[dict[str, Any]], folder: Path, state: SearchState,
-           progress: Progress, verbose: bool, on_ray: tuple[Path | None, int], family: Family,
+           progress: Progress, verbose: bool, executor: Executor, family: Family,
            held: HeldBaseline | None = None) -> dict[str, Any]:
     """One round of layer trials; each trial's outcome recorded in the state."""
     progress(f"search: trials keeping {', '.join(map(str, ks))} of the most sensitive layer groups unquantized")
     outcomes, info = compare_trials([trial_recipe(loaded, ranking, k) for k in ks], folder, progress, verbose,
-                                    on_ray, family, held)
+                                    executor, family, held)
     for k, outcome in zip(ks, outcomes):
         state.record(k, outcome)
     return {**info, "ks": ks}

@@ -1,5 +1,6 @@
-"""One round of a search: its trials compared against one baseline (here, or as Ray
-tasks), each trial's outcome as the search reads it."""
+"""One round of a search: its trials compared against one baseline by the search's
+executor (pipeline/executor.py: here, or as Ray tasks), each trial's outcome as the
+search reads it."""
 
 from __future__ import annotations
 
@@ -9,29 +10,22 @@ from typing import Any
 
 from quantlab.core.fsutil import safetensors_bytes
 from quantlab.core.progress import Progress
-from quantlab.pipeline.candidates.run import run_comparison
 from quantlab.pipeline.candidates.servers import HeldBaseline
+from quantlab.pipeline.executor import Executor
 from quantlab.recipe.family import Family
 from quantlab.recipe.file import LoadedRecipe
 
 
-def compare_trials(trials: list[LoadedRecipe], folder: Path, progress: Progress, verbose: bool,
-                   on_ray: tuple[Path | None, int] = (None, 1), family: Family | None = None,
-                   held: HeldBaseline | None = None) -> tuple[list[dict[str, Any]], dict[str, Any]]:
-    """One comparison of these trials (a lone trial is a comparison of one), here or as Ray
-    tasks (`on_ray`: the storage folder, None here, and the CPUs a task asks for); each trial's
-    decision, failed gates, worst recovery, weights and throughput, in order, and the round's
-    comparison, time and chosen trial. `held`: the baseline server kept up across rounds (here only)."""
+def compare_trials(trials: list[LoadedRecipe], folder: Path, progress: Progress, verbose: bool, executor: Executor,
+                   family: Family | None = None, held: HeldBaseline | None = None
+                   ) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    """One comparison of these trials by the executor (a lone trial is a comparison of one;
+    here its folder is under <folder>/rounds); each trial's decision, failed gates, worst
+    recovery, weights and throughput, in order, and the round's comparison, time and chosen
+    trial. `held`: the baseline server kept up across rounds, where the executor holds one."""
     t0 = time.perf_counter()
-    storage, cpus = on_ray
-    if storage is not None:
-        from quantlab.pipeline.ray_candidates import run_comparison_on_ray
-
-        comparison = run_comparison_on_ray(trials, storage, progress=progress, verbose=verbose, cpus=cpus,
-                                           family=family)
-    else:
-        comparison = run_comparison(trials, folder / "rounds", progress=progress, verbose=verbose,
-                                    allow_single=True, family=family, held=held)
+    comparison = executor.run(trials, folder / "rounds", progress=progress, verbose=verbose, family=family,
+                              held=held, allow_single=True)
     rows = {row["name"]: row for row in comparison.data["candidates"]}
     refused = comparison.data.get("refused") or {}
     base_tps = (comparison.data.get("baseline") or {}).get("output_tokens_per_s")

@@ -26,8 +26,9 @@ ENGINE_IMPORTS = {
     "quantlab.quantize.engine_output": {"llmcompressor"},
     "quantlab.quantize.distributed": {"torch"},  # the preflight counts the accelerators
     "quantlab.quantize.distributed_rank": {"torch", "compressed_tensors"},  # one torchrun rank
-    "quantlab.pipeline.ray_cluster": {"ray"},  # only when --ray is given
-    "quantlab.pipeline.ray_candidates": {"ray"},
+    "quantlab.executors.ray_cluster": {"ray"},  # only when --ray is given
+    "quantlab.executors.ray_driver": {"ray"},
+    "quantlab.executors.ray_node": {"ray"},  # a candidate's task, on its node
     "quantlab.quantize.dtype_speed": {"torch"},
     "quantlab.search.measure": {"torch", "transformers", "llmcompressor", "compressed_tensors"},
     "quantlab.models.default_model": {"torch", "transformers"},
@@ -51,8 +52,8 @@ STAGE_HELPERS = {"quantlab.quality.work", "quantlab.quality.gate_plan", "quantla
                  "quantlab.release.registration",
                  # the release's SBOMs and vulnerability audit: external tools as subprocesses, the serving Python
                  "quantlab.release.environments", "quantlab.release.vulnerabilities"}
-# the engine half of a run (2); the orchestration: every module of quantlab.pipeline (4), the
-# commands of `quantlab sensitivity` (4); the CLI (5)
+# the engine half of a run (2); the orchestration: every module of quantlab.pipeline and
+# quantlab.executors (4), the commands of `quantlab sensitivity` (4); the CLI (5)
 ORCHESTRATION = {"quantlab.serving.session": 2, "quantlab.search.sensitivity": 4, "quantlab.__main__": 5}
 # not imported as a library: run by the serving environment's Python, or `python -m quantlab`
 SCRIPTS = {"quantlab.serving.cpu_emulation.sitecustomize", "quantlab.__main__"}
@@ -74,7 +75,7 @@ def rank(module: str) -> int:
         return ORCHESTRATION[module]
     if module == "quantlab.cli" or module.startswith("quantlab.cli."):
         return 5
-    if module == "quantlab.pipeline" or module.startswith("quantlab.pipeline."):
+    if package(module) in ("pipeline", "executors"):
         return 4
     if module.endswith(".stage") or module.endswith("_stage") or module in STAGE_HELPERS:
         return 3
@@ -213,8 +214,9 @@ FLOORS = {
     "reports": 8,  # report files and plots, drawn from the records
     "search": 9,  # per-layer sensitivity and the search's state
     "pipeline": 10,  # the orchestration: the run loop, the commands, several candidates, search rounds
-    "cli": 11,
-    "__main__": 12, "quantlab": 12,  # `python -m quantlab`; the package's face (its version)
+    "executors": 11,  # where a comparison's members run: here, or as Ray tasks (pipeline/executor.py's contract)
+    "cli": 12,
+    "__main__": 13, "quantlab": 13,  # `python -m quantlab`; the package's face (its version)
 }
 # Package pairs allowed to import each other both ways, each with why (at most 4). None is
 # needed today: a pair that appears is a package split in the wrong place.

@@ -107,7 +107,7 @@ def test_an_address_nobody_answers_at_is_a_clear_error_at_once(tmp_path):
 
 
 def test_a_storage_folder_a_node_cannot_write_is_named_before_any_task(tmp_path, cluster):
-    from quantlab.pipeline.ray_cluster import check_storage_on_nodes, connect, disconnect
+    from quantlab.executors.ray_cluster import check_storage_on_nodes, connect, disconnect
 
     connect(cluster[0].address, progress=quiet)
     try:
@@ -122,8 +122,8 @@ def test_a_storage_folder_a_node_cannot_write_is_named_before_any_task(tmp_path,
 def test_a_task_the_cluster_cannot_hold_is_refused_before_any_work(tmp_path, tiny_model_dir, cluster,
                                                                    served_format):
     """Ray would wait forever for a GPU a CPU cluster never gets: say so at once, naming the recipe."""
-    from quantlab.pipeline.ray_candidates import run_comparison_on_ray
-    from quantlab.pipeline.ray_cluster import check_storage, connect, disconnect
+    from quantlab.executors.ray_cluster import check_storage, connect, disconnect
+    from quantlab.executors.ray_driver import run_comparison_on_ray
 
     data = tiny_variant("rtn-w8a16", tiny_model_dir)
     data["quality"] = {"tasks": ["ql_lastword"], "limit": 10}
@@ -146,9 +146,9 @@ def test_a_task_the_cluster_cannot_hold_is_refused_before_any_work(tmp_path, tin
 def local_and_ray(tmp_path_factory, tiny_model_dir, served_format, cluster):
     """The same two recipes (good, broken) compared here and on the cluster, where the
     node of one candidate is removed while its task runs: (local, on_ray, lines, lost)."""
+    from quantlab.executors.ray_cluster import check_storage, connect, disconnect
+    from quantlab.executors.ray_driver import run_comparison_on_ray
     from quantlab.pipeline.candidates.run import run_comparison
-    from quantlab.pipeline.ray_candidates import run_comparison_on_ray
-    from quantlab.pipeline.ray_cluster import check_storage, connect, disconnect
 
     root = tmp_path_factory.mktemp("ray-compare")
     recipes = [candidate(root / "recipes", "good", served_format.recipe, tiny_model_dir, max_mean_kl=50.0),

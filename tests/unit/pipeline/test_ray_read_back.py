@@ -10,10 +10,12 @@ from types import SimpleNamespace
 import pytest
 from conftest import shipped, write_recipe
 
+from quantlab.core import folder_record
 from quantlab.core.errors import IntegrityError
 from quantlab.core.results import FileFact, QuantizeResult
 from quantlab.core.run import RunDir, StageRecord, now_iso
-from quantlab.pipeline import ray_candidates as R
+from quantlab.executors.ray_node import NodeOutcome, written_files
+from quantlab.executors.ray_read_back import check_read_back, read_back_problems
 from quantlab.recipe.file import load_recipe
 
 
@@ -23,13 +25,13 @@ def task_run(tmp_path):
     run = RunDir.create(load_recipe(write_recipe(tmp_path, shipped("gptq-w4a16"))), tmp_path / "storage")
     (run.path / "registration").mkdir()
     (run.path / "registration" / "quantlab-registration.json").write_text('{"gates": []}')
-    own = {"registration/quantlab-registration.json": R.folder_record.file_digest(
+    own = {"registration/quantlab-registration.json": folder_record.file_digest(
         run.path / "registration" / "quantlab-registration.json")["sha256"]}
     (run.path / "checkpoint").mkdir()
     (run.path / "checkpoint" / "model.safetensors").write_bytes(b"w" * 64)
     (run.path / "quality" / "candidate").mkdir(parents=True)
     (run.path / "quality" / "candidate" / "ql_lastword.jsonl").write_text('{"doc_id": 0, "acc": 1}\n')
-    files = R.folder_record.digests(run.path / "checkpoint")
+    files = folder_record.digests(run.path / "checkpoint")
     run.put_stage(StageRecord(name="quantize", status="ok", started_at=now_iso(), finished_at=now_iso(),
                               duration_s=1.0, inputs_sha256="x", result=QuantizeResult(
                                   checkpoint="checkpoint", method="gptq", scheme="W4A16", layers_quantized=1,
@@ -41,12 +43,12 @@ def task_run(tmp_path):
 
 def test_an_untouched_folder_holds(tmp_path):
     run, own = task_run(tmp_path)
-    written = R.written_files(run.path, run.record)
+    written = written_files(run.path, run.record)
     assert "quality/candidate/ql_lastword.jsonl" in written["files"] and "run.json" in written["files"]
-    assert written["checkpoint"] == {"model.safetensors": R.folder_record.file_digest(
+    assert written["checkpoint"] == {"model.safetensors": folder_record.file_digest(
         run.path / "checkpoint" / "model.safetensors")["sha256"]}
     assert not any(rel.startswith("checkpoint/") for rel in written["files"])  # the release hashes those
-    assert R.read_back_problems(run.path, written, own) == []
+    assert read_back_problems(run.path, written, own) == []
 
 
 @pytest.mark.parametrize("edit, said", [
@@ -58,7 +60,7 @@ def test_an_untouched_folder_holds(tmp_path):
 ])
 def test_a_folder_changed_on_the_storage_is_named(tmp_path, edit, said):
     run, own = task_run(tmp_path)
-    written = R.written_files(run.path, run.record)
+    written = written_files(run.path, run.record)
     answers = run.path / "quality" / "candidate" / "ql_lastword.jsonl"
     if edit == "answers":
         answers.write_text('{"doc_id": 0, "acc": 0}\n')
@@ -68,16 +70,16 @@ def test_a_folder_changed_on_the_storage_is_named(tmp_path, edit, said):
         answers.unlink()
     elif edit == "registration":  # before the task ran: the task's own digest of it would be of the edit
         (run.path / "registration" / "quantlab-registration.json").write_text('{"gates": ["none"]}')
-        written = R.written_files(run.path, run.record)
+        written = written_files(run.path, run.record)
     else:  # the record's checkpoint digests, to match a swapped checkpoint
         doc = json.loads((run.path / "run.json").read_text())
         doc["stages"]["quantize"]["result"]["files"]["model.safetensors"]["sha256"] = "0" * 64
         (run.path / "run.json").write_text(json.dumps(doc))
-    problems = R.read_back_problems(run.path, written, own)
+    problems = read_back_problems(run.path, written, own)
     assert any(p.startswith(said) for p in problems), problems
     cand = SimpleNamespace(name="a", run=run)
     with pytest.raises(IntegrityError, match=said.split(": ")[1]) as err:
-        R.check_read_back([cand], {"a": R.NodeOutcome("a", written=written)}, {"a": own})
+        check_read_back([cand], {"a": NodeOutcome("a", written=written)}, {"a": own})
     assert err.value.exit_code == 3
     if edit != "record":
         assert RunDir.open(run.path).record.status == "failed"
@@ -86,5 +88,5 @@ def test_a_folder_changed_on_the_storage_is_named(tmp_path, edit, said):
 def test_a_task_that_failed_in_ray_is_not_read_back(tmp_path):
     run, own = task_run(tmp_path)
     (run.path / "quality" / "candidate" / "planted.jsonl").write_text("")
-    R.check_read_back([SimpleNamespace(name="a", run=run)], {"a": R.NodeOutcome("a", failed="its Ray task failed")},
+    check_read_back([SimpleNamespace(name="a", run=run)], {"a": NodeOutcome("a", failed="its Ray task failed")},
                       {"a": own})  # nothing to release from it: the candidate is failed already

@@ -13,7 +13,7 @@ from quantlab.pipeline.candidates.run import check_stages
 from quantlab.performance import stage as perf_stage
 from quantlab.release import stage as release_stage
 
-ray_candidates = pytest.importorskip("quantlab.pipeline.ray_candidates")
+ray_node = pytest.importorskip("quantlab.executors.ray_node")
 
 
 def dummy_stage() -> ModuleType:
@@ -32,7 +32,7 @@ def test_a_stage_added_to_stages_runs_in_a_comparison_and_on_a_ray_node(monkeypa
     dummy = dummy_stage()
     added = [*loop.STAGES[:3], dummy, *loop.STAGES[3:]]
     monkeypatch.setattr(loop, "STAGES", added)
-    monkeypatch.setattr(ray_candidates, "STAGES", added)
+    monkeypatch.setattr(ray_node, "STAGES", added)
     assert dummy in check_stages(added) and check_stages(added).index(dummy) == 2
-    on_node = ray_candidates.node_stages()
+    on_node = ray_node.node_stages()
     assert dummy in on_node and release_stage not in on_node and on_node == added[:-1]

@@ -1,13 +1,13 @@
 """Past one machine: joining a Ray cluster, and what a candidate's task asks of it.
 
 `quantlab run a.yaml b.yaml --ray ADDRESS --storage DIR` runs each candidate as a Ray task
-(pipeline/ray_candidates.py); this module is the cluster's side of it: join or start the
-cluster (an unreachable address is said within seconds, not after Ray's minutes of
-retries), check the storage folder every node writes to, and refuse at once a task no
-node can hold (Ray would otherwise wait for resources that never come).
+(executors/ray_driver.py, executors/ray_node.py); this module is the cluster's side of
+it: join or start the cluster (an unreachable address is said within seconds, not after
+Ray's minutes of retries), check the storage folder every node writes to, and refuse at
+once a task no node can hold (Ray would otherwise wait for resources that never come).
 
-Ray is imported only here and in ray_candidates, and only when `--ray` is given: the CLI
-starts as fast as ever.
+Ray is imported only here, in ray_driver and in ray_node, and only when `--ray` is given:
+the CLI starts as fast as ever.
 """
 
 from __future__ import annotations

@@ -6,8 +6,7 @@ from __future__ import annotations
 
 from types import ModuleType
 
-import pytest
-
+from quantlab.executors import ray_node
 from quantlab.pipeline import loop
 from quantlab.pipeline.candidates.run import check_stages
 from quantlab.performance import stage as perf_stage

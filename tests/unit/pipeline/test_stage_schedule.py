@@ -12,8 +12,6 @@ from quantlab.pipeline.candidates.run import check_stages
 from quantlab.performance import stage as perf_stage
 from quantlab.release import stage as release_stage
 
-ray_node = pytest.importorskip("quantlab.executors.ray_node")
-
 
 def dummy_stage() -> ModuleType:
     stage = ModuleType("dummy_stage")

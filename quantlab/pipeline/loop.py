@@ -16,6 +16,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
+from quantlab.core import checks as check_table
 from quantlab.core.digest import inputs_hash
 from quantlab.core.progress import Progress
 from quantlab.core.verdicts import gate_id
@@ -69,14 +70,12 @@ def baseline_needed(ctx: RunContext) -> bool:
     return not checks or any(s.needs_baseline(ctx) for s in checks)
 
 
-CHECK_STAGES = ("quality", "performance", "stability", "targets")  # the stages whose gates are the evidence
-
-
 def require_evidence(ctx: RunContext) -> None:
     """A run decides on its checks' gates: a recipe without any would serve both models
     and decide nothing (it used to sign a release on no evidence). Refused before any work."""
-    if not ctx.enabled_stages & set(CHECK_STAGES):
-        raise RecipeError("the recipe has no check section (quality, performance, stability or serve.targets): "
+    if not ctx.enabled_stages & set(check_table.evidence_names()):
+        sections = [c.section for c in check_table.CHECKS if c.evidence]
+        raise RecipeError(f"the recipe has no check section ({', '.join(sections[:-1])} or {sections[-1]}): "
                           "`quantlab run` would serve both models and show nothing, and nothing is released "
                           "without evidence. Add a check section (see recipes/gptq-w4a16.yaml), or only quantize "
                           f"with `quantlab quantize {ctx.loaded.path.name}`", file=str(ctx.loaded.path),
@@ -234,7 +233,7 @@ def _after_renewal(ctx: RunContext, resumed: tuple, todo: dict[str, str]) -> dic
         return todo
     if why is not None:
         ctx.progress(f"stream: a new position for this run: {why}; its checks run again")
-        for name in streams.REJUDGING:
+        for name in streams.rejudging():
             ctx.run.record.stages.pop(name, None)
     again = stages_to_run(ctx)  # the level changed: the checks' inputs with it
     for stage in ctx.stages:
@@ -248,7 +247,7 @@ def _close_void(ctx: RunContext, progress: Progress) -> None:
     """A run that ends with no check verdict decided nothing: its position is closed void,
     so crashes do not push later decisions to smaller shares. One with verdicts stays open
     (released nothing, passes nothing on)."""
-    if any(ctx.run.record.result(name) is not None for name in CHECK_STAGES):
+    if any(ctx.run.record.result(name) is not None for name in check_table.evidence_names()):
         return
     _close(ctx, progress, False, void=True)
 

@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from quantlab.core import cache_secret
+from quantlab.core import checks as check_table
 from quantlab.core.digest import json_sha256
 from quantlab.core.errors import RecipeError
 from quantlab.core.fsutil import write_text_atomic
@@ -250,7 +251,9 @@ def resumed_position(ctx: Any) -> tuple[StreamDecision | None, dict[str, Any] | 
     return replace(decision, history=known, position=len(known) + 1, slot=slot), entry
 
 
-REJUDGING = ("quality", "performance", "stability", "targets", "release")  # stages that make the decision
+def rejudging() -> tuple[str, ...]:
+    """The stages that make the decision: the checks whose gates are its evidence, and the release."""
+    return (*check_table.evidence_names(), "release")
 
 
 def decide_position(ctx: Any, *, alone: bool = False, claim: bool = True,
@@ -275,7 +278,7 @@ def decide_position(ctx: Any, *, alone: bool = False, claim: bool = True,
     if parts is None:
         return StreamDecision(control=NO_STREAM)
     key = json_sha256(parts)[:32]
-    if saved is not None and saved.key == key and (closed(entry or {}) is None or not set(will_run) & set(REJUDGING)):
+    if saved is not None and saved.key == key and (closed(entry or {}) is None or not set(will_run) & set(rejudging())):
         return saved  # an interrupted run resumed (or a closed one re-saved): the same decision, at its level
     method = ctx.loaded.recipe.release.stream_method
     if not claim:

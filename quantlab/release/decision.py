@@ -34,6 +34,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from quantlab.core import checks as check_table
 from quantlab.core.verdicts import GateVerdict, gate_id, not_shown_rule
 from quantlab.recipe.serve import PRIMARY_TARGET
 
@@ -252,8 +253,6 @@ def targets_line(decisions: dict[str, TargetDecision]) -> str:
     return "; ".join(parts)
 
 
-# serve first: a server on the wrong kernel makes every other figure not the release's
-CHECK_ORDER = ("serve", "quality", "performance", "stability", "targets")
 FIRST_GATES_CHARS = 80  # the headline names gates up to about this many characters; the report has them all
 
 
@@ -262,7 +261,8 @@ def importance(gate: str) -> tuple:
     then the pooled gate, the slices, each task or point."""
     check, _, rest = gate.partition(".")
     scope = rest.partition("@")[2]
-    return (CHECK_ORDER.index(check) if check in CHECK_ORDER else len(CHECK_ORDER),
+    order = check_table.names()  # the table's order: serve first (core/checks.py)
+    return (order.index(check) if check in order else len(order),
             0 if scope == "pooled" else 1 if scope.startswith("slice:") else 2, gate)
 
 

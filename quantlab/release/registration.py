@@ -29,7 +29,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from quantlab.core import redact
+from quantlab.core import checks as check_table
 from quantlab.core.digest import json_sha256
 from quantlab.core.errors import RecipeError
 from quantlab.core.fsutil import sha256_file, write_text_atomic
@@ -40,33 +40,39 @@ from quantlab.release.decision import RULE_VERSION
 
 SCHEMA = "quantlab-registration/1"
 REGISTRATION_DIR = "registration"
-SECTIONS = ("serve", "quality", "performance", "stability", "targets", "policy")
-# a changed section may be registered anew after its evidence only where the evidence is measured again
-# (not serve: a restarted server logs the same kernels for the same checkpoint and host)
-REMEASURED = ("performance",)
-FIELDS = {"serve": "serve.allow_kernels", "policy": "release.policy"}  # the recipe field a section's refusal names
-CHECKS = ("serve", "quality", "performance", "stability", "targets")  # a section's evidence: its stage's record
+POLICY = "policy"  # the section beside the checks' (core/checks.py): release.policy, the rule, the family
+
+
+def sections() -> tuple[str, ...]:
+    """The registered sections: one a check (its evidence: its stage's record), and the policy."""
+    return (*check_table.names(), POLICY)
+
+
+def _field(section: str) -> str:
+    """The recipe field a section's refusal names."""
+    check = check_table.find(section)
+    return check.field if check is not None else "release.policy"
 
 
 def gate_set(ctx: StageContext) -> dict[str, Any]:
-    """What the decision will be made under, section by section, as the stages read it."""
+    """What the decision will be made under, section by section, as the stages read it: a
+    check's section through its `registered` hook (core/checks.py), else as the recipe has it."""
     r = ctx.recipe
 
     def dump(section: Any) -> Any:
         return None if section is None else section.model_dump(mode="json")
 
     family = ctx.family
-    return {"serve": {"allow_kernels": r.serve.allow_kernels},  # the serve check's gate: serve.kernel_path
-            "quality": dump(r.quality), "performance": dump(r.performance), "stability": dump(r.stability),
-            "targets": [redact.serve_section(t.model_dump(mode="json")) for t in r.serve.targets],
-            "policy": r.release.policy.model_dump(mode="json"),
+    checks = {c.name: check_table.hook(c.registered)(r) if c.registered else dump(check_table.section_of(r, c))
+              for c in check_table.CHECKS}  # each as its check reads it (serve: serve.allow_kernels)
+    return {**checks, POLICY: r.release.policy.model_dump(mode="json"),
             "rule_version": RULE_VERSION, "family": family.as_dict() if family is not None else None}
 
 
 def section_digests(gates: dict[str, Any]) -> dict[str, str]:
     """One digest a section (the family and rule version count as the policy's)."""
-    out = {s: json_sha256(gates[s]) for s in SECTIONS if s != "policy"}
-    out["policy"] = json_sha256([gates["policy"], gates["rule_version"], gates["family"]])
+    out = {s: json_sha256(gates[s]) for s in check_table.names()}
+    out[POLICY] = json_sha256([gates[POLICY], gates["rule_version"], gates["family"]])
     return out
 
 
@@ -115,15 +121,19 @@ def register(ctx: StageContext, *, trial_order: list[str] | None = None) -> dict
 
 
 def _refuse_after_evidence(ctx: StageContext, held: dict[str, Any], current: dict[str, Any]) -> None:
-    changed = [s for s in SECTIONS if held["sections"].get(s) != current["sections"][s]]
+    changed = [s for s in sections() if held["sections"].get(s) != current["sections"][s]]
     done = {n for n, st in ctx.run.record.stages.items() if st.status == "ok"}
-    seen = [s for s in changed if s not in REMEASURED and (s in done if s != "policy" else bool(done & set(CHECKS)))]
+    # a changed section may be registered anew after its evidence only where the evidence is measured again
+    # (not serve: a restarted server logs the same kernels for the same checkpoint and host)
+    remeasured = {c.name for c in check_table.CHECKS if c.remeasured}
+    seen = [s for s in changed if s not in remeasured
+            and (s in done if s != POLICY else bool(done & set(check_table.names())))]
     if seen:
         raise RecipeError(
-            f"the recipe's {', '.join(FIELDS.get(s, s) for s in seen)} changed after this run's evidence for it "
+            f"the recipe's {', '.join(_field(s) for s in seen)} changed after this run's evidence for it "
             f"was on file (registered {held['created_at']}): a decision under gates chosen after seeing the results "
             "is not one. Start a new run (quantlab run RECIPE, without --resume), or put the registered values back",
-            file=str(ctx.loaded.path), field=FIELDS.get(seen[0], seen[0]))
+            file=str(ctx.loaded.path), field=_field(seen[0]))
 
 
 def _write_and_sign(ctx: StageContext, doc: dict[str, Any], *, previous: dict[str, Any] | None) -> dict[str, Any]:

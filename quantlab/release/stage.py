@@ -18,6 +18,7 @@ from typing import Any
 from quantlab.core.provenance import quantlab_identity
 from quantlab.core.digest import stage_digest
 from quantlab.core.stage_context import StageContext
+from quantlab.core import checks as check_table
 from quantlab.core import folder_record
 from quantlab.core.errors import IntegrityError, RecipeError
 from quantlab.core.fsutil import remove_tree, sha256_file, write_json_atomic
@@ -43,12 +44,9 @@ from quantlab.release.attestation import planned, write_attestation
 from quantlab.release.signing_key import signing_args, signing_key
 from quantlab.core.results import (
     CheckpointResult,
-    PerfResult,
-    QualityResult,
     QuantizeResult,
     ReleaseResult,
     ServeResult,
-    StabilityResult,
     TargetsResult,
 )
 from quantlab.core.run import now_iso
@@ -226,11 +224,11 @@ def build_manifest(ctx: StageContext, results: dict[str, Any], verdicts, decisio
         decision=decision,
         targets=targets or {},
         comparison=ctx.comparison,
-        error_budget=ledger(verdicts, rule_version=decision.rule_version or 1, quality=ctx.recipe.quality,
-                            performance=ctx.recipe.performance, family=ctx.family,
+        error_budget=ledger(verdicts, rule_version=decision.rule_version or 1, family=ctx.family,
                             judged_on_these_items=getattr(results.get("quality"), "judged_on_these_items", None),
                             warned=decision.warned_gates if decision.decision == "release" else (),
-                            stream=_stream_of(ctx), stream_alpha=recipe_alpha(ctx.loaded.recipe)),
+                            stream=_stream_of(ctx), stream_alpha=recipe_alpha(ctx.loaded.recipe),
+                            **{c.name: check_table.section_of(ctx.recipe, c) for c in check_table.CHECKS}),
     )
 
 
@@ -276,45 +274,11 @@ def _runtime_and_hardware(serve: Any) -> tuple[dict[str, Any], dict[str, Any]]:
 
 
 def _check_summaries(results: dict[str, Any]) -> dict[str, Any]:
-    """The manifest's summary of each check (the run record holds the full results)."""
-    summaries: dict[str, Any] = {}
-    quality = results.get("quality")
-    if isinstance(quality, QualityResult):
-        summaries["quality"] = {
-            "tasks": [{"task": t.task, "slice": t.slice, "metric": t.metric, "n": t.n, "baseline": t.baseline,
-                       "candidate": t.candidate, "diff": t.diff, "ci": [t.ci_low, t.ci_high],
-                       "confidence": t.confidence, "recovery": t.recovery, "lost": t.worse, "gained": t.better,
-                       "mcnemar_p": t.mcnemar_p} for t in quality.tasks + quality.slices],
-            "kl": quality.kl, "baseline_cached": quality.baseline_cached, "skipped": quality.skipped,
-            "lm_eval_version": quality.lm_eval_version, "suites": quality.suites, "flips_file": quality.flips_file,
-            "code_sandbox": quality.code_sandbox}
-    extra = results.get("targets")
-    if isinstance(extra, TargetsResult):
-        summaries["targets"] = {"primary": extra.primary, "prompts": extra.prompts, "max_tokens": extra.max_tokens,
-                                "targets": {n: {"status": o.status, "reason": o.reason,
-                                                "batch_mismatch_rate": o.batch_mismatch_rate,
-                                                "cross_mismatch_rate": o.cross_mismatch_rate,
-                                                "compared": o.compared, "errors": o.errors}
-                                            for n, o in extra.targets.items()}}
-    stab = results.get("stability")
-    if isinstance(stab, StabilityResult):
-        summaries["stability"] = {"fallback": stab.fallback, "fallback_rate": stab.fallback_rate,
-                                  "max_model_len": stab.max_model_len,
-                                  "roles": {role: _stability_summary(r) for role, r in stab.roles.items()}}
-    perf = results.get("performance")
-    if isinstance(perf, PerfResult):
-        summaries["performance"] = {
-            "interleaved": perf.interleaved, "points": [
-                {"point": f"{p.workload}/{p.point}",
-                 "output_tokens_per_s": {"baseline": p.baseline.get("output_tokens_per_s"),
-                                         "candidate": p.candidate.get("output_tokens_per_s"),
-                                         "ratio": p.comparison.get("output_tokens_per_s", {}).get("ratio")},
-                 "p99_ttft_ms": {"baseline": p.baseline["ttft_ms"]["p99"], "candidate": p.candidate["ttft_ms"]["p99"]},
-                 "error_rate": {"baseline": p.baseline.get("error_rate"), "candidate": p.candidate.get("error_rate")}}
-                for p in perf.points],
-            "memory": perf.memory, "cost": perf.cost, "workload": perf.workload_context,
-            "unrepresentative": perf.unrepresentative}
-    return summaries
+    """The manifest's summary of each check (the run record holds the full results): each
+    row's `summary` hook of core/checks.py, for a check that has a result."""
+    return {check.name: check_table.hook(check.summary)(results[check.name])
+            for check in check_table.in_manifest_order()
+            if check.summary and results.get(check.name) is not None}
 
 
 def _raw_files(ctx: StageContext) -> list[RawFile]:
@@ -338,15 +302,6 @@ def _quantization(q: Any, imported: Any) -> dict[str, Any]:
         return {"method": "validated as given", "format": imported.format, "source": imported.source,
                 "quantization_config": imported.quantization_config}
     return {}
-
-
-def _stability_summary(r: dict[str, Any]) -> dict[str, Any]:
-    return {"batch_mismatch_rate": (r.get("batch") or {}).get("mismatch_rate"),
-            "length_failures": (r.get("lengths") or {}).get("failures"),
-            "greedy_mismatch_rate": ((r.get("determinism") or {}).get("greedy") or {}).get("mismatch_rate"),
-            "bad_request_server_errors": (r.get("bad_requests") or {}).get("server_errors"),
-            "soak_error_rate": (r.get("soak") or {}).get("error_rate"),
-            "soak_rss_growth_mb": (r.get("soak") or {}).get("rss_growth_mb")}
 
 
 def _target_summary(o) -> dict[str, Any]:

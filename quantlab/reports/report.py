@@ -13,6 +13,7 @@ from pathlib import Path
 from xml.etree import ElementTree as ET
 
 from quantlab.core.layout import HTML_FILE, JUNIT_FILE, MARKDOWN_FILE  # noqa: F401 (also read from here)
+from quantlab.core import checks as check_table
 from quantlab.core.verdicts import all_verdicts, gate_id
 from quantlab.recipe.stream import report_line
 from quantlab.release.decision import (TargetDecision, targets_line)
@@ -57,8 +58,9 @@ def stream_line(record: RunRecord) -> str | None:
 
 def plots(record: RunRecord) -> list[str]:
     out: list[str] = []
-    for stage in ("quality", "performance"):
-        out += list(getattr(record.result(stage), "plots", None) or [])
+    for check in check_table.CHECKS:  # the checks that draw plots (core/checks.py), in the decision's order
+        if check.plots:
+            out += list(getattr(record.result(check.name), "plots", None) or [])
     return out
 
 

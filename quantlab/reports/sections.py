@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from quantlab.core import checks as check_table
 from quantlab.core.verdicts import all_verdicts, gate_id
 from quantlab.release.decision import (RULE_VERSION, DecisionPolicy, decide, recorded_policy)
 from quantlab.core.results import (
@@ -46,7 +47,7 @@ def _ratio(c: dict[str, Any], iv: dict[str, Any] | None = None) -> str:
     return f"{c['ratio']:.2f} [{c['ratio_min']:.2f}-{c['ratio_max']:.2f}]{mark}"
 
 
-def _quality_section(q: QualityResult) -> Section:
+def quality_section(q: QualityResult, results: dict[str, Any]) -> Table:
     rows = []
     for t in q.tasks + q.slices:
         flips = f"-{t.worse} / +{t.better}" if t.binary else "-"
@@ -68,8 +69,8 @@ def _quality_section(q: QualityResult) -> Section:
                  + ("; baseline from cache" if q.baseline_cached else "")
                  + (f"; model code ran in the {q.code_sandbox} sandbox" if q.code_sandbox in ("bwrap", "unshare")
                     else "; model code ran UNSANDBOXED (quality.code_sandbox)" if q.code_sandbox else ""))
-    return ("Quality", ["task", "slice", "metric", "n", "baseline", "candidate", "difference [CI]", "recovery",
-                        "flips", "McNemar p"], rows, notes)
+    return (["task", "slice", "metric", "n", "baseline", "candidate", "difference [CI]", "recovery", "flips",
+             "McNemar p"], rows, notes)
 
 
 def _traffic_notes(traffic: list[dict[str, Any]]) -> list[str]:
@@ -93,7 +94,7 @@ def _traffic_notes(traffic: list[dict[str, Any]]) -> list[str]:
     return notes
 
 
-def _stability_section(st: StabilityResult) -> Section:
+def stability_section(st: StabilityResult, results: dict[str, Any]) -> Table:
     def row(what: str, get) -> list[str]:
         return [what] + [get(st.roles.get(role) or {}) for role in ("baseline", "candidate")]
 
@@ -120,13 +121,14 @@ def _stability_section(st: StabilityResult) -> Section:
     for r in (cand.get("bad_requests") or {}).get("rows", []):
         notes.append(f"bad request '{r['case']}': {r['status']}"
                      + ("" if r["healthy_after"] else ", server unhealthy after"))
-    return ("Stability", ["check", "baseline", "candidate"], rows, notes + st.notes)
+    return (["check", "baseline", "candidate"], rows, notes + st.notes)
 
 
-def _targets_section(t: TargetsResult, release: Any) -> Section:
+def targets_section(t: TargetsResult, results: dict[str, Any]) -> Table:
     def pct(v: Any) -> str:
         return "-" if v is None else f"{v:.1%}"
 
+    release = results.get("release")
     decided = release.targets if isinstance(release, ReleaseResult) else {}
     rows = [["primary", "yes", "-", "-", "checked", "0.0% (reference)", "0.0% (reference)",
              pct((t.primary.get("candidate") or {}).get("batch_mismatch_rate")),
@@ -148,8 +150,8 @@ def _targets_section(t: TargetsResult, release: Any) -> Section:
         for e in o.examples[:2]:
             notes.append(f"{name} {e['role']} prompt {e['prompt']}: primary {e['primary']!r:.80} vs "
                          f"{e['target']!r:.80}")
-    return ("Serve targets", ["target", "required", "mode, device", "engine args", "status", "baseline differs",
-                              "candidate differs", "candidate batch mismatch", "decision"], rows, notes)
+    return (["target", "required", "mode, device", "engine args", "status", "baseline differs", "candidate differs",
+             "candidate batch mismatch", "decision"], rows, notes)
 
 
 def _stage_error(s) -> str:
@@ -164,16 +166,14 @@ def sections(record: RunRecord) -> list[Section]:
     r = stage_results(record)
     out = [_stages_section(record), _gates_section(r)]
     for stage, kind, build in (("quantize", QuantizeResult, _quantization_section),
-                               ("checkpoint", CheckpointResult, _checkpoint_section),
-                               ("serve", ServeResult, _serving_section),
-                               ("quality", QualityResult, _quality_section),
-                               ("stability", StabilityResult, _stability_section),
-                               ("targets", TargetsResult, lambda tg: _targets_section(tg, r.get("release"))),
-                               ("performance", PerfResult, _performance_section),
-                               ("release", ReleaseResult, _manifest_section)):
-        result = r.get(stage)
-        if isinstance(result, kind):
-            out.append(build(result))
+                               ("checkpoint", CheckpointResult, _checkpoint_section)):
+        if isinstance(r.get(stage), kind):
+            out.append(build(r[stage]))
+    for check in check_table.in_report_order():  # each check's section: its row's `report` hook
+        if check.report and r.get(check.name) is not None:
+            out.append((check.report_title, *check_table.hook(check.report)(r[check.name], r)))
+    if isinstance(r.get("release"), ReleaseResult):
+        out.append(_manifest_section(r["release"]))
     if isinstance(r.get("release"), ReleaseResult) and r["release"].environments:
         out += environments_sections(r["release"].environments, signed=r["release"].signed)
     return out
@@ -242,7 +242,7 @@ def _checkpoint_section(ck: CheckpointResult) -> Section:
             ["validated as given (quantlab validate): no quantization ran in this run"])
 
 
-def _serving_section(s: ServeResult) -> Section:
+def serving_section(s: ServeResult, results: dict[str, Any]) -> Table:
     rows = []
     for role, f in s.engines.items():
         log = f.log or {}
@@ -267,8 +267,7 @@ def _serving_section(s: ServeResult) -> Section:
     kp = s.kernel_path or {}
     if kp.get("status") in ("not gated", "not measured"):  # a judged one is in the gates table
         notes.append(f"candidate kernel path {kp['status']}: {kp.get('why')}")
-    return ("Serving", ["model", "vLLM", "linear kernels", "KV cache", "start-up s", "smoke completion"],
-            rows, notes)
+    return (["model", "vLLM", "linear kernels", "KV cache", "start-up s", "smoke completion"], rows, notes)
 
 
 def _noise_lines(p: PerfResult) -> list[str]:
@@ -292,7 +291,7 @@ def _noise_lines(p: PerfResult) -> list[str]:
     return lines
 
 
-def _performance_section(p: PerfResult) -> Section:
+def performance_section(p: PerfResult, results: dict[str, Any]) -> Table:
     rows = []
     for pt in p.points:
         b, c, cmp = pt.baseline, pt.candidate, pt.comparison
@@ -321,9 +320,8 @@ def _performance_section(p: PerfResult) -> Section:
                      f"during the run {p.client_cpu_share:.2f} s per second")
     notes += p.notes
     notes += [f"NOT REPRESENTATIVE of a production server: {why}" for why in p.unrepresentative]
-    return ("Performance", ["point", "out tok/s base", "out tok/s cand", "ratio", "P99 TTFT ms base",
-                            "P99 TTFT ms cand", "ratio", "P99 TPOT ms base", "P99 TPOT ms cand",
-                            "error rate base / cand"], rows, notes)
+    return (["point", "out tok/s base", "out tok/s cand", "ratio", "P99 TTFT ms base", "P99 TTFT ms cand", "ratio",
+             "P99 TPOT ms base", "P99 TPOT ms cand", "error rate base / cand"], rows, notes)
 
 
 def _manifest_section(rel: ReleaseResult) -> Section:
@@ -347,6 +345,7 @@ def _verify_hint(rel: ReleaseResult) -> str:
 
 # (title, table header, table rows, notes): one structure, rendered as Markdown and HTML
 Section = tuple[str, list[str], list[list[str]], list[str]]
+Table = tuple[list[str], list[list[str]], list[str]]  # a check's section without its title (the table's)
 
 
 def _duration(seconds: float) -> str:

@@ -7,25 +7,26 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from quantlab.core import checks as check_table
 from quantlab.core.layout import PERF_DIR, QUALITY_DIR  # noqa: F401 (also read from here)
 from quantlab.core.stage_context import StageContext
 
 
-
 def draw(stage: str, ctx: StageContext, result: Any) -> None:
-    """Draw the plots of `stage`'s result into its folder, record them as artifacts and
-    in result.plots (a stage without plots is left as it is). Never raises: a plot that
-    cannot be drawn is a note, and the stage's result is recorded all the same."""
+    """Draw the plots of `stage`'s result into its folder (its row's `plots` hook in
+    core/checks.py), record them as artifacts and in result.plots (a stage without plots
+    is left as it is). Never raises: a plot that cannot be drawn is a note, and the
+    stage's result is recorded all the same."""
+    check = check_table.find(stage)
+    if check is None or not check.plots:
+        return
     try:
-        if stage == "quality":
-            result.plots = _quality(ctx, result)
-        elif stage == "performance":
-            result.plots = _performance(ctx, result)
+        result.plots = check_table.hook(check.plots)(ctx, result)
     except Exception as err:  # noqa: BLE001 - matplotlib raises more kinds than the helpers catch
         result.notes.append(f"plots not drawn: {type(err).__name__}: {err}")
 
 
-def _quality(ctx: StageContext, result: Any) -> list[str]:
+def quality_plots(ctx: StageContext, result: Any) -> list[str]:
     from quantlab.reports.plots import quality_deltas
 
     try:
@@ -41,7 +42,7 @@ def _quality(ctx: StageContext, result: Any) -> list[str]:
     return [rel]
 
 
-def _performance(ctx: StageContext, result: Any) -> list[str]:
+def performance_plots(ctx: StageContext, result: Any) -> list[str]:
     from quantlab.reports.plots import latency_cdfs, versus_concurrency
 
     label = (result.workload_context or {}).get("label", "")

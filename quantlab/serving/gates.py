@@ -25,6 +25,12 @@ FP8_FALLBACK = ("weight-only FP8 (the log's 'no native support for FP8 computati
                 "MarlinFP8ScaledMMLinearKernel")
 
 
+def registered(recipe: Any) -> dict[str, Any]:
+    """The serve check's section as registered before any engine (release/registration.py):
+    what its gate reads of the recipe."""
+    return {"allow_kernels": recipe.serve.allow_kernels}
+
+
 def _kernels(log: dict[str, Any]) -> dict[str, list[str]]:
     actual = {layer: list(ks) for layer, ks in (log.get("linear_kernels") or {}).items()}
     if any(w.get("kind") == "fp8_weight_only_fallback" for w in log.get("warnings") or []):

@@ -3,11 +3,20 @@ answers against the primary target's."""
 
 from __future__ import annotations
 
+from typing import Any
+
+from quantlab.core import redact
 from quantlab.core.results import TargetOutcome
 from quantlab.core.verdicts import GateVerdict
 from quantlab.serving import gates as serve_gates
 
 CHECK = "targets"
+
+
+def registered(recipe: Any) -> list[dict[str, Any]]:
+    """The targets check's section as registered before any engine (release/registration.py):
+    every extra serve target, its secrets redacted."""
+    return [redact.serve_section(t.model_dump(mode="json")) for t in recipe.serve.targets]
 
 
 def _verdict(name: str, gate: str, ok: bool | None, value, limit: float, detail: str) -> GateVerdict:

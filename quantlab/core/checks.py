@@ -38,32 +38,40 @@ class Check:
     plots: str | None = None  # (ctx, result) -> [paths]: its plots, drawn once its stage returns
     budget: str | None = None  # (verdicts, section) -> dict: its entry in the error budget's `checks`
     registered: str | None = None  # (recipe) -> its gates as registered (None: its section as JSON)
+    # (verdict, sections, manifest) -> [core.verdicts.Want], or why the gate is not registered: what `quantlab
+    # verify` holds each of its gates to (sections: release/registered_gates.Sections; a check's own: sections.raw)
+    verify: str | None = None
     report_place: int = LAST  # its place among the report's check sections
     manifest_place: int = LAST  # its place among the manifest's `results`
 
     @property
-    def field(self) -> str:
+    def recipe_field(self) -> str:
+        """The recipe field a refused re-registration of its section names."""
         return self.refusal_field or self.name
 
+
+VERIFY = "quantlab.release.registered_gates"  # the five checks' verify rules share the registered sections' reading
 
 # in the decision's order of importance: serve first (a server on the wrong kernel makes every
 # other figure not the release's)
 CHECKS: tuple[Check, ...] = (
     Check("serve", "serve", "Serving", evidence=False, refusal_field="serve.allow_kernels",
           report="quantlab.reports.sections:serving_section", registered="quantlab.serving.gates:registered",
-          report_place=0),
+          verify=f"{VERIFY}:serve_wants", report_place=0),
     Check("quality", "quality", "Quality", report="quantlab.reports.sections:quality_section",
           summary="quantlab.quality.record:summary", plots="quantlab.reports.stage_plots:quality_plots",
-          budget="quantlab.quality.record:budget", report_place=1, manifest_place=0),
+          budget="quantlab.quality.record:budget", verify=f"{VERIFY}:quality_wants", report_place=1,
+          manifest_place=0),
     Check("performance", "performance", "Performance", remeasured=True,
           report="quantlab.reports.sections:performance_section", summary="quantlab.performance.record:summary",
           plots="quantlab.reports.stage_plots:performance_plots", budget="quantlab.performance.record:budget",
-          report_place=4, manifest_place=3),
+          verify=f"{VERIFY}:performance_wants", report_place=4, manifest_place=3),
     Check("stability", "stability", "Stability", report="quantlab.reports.sections:stability_section",
-          summary="quantlab.stability.record:summary", report_place=2, manifest_place=2),
+          summary="quantlab.stability.record:summary", verify=f"{VERIFY}:stability_wants", report_place=2,
+          manifest_place=2),
     Check("targets", "serve.targets", "Serve targets", report="quantlab.reports.sections:targets_section",
           summary="quantlab.targets.record:summary", registered="quantlab.targets.gates:registered",
-          report_place=3, manifest_place=1),
+          verify=f"{VERIFY}:targets_wants", report_place=3, manifest_place=1),
 )
 
 

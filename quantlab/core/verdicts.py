@@ -3,6 +3,7 @@ run's results. Pure: turning verdicts into a decision is quantlab.release.decisi
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any, Literal
 
 from pydantic import AliasChoices, BaseModel, ConfigDict, Field
@@ -88,6 +89,18 @@ def not_shown_rule(check: str, gate: str, scope: str, *, default: str, checks: d
     rule for 'check.gate@scope', else 'check.gate', else the check's, else the default.
     One lookup for the decision and for the planner, which asks before any verdict."""
     return gates.get(f"{check}.{gate}@{scope}") or gates.get(f"{check}.{gate}") or checks.get(check) or default
+
+
+@dataclass(frozen=True)
+class Want:
+    """One field a gate must have by the gate set registered before the run
+    (release/registered_gates.py; a check's `verify` hook in core/checks.py returns them):
+    its value, and how it is compared."""
+
+    field: str
+    value: Any
+    where: str  # the registered field it comes from
+    how: str = "equal"  # equal, at_least (a sequential look's confidence), one_of
 
 
 def gate_id(v: GateVerdict) -> str:

@@ -15,13 +15,13 @@ score, which it reads from the manifest's own results (signed by the same key).
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from pydantic import ValidationError
 
-from quantlab.core.verdicts import GateVerdict, gate_id
+from quantlab.core import checks as check_table
+from quantlab.core.verdicts import GateVerdict, Want, gate_id
 from quantlab.performance.gates import PERF_GATES
 from quantlab.quality import gates as quality_gates
 from quantlab.quality.compare import POOLED_SCOPE
@@ -41,16 +41,6 @@ STABILITY_PROBES = {"max_batch_mismatch_excess": "batch", "max_length_failures":
 TARGET_LIMITS = {"servable": 1, "started": 1, "max_request_errors": 0}  # fixed; the mismatch limits are registered
 
 
-@dataclass(frozen=True)
-class Want:
-    """One field a gate must have: its value, and how it is compared."""
-
-    field: str
-    value: Any
-    where: str  # the registered field it comes from
-    how: str = "equal"  # equal, at_least (a sequential look's confidence), one_of
-
-
 @dataclass
 class Sections:
     """The registered gate set, each section read with the recipe's own schema."""
@@ -60,6 +50,7 @@ class Sections:
     stability: StabilitySpec | None
     targets: list[ServeTarget]
     policy: ReleasePolicySpec | None
+    raw: dict[str, Any] = field(default_factory=dict)  # the gate set as registered (a check's own section)
 
 
 def read_sections(gates: dict[str, Any]) -> tuple[Sections, list[str]]:
@@ -89,7 +80,7 @@ def read_sections(gates: dict[str, Any]) -> tuple[Sections, list[str]]:
             problems.append(f"the registration's targets[{i}] is not a serve target: {str(err).splitlines()[0]}")
     return Sections(quality=read("quality", QualitySpec), performance=read("performance", PerformanceSpec),
                     stability=read("stability", StabilitySpec), targets=targets,
-                    policy=read("policy", ReleasePolicySpec)), problems
+                    policy=read("policy", ReleasePolicySpec), raw=gates), problems
 
 
 def gate_set_problems(manifest: Any, statement: dict[str, Any]) -> list[str]:
@@ -133,7 +124,8 @@ def _policy_problems(manifest: Any, s: Sections) -> list[str]:
 
 def _field_problems(v: GateVerdict, s: Sections, manifest: Any) -> list[str]:
     gid = gate_id(v)
-    rule = RULES.get(v.check)
+    check = check_table.find(v.check)
+    rule = check_table.hook(check.verify) if check is not None and check.verify else None
     if rule is None:
         return [f"gate {gid}: '{v.check}' is not a check quantlab gates"]
     wants = rule(v, s, manifest)
@@ -181,7 +173,7 @@ def _quality_row(manifest: Any, scope: str) -> dict[str, Any] | None:
     return next((r for r in rows if isinstance(r, dict) and r.get("task") == scope), None)
 
 
-def _quality(v: GateVerdict, s: Sections, manifest: Any) -> list[Want] | str:
+def quality_wants(v: GateVerdict, s: Sections, manifest: Any) -> list[Want] | str:
     q = s.quality
     if q is None:
         return "the registration has no quality section"
@@ -258,7 +250,7 @@ def _margins(gate: str, g: QualityGates, row: dict[str, Any] | None) -> list[flo
     return [max(floor, max(0.0, (1 - r) * b)), max(floor, max(0.0, b * (1 / r - 1)))]
 
 
-def _performance(v: GateVerdict, s: Sections, manifest: Any) -> list[Want] | str:
+def performance_wants(v: GateVerdict, s: Sections, manifest: Any) -> list[Want] | str:
     p = s.performance
     if p is None:
         return "the registration has no performance section"
@@ -284,7 +276,7 @@ def _points(w: Workload) -> list[str]:
     return [f"c{c}" for c in w.concurrency] + [f"r{r:g}" for r in w.request_rates]
 
 
-def _stability(v: GateVerdict, s: Sections, manifest: Any) -> list[Want] | str:
+def stability_wants(v: GateVerdict, s: Sections, manifest: Any) -> list[Want] | str:
     st = s.stability
     if st is None:
         return "the registration has no stability section"
@@ -303,7 +295,7 @@ def _target(s: Sections, name: str | None) -> ServeTarget | None:
     return next((t for t in s.targets if t.name == name), None)
 
 
-def _serve(v: GateVerdict, s: Sections, manifest: Any) -> list[Want] | str:
+def serve_wants(v: GateVerdict, s: Sections, manifest: Any) -> list[Want] | str:
     if v.gate != serve_gates.GATE:
         return f"'{v.gate}' is not the serve check's gate"
     if v.target is not None and _target(s, v.target) is None:
@@ -312,7 +304,7 @@ def _serve(v: GateVerdict, s: Sections, manifest: Any) -> list[Want] | str:
             Want("scope", v.target or PRIMARY_TARGET, "the serve target it is about")]
 
 
-def _targets(v: GateVerdict, s: Sections, manifest: Any) -> list[Want] | str:
+def targets_wants(v: GateVerdict, s: Sections, manifest: Any) -> list[Want] | str:
     target = _target(s, v.scope)
     if target is None:
         return f"'{v.scope}' is not a registered serve target"
@@ -325,11 +317,6 @@ def _targets(v: GateVerdict, s: Sections, manifest: Any) -> list[Want] | str:
             return f"serve.targets[{target.name}].{v.gate} is not set"
         return wants + [Want("limit", limit, f"serve.targets[{target.name}].{v.gate}")]
     return f"'{v.gate}' is not a target gate"
-
-
-RULES: dict[str, Callable[[GateVerdict, Sections, Any], list[Want] | str]] = {
-    "quality": _quality, "performance": _performance, "stability": _stability, "serve": _serve,
-    "targets": _targets}
 
 
 # ------------------------------------------------------------------ gates the sections call for

@@ -51,7 +51,7 @@ def sections() -> tuple[str, ...]:
 def _field(section: str) -> str:
     """The recipe field a section's refusal names."""
     check = check_table.find(section)
-    return check.field if check is not None else "release.policy"
+    return check.recipe_field if check is not None else "release.policy"
 
 
 def gate_set(ctx: StageContext) -> dict[str, Any]:

@@ -16,7 +16,7 @@ from quantlab.core.checks import Check
 from quantlab.core.errors import RecipeError
 from quantlab.core.run import RunRecord, StageRecord, now_iso
 from quantlab.core.shipped import RECIPES
-from quantlab.core.verdicts import GateVerdict
+from quantlab.core.verdicts import GateVerdict, Want
 from quantlab.pipeline import streams
 from quantlab.pipeline.loop import STAGES, VALIDATE_STAGES, require_evidence
 from quantlab.recipe.file import load_recipe
@@ -24,6 +24,7 @@ from quantlab.recipe.release import ReleasePolicySpec
 from quantlab.release import registration
 from quantlab.release.decision import DecisionPolicy, decide, first_gates
 from quantlab.release.error_budget import ledger
+from quantlab.release.registered_gates import gate_set_problems
 from quantlab.release.stage import _check_summaries
 from quantlab.reports.report import plots, render_markdown
 from quantlab.reports.sections import sections
@@ -32,10 +33,10 @@ from tests.unit.test_import_graph import FLOORS, MODULES, package, rank
 
 HERE = "tests.unit.test_checks_table"
 DUMMY = Check("echo", "echo", "Echo probe", report=f"{HERE}:echo_section", summary=f"{HERE}:echo_summary",
-              plots=f"{HERE}:echo_plots", budget=f"{HERE}:echo_budget")
+              plots=f"{HERE}:echo_plots", budget=f"{HERE}:echo_budget", verify=f"{HERE}:echo_wants")
 # the floor each hook is called from: release/ (summary, budget, registered), reports/ (report, plots)
-CALLERS = {"summary": "release", "budget": "release", "registered": "release", "report": "reports",
-           "plots": "reports"}
+CALLERS = {"summary": "release", "budget": "release", "registered": "release", "verify": "release",
+           "report": "reports", "plots": "reports"}
 
 
 # ------------------------------------------------------------------ the dummy check's hooks
@@ -54,6 +55,13 @@ def echo_section(result, results) -> tuple:
 
 def echo_plots(ctx, result) -> list[str]:
     return ["echo/echo.png"]
+
+
+def echo_wants(v, sections, manifest) -> list[Want] | str:
+    section = sections.raw.get("echo")
+    if section is None:
+        return "the registration has no echo section"
+    return [Want("limit", section["limit"], "echo.limit")]
 
 
 def echo_verdict(verdict: str = "pass", test: str = "tango-score") -> GateVerdict:
@@ -156,3 +164,21 @@ def test_a_new_check_has_its_report_section_and_plots(with_echo):
     assert ("Echo probe", ["echoes"], [["3"]], ["an echo of the candidate"]) in sections(record)
     assert plots(record) == ["echo/echo.png"]
     assert "### Echo probe" in render_markdown(record) and "![echo](echo/echo.png)" in render_markdown(record)
+
+
+def echo_manifest() -> SimpleNamespace:
+    return SimpleNamespace(gates=[echo_verdict()], targets={}, results={}, run={},
+                           decision=SimpleNamespace(decision="release", not_shown_policy=None))
+
+
+def test_verify_holds_a_new_checks_gates_to_its_registered_section(with_echo):
+    assert gate_set_problems(echo_manifest(), {"gates": {"echo": {"limit": 0.5}}}) == []
+    assert gate_set_problems(echo_manifest(), {"gates": {"echo": {"limit": 0.6}}}) == [
+        "gate echo.same@all: its limit is 0.5, the registered gate set gives 0.6 (echo.limit)"]
+    assert gate_set_problems(echo_manifest(), {"gates": {}}) == [
+        "gate echo.same@all is not in the registered gate set: the registration has no echo section"]
+
+
+def test_without_its_row_verify_knows_no_such_check():
+    assert gate_set_problems(echo_manifest(), {"gates": {"echo": {"limit": 0.5}}}) == [
+        "gate echo.same@all: 'echo' is not a check quantlab gates"]

@@ -10,34 +10,42 @@ from typing import Any
 
 import yaml
 
-from quantlab.recipe.quantize import FP8_SCHEMES, QuantizationSpec
+from quantlab.recipe.quantize import QuantizationSpec
+from quantlab.recipe.schemes import METHODS, SCHEMES, Scheme, weight_strategy
 
 # Static FP8 KV cache: one calibrated scale per tensor (k and v of each layer).
 KV_CACHE_FP8 = {"num_bits": 8, "type": "float", "strategy": "tensor", "dynamic": False, "symmetric": True}
 
 
 def weight_args(q: QuantizationSpec) -> dict[str, Any]:
-    bits = 4 if q.scheme == "W4A16" else 8
-    args: dict[str, Any] = {"num_bits": bits, "type": "int", "symmetric": q.symmetric}
-    if q.scheme in ("W4A16", "W8A16") and q.group_size is not None:
-        args.update(strategy="group", group_size=q.group_size)
-    else:
-        args.update(strategy="channel")
+    """The weights' arguments of a scheme llm-compressor is given as explicit config groups."""
+    scheme = SCHEMES[str(q.scheme)]
+    args: dict[str, Any] = {"num_bits": scheme.weights.bits, "type": scheme.weights.type, "symmetric": q.symmetric}
+    args["strategy"] = weight_strategy(scheme, q.group_size)
+    if args["strategy"] == "group":
+        args["group_size"] = q.group_size
     return args
+
+
+def activation_args(scheme: Scheme) -> dict[str, Any] | None:
+    acts = scheme.activations
+    if acts is None:
+        return None
+    return {"num_bits": acts.bits, "type": acts.type, "symmetric": True, "strategy": acts.strategy,
+            "dynamic": acts.dynamic}
 
 
 def scheme_kwargs(q: QuantizationSpec) -> dict[str, Any]:
     """Either a compressed-tensors preset name (FP8 family) or explicit config groups,
     so group size and symmetry are exactly what the recipe says."""
-    if q.scheme in FP8_SCHEMES:
+    scheme = SCHEMES[str(q.scheme)]
+    if scheme.preset:
         kwargs: dict[str, Any] = {"scheme": q.scheme, "targets": list(q.targets)}
     else:
         group: dict[str, Any] = {"targets": list(q.targets), "weights": weight_args(q)}
-        if q.scheme == "W8A8":
-            # int8 activations, one dynamic scale per token: no activation calibration needed
-            group["input_activations"] = {
-                "num_bits": 8, "type": "int", "symmetric": True, "strategy": "token", "dynamic": True,
-            }
+        acts = activation_args(scheme)
+        if acts is not None:
+            group["input_activations"] = acts
         kwargs = {"config_groups": {"group_0": group}, "targets": list(q.targets)}
     kwargs["ignore"] = list(q.ignore)
     if q.kv_cache is not None:
@@ -45,23 +53,24 @@ def scheme_kwargs(q: QuantizationSpec) -> dict[str, Any]:
     return kwargs
 
 
+def _modifier_kwargs(q: QuantizationSpec, modifier: str, quant: dict[str, Any]) -> dict[str, Any]:
+    """A modifier's arguments: the recipe's options for it (their defaults where it gives none)."""
+    if modifier == "SmoothQuantModifier":
+        return {"smoothing_strength": q.smoothquant.smoothing_strength if q.smoothquant else 0.8}
+    if modifier == "AWQModifier":
+        return q.awq.model_dump() if q.awq else {"duo_scaling": True, "n_grid": 20}
+    if modifier == "GPTQModifier":
+        gptq = q.gptq.model_dump() if q.gptq else {"block_size": 128, "dampening_frac": 0.01, "actorder": "static"}
+        return {**quant, **gptq}
+    return quant  # QuantizationModifier
+
+
 def plan_modifiers(q: QuantizationSpec) -> list[tuple[str, dict[str, Any]]]:
+    """The method's modifiers in order (recipe/schemes.METHODS), each with its arguments."""
     if q.method == "raw":
         raise ValueError("method 'raw' has no modifier plan; pass raw_recipe to oneshot")
     quant = scheme_kwargs(q)
-    gptq = q.gptq.model_dump() if q.gptq else {"block_size": 128, "dampening_frac": 0.01, "actorder": "static"}
-    plan: list[tuple[str, dict[str, Any]]] = []
-    if q.method.startswith("smoothquant+"):
-        strength = q.smoothquant.smoothing_strength if q.smoothquant else 0.8
-        plan.append(("SmoothQuantModifier", {"smoothing_strength": strength}))
-    if q.method == "awq":
-        awq = q.awq.model_dump() if q.awq else {"duo_scaling": True, "n_grid": 20}
-        plan.append(("AWQModifier", awq))
-    if q.method in ("gptq", "smoothquant+gptq"):
-        plan.append(("GPTQModifier", {**quant, **gptq}))
-    else:  # rtn, fp8, awq (AWQ only rescales; the weights are quantized here)
-        plan.append(("QuantizationModifier", quant))
-    return plan
+    return [(modifier, _modifier_kwargs(q, modifier, quant)) for modifier in METHODS[q.method].modifiers]
 
 
 def raw_recipe_text(q: QuantizationSpec) -> str:

@@ -6,6 +6,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from quantlab.recipe.schemes import METHODS, SCHEMES
+
 
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=False)
@@ -13,33 +15,9 @@ class _Strict(BaseModel):
 
 Method = Literal["rtn", "gptq", "awq", "smoothquant+gptq", "smoothquant+rtn", "fp8", "raw"]
 Scheme = Literal["W4A16", "W8A16", "W8A8", "FP8", "FP8_DYNAMIC", "FP8_BLOCK"]
-
-INT_WEIGHT_ONLY = {"W4A16", "W8A16"}
-FP8_SCHEMES = {"FP8", "FP8_DYNAMIC", "FP8_BLOCK"}
-# Schemes whose activation scales are computed at run time (no calibration needed
-# for the activations themselves).
-DYNAMIC_ACTIVATIONS = {"W8A8", "FP8_DYNAMIC", "FP8_BLOCK"}
-
-# Which schemes each method can produce, and why the others make no sense.
-METHOD_SCHEMES: dict[str, set[str]] = {
-    "rtn": {"W4A16", "W8A16", "W8A8"},
-    "gptq": {"W4A16", "W8A16", "W8A8"},
-    "awq": {"W4A16", "W8A16"},
-    "smoothquant+gptq": {"W8A8"},
-    "smoothquant+rtn": {"W8A8"},
-    "fp8": FP8_SCHEMES,
-}
-METHOD_HINT = {
-    "rtn": "use method 'fp8' for FP8 schemes",
-    "gptq": "GPTQ here produces integer weights; use method 'fp8' for FP8 schemes",
-    "awq": "AWQ protects salient weight channels of weight-only integer schemes; "
-    "for W8A8 use 'smoothquant+gptq'",
-    "smoothquant+gptq": "SmoothQuant moves activation outliers into the weights, which only "
-    "helps when activations are quantized (W8A8); for weight-only use 'gptq' or 'awq'",
-    "smoothquant+rtn": "SmoothQuant only helps when activations are quantized (W8A8); "
-    "for weight-only use 'rtn'",
-    "fp8": "method 'fp8' produces FP8 schemes only; for integer schemes use 'rtn' or 'gptq'",
-}
+# the rows of recipe/schemes.py (what each means, which method makes which scheme), named
+# here for the schema and the editor; tests/unit/recipe/test_schemes_table.py holds them equal
+GROUPED = "/".join(name for name, scheme in SCHEMES.items() if scheme.group_size)  # W4A16/W8A16
 
 
 class GPTQOptions(_Strict):
@@ -132,35 +110,31 @@ class QuantizationSpec(_Strict):
             return self
         if self.raw_recipe is not None:
             raise ValueError("'raw_recipe' is only read with method 'raw'; set method: raw or remove it")
+        method = METHODS[m]
         if s is None:
-            raise ValueError(f"method '{m}' needs a 'scheme', one of {sorted(METHOD_SCHEMES[m])}")
-        if s not in METHOD_SCHEMES[m]:
+            raise ValueError(f"method '{m}' needs a 'scheme', one of {sorted(method.schemes)}")
+        if s not in method.schemes:
             raise ValueError(
-                f"method '{m}' cannot produce scheme '{s}' (it makes {sorted(METHOD_SCHEMES[m])}): "
-                f"{METHOD_HINT[m]}"
+                f"method '{m}' cannot produce scheme '{s}' (it makes {sorted(method.schemes)}): {method.hint}"
             )
-        if self.group_size is not None and s not in INT_WEIGHT_ONLY:
+        if self.group_size is not None and not SCHEMES[s].group_size:
             raise ValueError(
-                f"group_size applies to W4A16/W8A16 only; scheme '{s}' fixes its own granularity: "
+                f"group_size applies to {GROUPED} only; scheme '{s}' fixes its own granularity: "
                 "remove group_size"
             )
-        if not self.symmetric and s not in INT_WEIGHT_ONLY:
+        if not self.symmetric and not SCHEMES[s].group_size:
             raise ValueError(f"scheme '{s}' is symmetric only; remove 'symmetric: false'")
-        for opt, needs in (("gptq", "gptq"), ("awq", "awq"), ("smoothquant", "smoothquant")):
-            if getattr(self, opt) is not None and needs not in m:
+        for opt in ("gptq", "awq", "smoothquant"):
+            if getattr(self, opt) is not None and opt not in method.options:
                 raise ValueError(f"'{opt}' options given but method '{m}' does not run {opt}; remove them")
         return self
 
     @property
     def needs_calibration(self) -> bool:
         """Whether this method/scheme reads calibration samples at all."""
-        if self.method == "raw":
-            return True  # unknown: let the raw recipe decide, data is harmless
-        if self.method in ("gptq", "awq", "smoothquant+gptq", "smoothquant+rtn"):
-            return True
-        if self.kv_cache is not None:
-            return True
-        return self.scheme == "FP8"  # static activation scales
+        if METHODS[self.method].calibrates or self.kv_cache is not None:
+            return True  # raw among them: unknown, let its recipe decide, data is harmless
+        return self.scheme is not None and SCHEMES[self.scheme].static_activations
 
 
 class CalibrationDataset(_Strict):

@@ -22,7 +22,8 @@ from quantlab.core.engine_time import engine_busy
 from quantlab.recipe.file import LoadedRecipe
 from quantlab.models.source import ResolvedModel
 from quantlab.quantize.modifier_plan import scheme_kwargs
-from quantlab.recipe.quantize import FP8_SCHEMES, QuantizationSpec
+from quantlab.recipe.quantize import QuantizationSpec
+from quantlab.recipe.schemes import SCHEMES
 from quantlab.search.answers import Sequence
 from quantlab.search.groups import group_modules
 from quantlab.recipe.sensitivity import SensitivitySpec
@@ -34,7 +35,7 @@ def _scheme_args(q: QuantizationSpec):
     """(weight QuantizationArgs, input-activation QuantizationArgs or None) of the recipe's scheme."""
     from compressed_tensors.quantization import QuantizationArgs, preset_name_to_scheme
 
-    if q.scheme in FP8_SCHEMES:
+    if SCHEMES[str(q.scheme)].preset:
         preset = preset_name_to_scheme(q.scheme, list(q.targets))
         return preset.weights, preset.input_activations
     group = scheme_kwargs(q)["config_groups"]["group_0"]

@@ -28,6 +28,7 @@ from typing import Any
 
 from quantlab.recipe.file import LoadedRecipe
 from quantlab.recipe.quantize import QuantizationSpec
+from quantlab.recipe.schemes import SCHEMES, weight_strategy
 
 # the shipped recipes whose quantization sections make the scheme space (`--schemes auto`)
 SHIPPED_SCHEMES = ("gptq-w4a16", "awq-w4a16", "smoothquant-gptq-w8a8", "rtn-w8a16", "fp8-dynamic")
@@ -60,11 +61,10 @@ def weight_bits(q: QuantizationSpec, in_features: int) -> float:
     """Bits a quantized weight takes, its scale included."""
     if q.scheme is None:
         return 16.0
-    if q.scheme.startswith("FP8"):
-        return 8.0 + SCALE_BITS / max(1, in_features)
-    bits = 4 if q.scheme == "W4A16" else 8
-    per = q.group_size if q.group_size and q.scheme in ("W4A16", "W8A16") else in_features
-    return bits + SCALE_BITS / max(1, per)
+    scheme = SCHEMES[q.scheme]
+    # one 16-bit scale per group, else per output channel (a block's is counted as a channel's)
+    per = q.group_size if weight_strategy(scheme, q.group_size) == "group" else in_features
+    return scheme.weights.bits + SCALE_BITS / max(1, per)
 
 
 def tensor_shapes(model_dir: Path) -> dict[str, list[int]]:

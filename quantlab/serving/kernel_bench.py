@@ -29,6 +29,7 @@ from quantlab.core.digest import json_sha256
 from quantlab.core.errors import EngineError
 from quantlab.core.fsutil import write_json_atomic
 from quantlab.core.layout import cache_dir
+from quantlab.recipe.schemes import SCHEMES
 
 # The script run by the serving Python: argv[1] is the JSON spec; it prints one line
 # "QUANTLAB_KERNELS {json}". Each scheme's failure is recorded as its error, never raised.
@@ -139,11 +140,12 @@ def scheme_kind(q: Any) -> dict[str, Any] | None:
     has no kernel to time here (FP8, W8A16, raw recipes)."""
     if q.method == "raw" or q.scheme is None:
         return None
-    if q.scheme == "W4A16":
-        return {"id": f"w4a16_g{q.group_size or 'channel'}{'' if q.symmetric else '_asym'}", "kind": "wna16",
-                "bits": 4, "group_size": q.group_size, "symmetric": q.symmetric}
-    if q.scheme == "W8A8":
-        return {"id": "w8a8_int8", "kind": "w8a8_int8"}
+    scheme = SCHEMES[q.scheme]
+    if scheme.timed_as == "wna16":
+        return {"id": f"w{scheme.weights.bits}a16_g{q.group_size or 'channel'}{'' if q.symmetric else '_asym'}",
+                "kind": "wna16", "bits": scheme.weights.bits, "group_size": q.group_size, "symmetric": q.symmetric}
+    if scheme.timed_as is not None:
+        return {"id": scheme.timed_as, "kind": scheme.timed_as}
     return None
 
 

@@ -3,7 +3,7 @@
 A check is a stage whose gates the decision reads. Every list of checks reads this table
 at call time: the decision's order of importance (release/decision.importance), the
 recipe's `release.policy` names (recipe/release.py), the registered gate set
-(release/registration.py), the evidence a run needs (pipeline/loop.require_evidence), the
+(release/registration.py), the evidence a run needs (pipeline/stages.require_evidence), the
 manifest's check summaries and error budget (release/stage.py, release/error_budget.py),
 the report's sections and plots (reports/sections.py, reports/stage_plots.py).
 

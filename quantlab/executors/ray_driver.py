@@ -25,7 +25,6 @@ import time
 from pathlib import Path
 
 from quantlab.core import cache_secret
-from quantlab.core.engine_time import engine_seconds
 from quantlab.core.errors import EngineError, RecipeError
 from quantlab.core.fsutil import write_text_atomic
 from quantlab.core.progress import Progress
@@ -38,13 +37,11 @@ from quantlab.executors.ray_read_back import check_read_back, own_digests
 from quantlab.pipeline.candidates.conclusion import conclude
 from quantlab.pipeline.candidates.members import (CANDIDATES_DIR, Candidate, Comparison, candidates_of,
                                                   check_comparable, create_folder, selection_of)
+from quantlab.pipeline.candidate_run import CandidateRun, start_clock
 from quantlab.pipeline.candidates.run import choose_then_release, comparison_family, finish_candidate
-from quantlab.pipeline.context import RunContext
-from quantlab.pipeline.loop import STAGES, enabled, stages_to_run
 from quantlab.recipe.family import Family
 from quantlab.recipe.file import LoadedRecipe
 from quantlab.release import stage as release_stage
-from quantlab.release.registration import register
 
 TASK_RETRIES = 1  # a task whose node is lost runs once more elsewhere (Ray's retry)
 COMPARISON_DEADLINE_S = 24 * 3600  # the longest the candidates' tasks may take, queued ones included
@@ -61,7 +58,7 @@ def run_comparison_on_ray(recipes: list[Path | LoadedRecipe], storage: Path, *, 
     candidate refused by its node's preflight still counts in it (known only there)."""
     import ray
 
-    clock = (time.perf_counter(), engine_seconds())
+    clock = start_clock()
     cands = candidates_of(recipes)
     check_comparable(cands, minimum=1)
     selection = selection_of([c.loaded for c in cands])
@@ -90,20 +87,19 @@ def run_comparison_on_ray(recipes: list[Path | LoadedRecipe], storage: Path, *, 
         _adopt(c, outcomes[c.name], progress, verbose, family)
     choose_then_release(cands, selection)
     for c in cands:
-        finish_candidate(c, clock, progress)
+        finish_candidate(c, clock)
     return conclude(folder, cands, selection, progress)
 
 
 def _register_here(c: Candidate, folder: Path, progress: Progress, verbose: bool, family: Family) -> None:
     """The candidate's run folder and its registration, made and signed on this machine
     before any task starts an engine."""
-    c.run = RunDir.create(c.loaded, folder / CANDIDATES_DIR)
-    c.ctx = RunContext(c.loaded, c.run, progress, verbose=verbose, stages=STAGES, family=family)
-    stages_to_run(c.ctx)  # a recipe without any check is refused here, before any task
-    release_stage.preflight(c.ctx)  # the signing key: on this machine, which signs
-    c.ctx.baseline_model()  # the release here hashes the baseline's files: it must resolve here too
-    c.run.record.registration = register(c.ctx)  # signed here, before any task starts an engine
-    c.run.save()
+    here = c.lifecycle = CandidateRun.create(c.loaded, folder / CANDIDATES_DIR, progress, verbose=verbose,
+                                             family=family)
+    here.plan()  # a recipe without any check is refused here, before any task
+    here.preflight([release_stage.NAME])  # the signing key: on this machine, which signs
+    here.ctx.baseline_model()  # the release here hashes the baseline's files: it must resolve here too
+    here.register()  # signed here, before any task starts an engine
 
 
 def run_tasks(cands: list[Candidate], storage: Path, *, progress: Progress, cpus: int = 1,
@@ -177,19 +173,14 @@ def _collected(ray, ref, name: str, submitted: float, progress: Progress) -> Nod
 
 def _adopt(c: Candidate, out: NodeOutcome, progress: Progress, verbose: bool, family: Family) -> None:
     """The candidate's run folder as its task left it, ready for the driver's release."""
-    c.run = RunDir.open(c.run.path)
-    c.ctx = RunContext(c.loaded, c.run, progress, verbose=verbose, stages=STAGES, family=family)
-    c.ctx.enabled_stages = {s.NAME for s in STAGES if enabled(s, c.ctx)}
-    c.todo = {release_stage.NAME: f"the checks ran on {out.node}"}
-    c.ctx.will_run = set(c.todo)
+    c.lifecycle = CandidateRun(c.loaded, RunDir.open(c.run.path), progress, verbose=verbose, family=family)
+    c.lifecycle.adopt({release_stage.NAME: f"the checks ran on {out.node}"})
     if out.refused:
         c.refused = out.refused
     elif out.failed:
         c.failed = out.failed
     if c.refused or c.failed:
-        if c.run.record.status == "running":
-            c.run.record.status = "failed"
-        c.run.save()
+        c.lifecycle.end(if_running=True)
 
 
 PLACEMENT_FILE = "placement.json"

@@ -22,14 +22,14 @@ from pathlib import Path
 from typing import Any
 
 from quantlab.core import cache_secret, folder_record
-from quantlab.core.errors import QuantlabError, RecipeError
+from quantlab.core.errors import RecipeError
 from quantlab.core.fsutil import remove_tree
 from quantlab.core.layout import CHECKPOINT_DIR, QUALITY_DIR
 from quantlab.core.progress import Progress
 from quantlab.core.run import RunDir
-from quantlab.pipeline.context import RunContext
-from quantlab.pipeline.loop import (CHECKPOINT_STAGES, STAGES, baseline_needed, blocking_line, enabled,
-                                    guard_checkpoint, run_stage, stages_to_run, unlock_checkpoint)
+from quantlab.pipeline.candidate_run import CandidateRun
+from quantlab.pipeline.loop import blocking_line
+from quantlab.pipeline.stages import STAGES
 from quantlab.recipe.family import Family
 from quantlab.recipe.file import LoadedRecipe
 from quantlab.release import stage as release_stage
@@ -74,13 +74,12 @@ def candidate_task(loaded: LoadedRecipe, run_path: str, job: str, family: Family
     run, attempts = _attempt(Path(run_path), node, node_id, job, started_at)
     said = _node_log(run.path / NODE_LOG)
     out: dict[str, Any] = {"node": node, "started_at": started_at, "attempts": attempts}
-    ctx = RunContext(loaded, run, progress=said, stages=node_stages(), family=family)
+    task = CandidateRun(loaded, run, said, stages=node_stages(), family=family)
     try:
-        _run_stages(ctx, node, said, out)
+        _run_stages(task, node, out)
         return out
     finally:
-        ctx.close_engines()
-        unlock_checkpoint(ctx)
+        task.close()
         run.save()
         out["seconds"] = round(time.monotonic() - t0, 1)
         out["written"] = written_files(run.path, run.record)  # last: nothing is written after it
@@ -104,48 +103,35 @@ def _attempt(run_path: Path, node: str, node_id: str, job: str, started_at: floa
     return run, attempts
 
 
-def _run_stages(ctx: RunContext, node: str, said: Progress, out: dict[str, Any]) -> None:
-    """Every preflight, then each enabled stage in order; how it ended goes into `out`
-    (refused, failed or stopped early; nothing added: every stage ran)."""
+def _run_stages(task: CandidateRun, node: str, out: dict[str, Any]) -> None:
+    """Every preflight, then each enabled stage in order, as a single run runs them; how it
+    ended goes into `out` (refused, failed or stopped early; nothing added: every stage ran)."""
     try:
-        todo = stages_to_run(ctx)
-        ctx.will_run = set(todo)
-        for stage in ctx.stages:
-            if stage.NAME in todo:
-                stage.preflight(ctx)
+        task.plan()
+        task.preflight()
     except RecipeError as err:
         out["refused"] = f"refused by its preflight on {node}: {err}"
         return
-    ctx.needs_baseline = lambda: baseline_needed(ctx)
-    for stage in ctx.stages:
-        if not enabled(stage, ctx):
-            continue
-        try:
-            if stage.NAME in todo:
-                said(f"stage {stage.NAME}: {todo[stage.NAME]}")
-                run_stage(ctx, stage)
-            if stage.NAME in CHECKPOINT_STAGES:  # as in a single run
-                guard_checkpoint(ctx, made_now=stage.NAME in todo)
-        except QuantlabError as err:
-            out["failed"] = f"stage {stage.NAME} failed on {node}: {err}"
-            return
-        stop = _stopped_early(ctx, stage.NAME)
-        if stop:
-            out["stopped_early"] = ctx.run.record.stopped_early = stop
-            said(f"stopped early: {stop}")
-            return
+
+    def failed(name: str, err: Exception) -> None:
+        out["failed"] = f"stage {name} failed on {node}: {err}"
+
+    stop = task.run_stages(failed=failed, until=lambda name: _stopped_early(task, name))
+    if stop:
+        out["stopped_early"] = task.run.record.stopped_early = stop
+        task.progress(f"stopped early: {stop}")
 
 
-def _stopped_early(ctx: RunContext, stage: str) -> str | None:
+def _stopped_early(task: CandidateRun, stage: str) -> str | None:
     """Racing (quality.samples auto): after the quality stage, a required gate that
     failed ends the candidate's checks (nothing later can undo a failed gate)."""
-    q = ctx.recipe.quality
+    q = task.ctx.recipe.quality
     if stage != "quality" or q is None or q.samples != "auto":
         return None
-    failed = [v for v in release_stage.decide_run(ctx).blocking if v.verdict == "fail"]
+    failed = [v for v in task.decide().blocking if v.verdict == "fail"]
     if not failed:
         return None
-    looks = len(list((ctx.run.path / QUALITY_DIR / "candidate").glob("look-*")))  # quality/stage.py's folders
+    looks = len(list((task.run.path / QUALITY_DIR / "candidate").glob("look-*")))  # quality/stage.py's folders
     return f"blocked at look {looks} of its quality stage: {blocking_line(failed[0])}"
 
 

@@ -27,8 +27,8 @@ from quantlab.core.progress import Progress
 from quantlab.core.run import RunDir
 from quantlab.performance import noise_store
 from quantlab.performance.result import load_points
-from quantlab.pipeline.context import RunContext
-from quantlab.pipeline.loop import STAGES, run_pipeline
+from quantlab.pipeline.candidate_run import CandidateRun
+from quantlab.pipeline.loop import run_pipeline
 from quantlab.recipe.file import LoadedRecipe
 
 DEFAULT_REPEATS = 10
@@ -51,7 +51,7 @@ def point_parts(loaded: LoadedRecipe, progress: Progress) -> tuple[dict[tuple[st
     (its predicted serving plan: the scheme its quantization exports), and that plan."""
     tmp = Path(tempfile.mkdtemp(prefix="quantlab-calibrate-"))
     try:
-        ctx = RunContext(loaded, RunDir.create(loaded, tmp), progress, stages=STAGES)
+        ctx = CandidateRun.create(loaded, tmp, progress).ctx  # a run folder never run: its plans, predicted
         plan = ctx.serving_plan(predicted=True)
         parts = {(w.name, point): noise_store.point_parts(ctx, w, point, plan=plan)
                  for w in loaded.recipe.performance.workloads for point, _, _ in load_points(w)}

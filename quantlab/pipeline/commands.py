@@ -14,8 +14,7 @@ from quantlab.core.layout import CHECKPOINT_DIR
 from quantlab.core.progress import Progress
 from quantlab.core.run import RunDir
 from quantlab.pipeline import streams
-from quantlab.pipeline.context import RunContext
-from quantlab.pipeline.loop import STAGES, VALIDATE_STAGES, stages_to_run
+from quantlab.pipeline.candidate_run import CandidateRun
 from quantlab.recipe.family import Family
 from quantlab.recipe.file import LoadedRecipe
 from quantlab.recipe.serve import ServeSpec
@@ -34,15 +33,11 @@ def dry_run(loaded: LoadedRecipe, runs_root: Path, *, progress: Progress,
 
     tmp = Path(tempfile.mkdtemp(prefix="quantlab-dry-run-"))
     try:
-        run = RunDir.create(loaded, tmp)
-        ctx = RunContext(loaded, run, progress, import_from=checkpoint, family=family,
-                         stages=VALIDATE_STAGES if checkpoint is not None else STAGES)
-        todo = stages_to_run(ctx)
-        ctx.will_run = set(todo)
-        for stage in ctx.stages:
-            if stage.NAME in todo:
-                stage.preflight(ctx)
-        ctx.stream = streams.decide_position(ctx, claim=False)  # the plans below at the level it would take
+        dry = CandidateRun.create(loaded, tmp, progress, checkpoint=checkpoint, family=family)
+        todo = dry.plan()
+        dry.preflight()
+        dry.plan_position()  # the plans below at the level it would take
+        ctx = dry.ctx
         progress(streams.position_line(ctx.stream, loaded.recipe) + " (a dry run takes no position)")
         reused = {s.NAME: s.reuses(ctx) for s in ctx.stages if s.NAME in todo and hasattr(s, "reuses")}
         details = {s.NAME: s.plan(ctx) for s in ctx.stages if s.NAME in todo and hasattr(s, "plan")}

@@ -18,7 +18,7 @@ from quantlab.core.run import RunRecord, StageRecord, now_iso
 from quantlab.core.shipped import RECIPES
 from quantlab.core.verdicts import GateVerdict, Want
 from quantlab.pipeline import streams
-from quantlab.pipeline.loop import STAGES, VALIDATE_STAGES, require_evidence
+from quantlab.pipeline.stages import STAGES, VALIDATE_STAGES, require_evidence
 from quantlab.recipe.file import load_recipe
 from quantlab.recipe.release import ReleasePolicySpec
 from quantlab.release import registration
@@ -81,7 +81,7 @@ def test_every_check_is_a_stage_and_every_check_stage_is_a_check():
     """A check stage is one whose package has a gates module (the decision reads its verdicts)."""
     for stages in (STAGES, VALIDATE_STAGES):
         names = {s.NAME for s in stages}
-        assert set(check_table.names()) <= names, "a row of core/checks.py names no stage of pipeline/loop.STAGES"
+        assert set(check_table.names()) <= names, "a row of core/checks.py names no stage of pipeline/stages.STAGES"
         gated = {s.NAME for s in stages if f"{s.__name__.rpartition('.')[0]}.gates" in MODULES}
         assert gated == set(check_table.names()), "a stage with gates is missing from core/checks.py"
     assert len(set(check_table.names())) == len(check_table.CHECKS)

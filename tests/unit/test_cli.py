@@ -96,13 +96,13 @@ def test_unexpected_error_in_a_stage_is_recorded_with_its_traceback(tmp_path, mo
 
     from quantlab import cli
 
-    from quantlab.pipeline import loop as pipeline
+    from quantlab.pipeline.stages import STAGES
     from quantlab.quantize import stage as quantize_stage
 
     def broken(ctx):
         raise KeyError("missing_key")
 
-    for stage in pipeline.STAGES:  # no model build, no serving probe
+    for stage in STAGES:  # no model build, no serving probe
         monkeypatch.setattr(stage, "preflight", lambda ctx: None)
     monkeypatch.setattr(quantize_stage, "run", broken)
     r = CliRunner().invoke(cli.app, ["run", str(RECIPES / "gptq-w4a16.yaml"), "--runs-dir", str(tmp_path / "runs")])

@@ -14,7 +14,6 @@ from quantlab.pipeline.candidates.summary import on_common_baseline, summarize
 from quantlab.pipeline.candidates.table import as_json, html, markdown
 from quantlab.core.progress import Progress
 from quantlab.core.fsutil import write_json_atomic, write_text_atomic
-from quantlab.release import stage as release_stage
 from quantlab.pipeline.candidates.members import Candidate, Comparison
 
 
@@ -27,7 +26,7 @@ def summary_rows(judged: list[Candidate], *, decide: bool) -> list[tuple[Any, di
     stages ran (each decision made now)."""
     pairs, baselines = [], []
     for c in judged:
-        decided = release_stage.decide_run(c.ctx).record if decide and c.active else None
+        decided = c.lifecycle.decide().record if decide and c.active else None
         summary, row = summarize(c.name, c.run.record, decided=decided)
         if c.failed:  # say why it was not judged, not only that it was not
             summary = replace(summary, failed_gates=[f"failed: {c.failed}"])

@@ -10,14 +10,11 @@ from typing import Any
 from quantlab.core.layout import CANDIDATES_DIR, COMPARE_DIR  # noqa: F401 (also read from here)
 from quantlab.pipeline.candidates.select import Choice
 from quantlab.recipe.selection import SelectionSpec
+from quantlab.pipeline.candidate_run import CandidateRun
 from quantlab.pipeline.context import RunContext
 from quantlab.core.errors import RecipeError
 from quantlab.recipe.file import LoadedRecipe, load_recipe
 from quantlab.core.run import RunDir, new_run_folder
-
-
-
-
 
 
 # recipe sections that must be equal: one baseline, served and loaded the same way for all
@@ -33,15 +30,21 @@ class Candidate:
     name: str
     loaded: LoadedRecipe
     checkpoint: Path | None = None  # an existing checkpoint (validated, not quantized)
-    run: RunDir | None = None
-    ctx: RunContext | None = None
-    todo: dict[str, str] = field(default_factory=dict)
+    lifecycle: CandidateRun | None = None  # its run folder, context and stages to run, once prepared
     refused: str | None = None  # by its preflight, before any work
     failed: str | None = None  # a stage failed or its server died; the others go on
 
     @property
     def active(self) -> bool:
         return self.refused is None and self.failed is None
+
+    @property
+    def run(self) -> RunDir | None:
+        return self.lifecycle.run if self.lifecycle is not None else None
+
+    @property
+    def ctx(self) -> RunContext | None:
+        return self.lifecycle.ctx if self.lifecycle is not None else None
 
     @property
     def origin(self) -> str:

@@ -7,6 +7,9 @@ Each recipe is a candidate with its own run folder (runs/compare/<id>/candidates
   taken from the result cache by the others, as their keys are equal);
 - the baseline's performance blocks: the load is measured B, C1, C2, ..., B, ..., C2, C1
   (`pipeline/candidates/shared_performance.py`), every candidate paired with the baseline block of its sweep.
+Each candidate is one pipeline/candidate_run.CandidateRun, as a single run is: the
+comparison runs slices of its stages (pipeline/stages.STAGES) over the members, in the
+order above, and makes each member's shared-load record through it.
 Each candidate is then judged by its own recipe's gates and `decide`, and the recipe's
 `selection` rule chooses among the released ones (`pipeline/candidates/select.py`). The
 comparison's table, JSON and JUnit land in the comparison folder.
@@ -28,27 +31,20 @@ or whose stage fails is failed alone: the others are still judged, and the recor
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 from types import ModuleType
 
 from quantlab.pipeline.candidates.select import choose
 from quantlab.recipe.family import Family
 from quantlab.recipe.selection import SelectionSpec
-from quantlab.core.digest import inputs_hash
 from quantlab.core.progress import Progress
-from quantlab.pipeline.context import RunContext
-from quantlab.reports.stage_plots import draw as draw_plots
-from quantlab.core.engine_time import engine_seconds
-from quantlab.core.errors import EngineError, QuantlabError, RecipeError
+from quantlab.core.errors import EngineError, RecipeError
 from quantlab.core.fsutil import safetensors_bytes
-from quantlab.pipeline.loop import (STAGES, VALIDATE_STAGES, guard_checkpoint, run_stage, save_with_time,
-                                    enabled, stages_to_run, unlock_checkpoint)
+from quantlab.pipeline.candidate_run import CandidateRun, Clock, start_clock
+from quantlab.pipeline.stage_run import StageClock
 from quantlab.recipe.file import LoadedRecipe
-from quantlab.core.run import RunDir, StageRecord, now_iso
 from quantlab.performance import stage as perf_stage
 from quantlab.release import stage as release_stage
-from quantlab.release.registration import register
 from quantlab.pipeline.candidates.members import (CANDIDATES_DIR, Candidate, Comparison, candidates_of,
                                                   check_comparable, create_folder, selection_of)
 from quantlab.pipeline.candidates.conclusion import conclude, summary_rows
@@ -64,7 +60,7 @@ def run_comparison(recipes: list[Path | LoadedRecipe], runs_root: Path, *,
     comparison too (a search's last rounds). `family`: the candidates' alpha is spent over
     it (a search's trials); by default over this comparison's candidates. `held`: a baseline
     server kept up across comparisons (a search's rounds): reused when up, left up at the end."""
-    clock = (time.perf_counter(), engine_seconds())
+    clock = start_clock()
     cands = candidates_of(recipes, checkpoints, judge_by)
     check_comparable(cands, minimum=1 if allow_single else 2)
     loaded = [c.loaded for c in cands]
@@ -79,10 +75,8 @@ def run_comparison(recipes: list[Path | LoadedRecipe], runs_root: Path, *,
     baseline = None
     try:
         if active:
-            for c in active:
-                _each([c], c.ctx.stages[0])  # quantize, or take in the existing checkpoint
-                if c.active:
-                    guard_checkpoint(c.ctx, made_now=True)  # read-only through the checks
+            for c in active:  # quantize, or take in the existing checkpoint: read-only through the checks
+                _each([c], c.ctx.stages[:1])
             still = [c for c in cands if c.active]
             if still and not still[0].loaded.recipe.serve.side_by_side:
                 _in_turn(still)
@@ -90,20 +84,18 @@ def run_comparison(recipes: list[Path | LoadedRecipe], runs_root: Path, *,
                 baseline = _in_groups(folder, still, selection, progress, held)
     except BaseException as err:  # the baseline failed, or Ctrl-C: no candidate can be judged
         for c in cands:
-            if c.run is not None and c.run.record.status == "running":
-                c.run.record.status = "interrupted" if isinstance(err, KeyboardInterrupt) else "failed"
-                c.run.save()
+            if c.lifecycle is not None and c.run.record.status == "running":
+                c.lifecycle.end(err)
         raise
     finally:
         for c in cands:
-            if c.ctx is not None:
-                c.ctx.close_engines()
-                unlock_checkpoint(c.ctx)
+            if c.lifecycle is not None:
+                c.lifecycle.close()
         if baseline is not None and held is None:
             baseline.stop()
     choose_then_release(cands, selection)
     for c in cands:
-        finish_candidate(c, clock, progress)
+        finish_candidate(c, clock)
     return conclude(folder, cands, selection, progress)
 
 
@@ -136,7 +128,7 @@ def _in_groups(folder: Path, active: list[Candidate], selection: SelectionSpec, 
                 if stage is perf_stage:  # one interleaved load over the group and the baseline
                     _shared_performance([c for c in group if c.active], progress)
                 else:
-                    _each([c for c in group if c.active], stage)
+                    _each([c for c in group if c.active], [stage])
             if n < len(groups):
                 for c in group:
                     c.ctx.close_engines()  # its own server; the baseline stays up for the next group
@@ -153,7 +145,7 @@ def _in_turn(active: list[Candidate]) -> None:
     single run checks it (its servers started and stopped by its own stages; the
     baseline's quality and stability results come from the result cache after the first)."""
     for c in active:
-        _each([c], *check_stages(c.ctx.stages))
+        _each([c], check_stages(c.ctx.stages))
         c.ctx.close_engines()
 
 
@@ -215,9 +207,7 @@ def judged_together(active: list[Candidate], family: Family, progress: Progress)
     """Every candidate judged as a member of `family`, said once; then each one's gate set
     registered and signed (release/registration.py), before any engine starts."""
     for c in active:
-        c.ctx.family = family
-        c.run.record.registration = register(c.ctx)
-        c.run.save()
+        c.lifecycle.register(family)
     if family.size > 1 and active:
         q = active[0].ctx.recipe.quality
         progress(f"family of {family.size} {'trials' if family.kind == 'search' else 'candidates'} judged on the "
@@ -227,26 +217,19 @@ def judged_together(active: list[Candidate], family: Family, progress: Progress)
 
 def _prepare(c: Candidate, folder: Path, progress: Progress, verbose: bool, selection: SelectionSpec,
              family: Family) -> None:
-    """Its run folder, then every preflight of its stages (before any work starts)."""
-    c.run = RunDir.create(c.loaded, folder / CANDIDATES_DIR)
-    stages = VALIDATE_STAGES if c.checkpoint is not None else STAGES
-    c.ctx = RunContext(c.loaded, c.run, progress, verbose=verbose, stages=stages, import_from=c.checkpoint,
-                       family=family)
+    """Its run folder, then every preflight of its stages (before any work starts). The shared
+    baseline is up whatever the cache holds."""
+    c.lifecycle = CandidateRun.create(c.loaded, folder / CANDIDATES_DIR, progress, verbose=verbose,
+                                      checkpoint=c.checkpoint, family=family, shared_baseline=True)
     try:
-        c.todo = stages_to_run(c.ctx)
-        c.ctx.will_run = set(c.todo)
-        for stage in c.ctx.stages:
-            if stage.NAME in c.todo:
-                stage.preflight(c.ctx)
+        c.lifecycle.plan()
+        c.lifecycle.preflight()
     except RecipeError as err:
         if selection.unservable == "stop":
             raise
         c.refused = f"refused by its preflight: {err}"
         progress(f"candidate {c.name}: {c.refused}; the others go on (selection.unservable: skip)")
-        c.run.record.status = "failed"
-        c.run.save()
-        return
-    c.ctx.needs_baseline = lambda: True  # the shared baseline is up whatever the cache holds
+        c.lifecycle.end(err)
 
 
 def _check_one_baseline(active: list[Candidate]) -> None:
@@ -256,17 +239,16 @@ def _check_one_baseline(active: list[Candidate]) -> None:
                           + ", ".join(f"{n}: {p}" for n, p in paths.items()) + "; compare candidates of one model")
 
 
-def _each(cands: list[Candidate], *stages: ModuleType) -> None:
+def _each(cands: list[Candidate], stages: list[ModuleType]) -> None:
     """Run these stages for each candidate still in; a failure fails that candidate only."""
     for c in cands:
-        for stage in stages:
-            if not c.active or not enabled(stage, c.ctx) or stage.NAME not in c.todo:
-                continue
-            c.ctx.progress(f"candidate {c.name}: stage {stage.NAME}")
-            try:
-                run_stage(c.ctx, stage)
-            except QuantlabError as err:
-                _fail(c, f"stage {stage.NAME} failed: {err}")
+        if c.active:
+            c.lifecycle.run_stages(stages, **_as_member(c))
+
+
+def _as_member(c: Candidate) -> dict:
+    """How a comparison's member runs its stages: said by its name, failed alone."""
+    return {"member": c.name, "failed": lambda name, err: _fail(c, f"stage {name} failed: {err}")}
 
 
 def _fail(c: Candidate, why: str) -> None:
@@ -280,45 +262,34 @@ def _shared_performance(active: list[Candidate], progress: Progress) -> None:
     is failed and the sweep measured again without it."""
     from quantlab.pipeline.candidates.shared_performance import run_shared
 
-    todo = [c for c in active if enabled(perf_stage, c.ctx) and perf_stage.NAME in c.todo]
+    todo = [c for c in active if c.lifecycle.due(perf_stage)]
     while todo:
-        started, t0, e0 = now_iso(), time.perf_counter(), engine_seconds()
+        clock = StageClock.start()
         for c in todo:
-            c.ctx.artifacts = []
+            c.lifecycle.begin_stage()
         try:
             results = run_shared({c.name: c.ctx for c in todo})
         except EngineError as err:
             dead = [c for c in todo if not _alive(c.ctx.engine_if_running("candidate"))]
             if not dead:  # the baseline (or the load itself) failed: nobody can be judged
                 for c in todo:
-                    _record_failed(c, perf_stage.NAME, started, t0, e0, str(err))
+                    c.lifecycle.record_stage(perf_stage, clock, "failed", error=str(err))
                     c.failed = f"performance failed: {err}"
                 return
             for c in dead:
-                _record_failed(c, perf_stage.NAME, started, t0, e0, f"its server died during the shared load: {err}")
+                c.lifecycle.record_stage(perf_stage, clock, "failed",
+                                         error=f"its server died during the shared load: {err}")
                 _fail(c, "its server died during the shared performance load")
             todo = [c for c in todo if c.active]
             progress(f"performance: measuring again without {', '.join(c.name for c in dead)}")
             continue
         for c in todo:
-            draw_plots(perf_stage.NAME, c.ctx, results[c.name])
-            c.run.put_stage(StageRecord(name=perf_stage.NAME, status="ok", started_at=started, finished_at=now_iso(),
-                                        duration_s=round(time.perf_counter() - t0, 3),
-                                        engine_s=round(engine_seconds() - e0, 3),
-                                        inputs_sha256=inputs_hash(perf_stage.inputs(c.ctx)),
-                                        artifacts=c.ctx.artifacts, result=results[c.name]))
+            c.lifecycle.record_stage(perf_stage, clock, "ok", result=results[c.name])
         return
 
 
 def _alive(server) -> bool:
     return server is not None and (server.proc is None or server.proc.poll() is None)
-
-
-def _record_failed(c: Candidate, name: str, started: str, t0: float, e0: float, error: str) -> None:
-    c.run.put_stage(StageRecord(name=name, status="failed", started_at=started, finished_at=now_iso(),
-                                duration_s=round(time.perf_counter() - t0, 3), engine_s=round(engine_seconds() - e0, 3),
-                                inputs_sha256=inputs_hash(perf_stage.inputs(c.ctx)), artifacts=c.ctx.artifacts,
-                                error=error))
 
 
 def choose_then_release(cands: list[Candidate], selection: SelectionSpec) -> None:
@@ -331,21 +302,15 @@ def choose_then_release(cands: list[Candidate], selection: SelectionSpec) -> Non
     choice = choose([s for s, _ in pairs], selection)
     rows = [row for _, row in pairs]
     for c in [c for c in cands if c.active]:
-        c.ctx.comparison = {"chosen": choice.chosen == c.name, "chosen_candidate": choice.chosen,
-                            "rule": selection.rule, "why": choice.why, "lost": choice.lost.get(c.name),
-                            "candidates": rows, "refused": {x.name: x.refused for x in cands if x.refused}}
-        _each([c], release_stage)
+        c.lifecycle.release({"chosen": choice.chosen == c.name, "chosen_candidate": choice.chosen,
+                             "rule": selection.rule, "why": choice.why, "lost": choice.lost.get(c.name),
+                             "candidates": rows, "refused": {x.name: x.refused for x in cands if x.refused}},
+                            **_as_member(c))
 
 
-def finish_candidate(c: Candidate, clock: tuple[float, float], progress: Progress) -> None:
+def finish_candidate(c: Candidate, clock: Clock) -> None:
     """The candidate's record status and reports, as a single run leaves them."""
-    if c.run is None:
-        return
-    if c.active:
-        decided = release_stage.decide_run(c.ctx)
-        c.run.record.status = "blocked" if decided.blocked else "ok"
-    elif c.run.record.status == "running":
-        c.run.record.status = "failed"
-    save_with_time(c.run, clock, progress)
+    if c.lifecycle is not None:
+        c.lifecycle.finish(clock, c.lifecycle.decide() if c.active else None)
 
 

@@ -18,7 +18,8 @@ from quantlab.core.errors import IntegrityError
 from quantlab.core.layout import MANIFEST_FILE, SIGNATURE_FILE, release_owned
 from quantlab.core.run import RunDir
 from quantlab.pipeline.context import RunContext
-from quantlab.pipeline.loop import VALIDATE_STAGES, enabled, guard_checkpoint, lock_checkpoint, run_stage
+from quantlab.pipeline.stage_run import guard_checkpoint, lock_checkpoint, run_stage
+from quantlab.pipeline.stages import VALIDATE_STAGES, enabled
 from quantlab.quantize import checkpoint_stage
 from quantlab.recipe.file import load_recipe
 from quantlab.release import stage as release_stage

@@ -11,7 +11,8 @@ from conftest import shipped, write_recipe
 from quantlab.core.digest import inputs_hash
 from quantlab.pipeline.context import RunContext
 from quantlab.core.errors import RecipeError
-from quantlab.pipeline.loop import open_run, stages_to_run
+from quantlab.pipeline.candidate_run import open_run
+from quantlab.pipeline.stages import stages_to_run
 from quantlab.recipe.file import load_recipe
 from quantlab.core.results import FileFact, QuantizeResult
 from quantlab.core.run import RunDir, StageRecord, now_iso
@@ -44,7 +45,7 @@ def fake_quantize_result(weights_sha: str = "a" * 64) -> QuantizeResult:
 
 
 def finish(ctx: RunContext, stage, result=None, status="ok"):
-    from quantlab.pipeline.loop import STAGES, enabled
+    from quantlab.pipeline.stages import STAGES, enabled
 
     ctx.enabled_stages = {s.NAME for s in STAGES if enabled(s, ctx)}
     ctx.run.put_stage(StageRecord(name=stage.NAME, status=status, started_at=now_iso(), finished_at=now_iso(),

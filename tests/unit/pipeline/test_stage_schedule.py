@@ -7,7 +7,7 @@ from __future__ import annotations
 from types import ModuleType
 
 from quantlab.executors import ray_node
-from quantlab.pipeline import loop
+from quantlab.pipeline import stages as stage_list
 from quantlab.pipeline.candidates.run import check_stages
 from quantlab.performance import stage as perf_stage
 from quantlab.release import stage as release_stage
@@ -20,15 +20,15 @@ def dummy_stage() -> ModuleType:
 
 
 def test_a_comparison_runs_every_stage_between_the_checkpoint_and_the_release_in_order():
-    for stages in (loop.STAGES, loop.VALIDATE_STAGES):
+    for stages in (stage_list.STAGES, stage_list.VALIDATE_STAGES):
         assert check_stages(stages) == stages[1:-1]
         assert stages[-1] is release_stage and perf_stage in check_stages(stages)
 
 
 def test_a_stage_added_to_stages_runs_in_a_comparison_and_on_a_ray_node(monkeypatch):
     dummy = dummy_stage()
-    added = [*loop.STAGES[:3], dummy, *loop.STAGES[3:]]
-    monkeypatch.setattr(loop, "STAGES", added)
+    added = [*stage_list.STAGES[:3], dummy, *stage_list.STAGES[3:]]
+    monkeypatch.setattr(stage_list, "STAGES", added)
     monkeypatch.setattr(ray_node, "STAGES", added)
     assert dummy in check_stages(added) and check_stages(added).index(dummy) == 2
     on_node = ray_node.node_stages()

@@ -1,0 +1,207 @@
+"""One candidate's run (pipeline/candidate_run.CandidateRun) on fake stage modules: no model,
+no server. The stages to run and why, the preflights in order before any stage, each stage's
+record (ok, failed, or made elsewhere), a resume that skips what was done with the same
+inputs, a member's failure kept to itself, and a single run (loop.run_pipeline) running a
+stage added to STAGES."""
+
+from __future__ import annotations
+
+from types import ModuleType
+
+import pytest
+from conftest import shipped, write_recipe
+
+from quantlab.core.digest import inputs_hash
+from quantlab.core.errors import CheckError, GateFailure
+from quantlab.core.run import RunDir
+from quantlab.pipeline import stages as stage_list
+from quantlab.pipeline.candidate_run import CandidateRun, start_clock
+from quantlab.pipeline.loop import run_pipeline
+from quantlab.pipeline.stage_run import StageClock, UnexpectedError
+from quantlab.recipe.file import load_recipe
+
+# "stability" is a check whose gates are evidence: a run of these stages is not refused for having none
+NAMES = ("prepare", "stability", "dummy")
+
+
+class Fakes:
+    """Fake stage modules that note each call; `inputs` and `fails` may be changed between runs."""
+
+    def __init__(self, names=NAMES):
+        self.calls: list[tuple[str, str]] = []
+        self.inputs: dict[str, int] = dict.fromkeys(names, 1)
+        self.fails: dict[str, BaseException] = {}
+        self.modules = [self._module(n) for n in names]
+
+    def _module(self, name: str) -> ModuleType:
+        stage = ModuleType(f"fake_{name}")
+        stage.NAME = name
+        stage.inputs = lambda ctx: {"stage": name, "version": self.inputs[name]}
+        stage.preflight = lambda ctx: self.calls.append(("preflight", name))
+
+        def run(ctx):
+            self.calls.append(("run", name))
+            if name in self.fails:
+                raise self.fails[name]
+
+        stage.run = run
+        return stage
+
+    def ran(self) -> list[str]:
+        return [n for what, n in self.calls if what == "run"]
+
+
+@pytest.fixture
+def loaded(tmp_path):
+    return load_recipe(write_recipe(tmp_path, shipped("gptq-w4a16")))
+
+
+def new_run(loaded, tmp_path, fakes, said=None, **kw) -> CandidateRun:
+    return CandidateRun.create(loaded, tmp_path / "runs", (said if said is not None else []).append,
+                               stages=fakes.modules, **kw)
+
+
+def statuses(run: RunDir) -> dict[str, str]:
+    return {n: r.status for n, r in RunDir.open(run.path).record.stages.items()}
+
+
+def test_every_preflight_in_order_before_any_stage_then_each_stage_recorded(loaded, tmp_path):
+    fakes, said = Fakes(), []
+    one = new_run(loaded, tmp_path, fakes, said)
+    assert one.plan() == {"prepare": "not run yet", "stability": "an earlier stage is redone",
+                          "dummy": "an earlier stage is redone"}
+    assert one.ctx.will_run == set(NAMES) and one.ctx.enabled_stages == set(NAMES)
+    one.preflight()
+    assert fakes.calls == [("preflight", n) for n in NAMES]
+    assert one.run_stages() is None
+    assert fakes.ran() == list(NAMES)
+    assert said == [f"stage {n}: {one.todo[n]}" for n in NAMES]
+    record = RunDir.open(one.run.path).record  # each record saved as its stage ended
+    assert {n: r.status for n, r in record.stages.items()} == dict.fromkeys(NAMES, "ok")
+    for stage in fakes.modules:
+        assert record.stages[stage.NAME].inputs_sha256 == inputs_hash(stage.inputs(one.ctx))
+
+
+def test_a_failed_stage_is_recorded_then_raised_and_nothing_after_it_runs(loaded, tmp_path):
+    fakes = Fakes()
+    fakes.fails["stability"] = CheckError("the probe could not run")
+    one = new_run(loaded, tmp_path, fakes)
+    one.plan()
+    with pytest.raises(CheckError, match="the probe could not run"):
+        one.run_stages()
+    assert fakes.ran() == ["prepare", "stability"]
+    assert statuses(one.run) == {"prepare": "ok", "stability": "failed"}
+    record = RunDir.open(one.run.path).record
+    assert record.status == "failed" and record.stages["stability"].error == "the probe could not run"
+
+
+def test_an_unexpected_error_is_a_run_failure_with_its_traceback_on_file(loaded, tmp_path):
+    fakes = Fakes()
+    fakes.fails["prepare"] = KeyError("missing_key")
+    one = new_run(loaded, tmp_path, fakes)
+    one.plan()
+    with pytest.raises(UnexpectedError, match="unexpected error in prepare: KeyError: 'missing_key'"):
+        one.run_stages()
+    stage = RunDir.open(one.run.path).record.stages["prepare"]
+    assert stage.status == "failed" and "Traceback" in (one.run.path / stage.error_log).read_text()
+
+
+def test_a_members_failure_is_its_own_and_said_by_its_name(loaded, tmp_path):
+    """As a comparison runs a slice of the stages over a member: `failed` takes the error, the
+    member's later stages do not run, nothing is raised."""
+    fakes, said, failures = Fakes(), [], []
+    fakes.fails["stability"] = CheckError("broke")
+    one = new_run(loaded, tmp_path, fakes, said, shared_baseline=True)
+    one.plan()
+    one.run_stages(fakes.modules[:2], member="a", failed=lambda name, err: failures.append((name, str(err))))
+    assert failures == [("stability", "broke")] and fakes.ran() == ["prepare", "stability"]
+    assert said == ["candidate a: stage prepare", "candidate a: stage stability"]
+    assert one.ctx.needs_baseline()  # a comparison's shared baseline is up whatever the cache holds
+
+
+def test_until_stops_after_a_stage_with_its_reason(loaded, tmp_path):
+    fakes = Fakes()
+    one = new_run(loaded, tmp_path, fakes)
+    one.plan()
+    assert one.run_stages(until=lambda name: "blocked early" if name == "stability" else None) == "blocked early"
+    assert fakes.ran() == ["prepare", "stability"]
+
+
+def test_a_resume_skips_what_was_done_with_the_same_inputs_and_redoes_what_follows_a_change(loaded, tmp_path):
+    fakes = Fakes()
+    first = new_run(loaded, tmp_path, fakes)
+    first.plan()
+    first.run_stages()
+    said: list[str] = []
+    again = CandidateRun.open(loaded, tmp_path / "runs", first.run.path, said.append, stages=fakes.modules)
+    assert again.run.path == first.run.path and again.plan() == {}
+    fakes.calls.clear()
+    again.run_stages(said_skipped=True)
+    assert fakes.ran() == [] and said == [f"stage {n}: done earlier with the same inputs, skipped" for n in NAMES]
+
+    fakes.inputs["stability"] = 2  # its inputs changed: it and what follows it are redone
+    assert again.plan() == {"stability": "its inputs changed", "dummy": "an earlier stage is redone"}
+    again.preflight()
+    assert fakes.calls == [("preflight", "stability"), ("preflight", "dummy")]
+    again.run_stages()
+    assert fakes.ran() == ["stability", "dummy"]
+
+
+def test_a_stage_the_recipe_does_not_ask_for_is_not_planned_and_its_old_result_dropped(loaded, tmp_path):
+    fakes, said = Fakes(), []
+    first = new_run(loaded, tmp_path, fakes)
+    first.plan()
+    first.run_stages()
+    fakes.modules[2].enabled = lambda ctx: False
+    again = CandidateRun.open(loaded, tmp_path / "runs", first.run.path, said.append, stages=fakes.modules)
+    assert again.plan() == {} and "dummy" not in again.ctx.enabled_stages
+    again.drop_stale()
+    assert "dummy" not in again.run.record.stages
+    assert said == ["stage dummy: no longer in the recipe, its earlier result is dropped"]
+
+
+def test_a_record_made_elsewhere_is_put_as_a_stage_ran_here_would_be(loaded, tmp_path):
+    """A comparison's shared load measures several members at once; each member's record is still
+    made by its CandidateRun."""
+    fakes = Fakes()
+    one = new_run(loaded, tmp_path, fakes)
+    one.plan()
+    clock = StageClock.start()
+    one.begin_stage()
+    one.record_stage(fakes.modules[2], clock, "failed", error="its server died")
+    record = RunDir.open(one.run.path).record.stages["dummy"]
+    assert record.status == "failed" and record.error == "its server died" and record.duration_s >= 0
+    assert record.started_at == clock.started and record.inputs_sha256 == inputs_hash(fakes.modules[2].inputs(one.ctx))
+
+
+def test_an_adopted_run_has_only_what_is_left_to_do_and_ends(loaded, tmp_path):
+    """The Ray driver adopts the folder a task left: only the release is due here."""
+    fakes = Fakes()
+    first = new_run(loaded, tmp_path, fakes)
+    adopted = CandidateRun(loaded, RunDir.open(first.run.path), stages=fakes.modules)
+    adopted.adopt({"dummy": "the checks ran elsewhere"})
+    assert adopted.ctx.enabled_stages == set(NAMES) and adopted.ctx.will_run == {"dummy"}
+    assert adopted.due(fakes.modules[2]) and not adopted.due(fakes.modules[0])
+    adopted.end(if_running=True)
+    assert RunDir.open(first.run.path).record.status == "failed"
+    adopted.run.record.status = "ok"
+    adopted.end(if_running=True)  # ended already: kept as it is
+    assert RunDir.open(first.run.path).record.status == "ok"
+    adopted.run.record.status = "running"
+    adopted.finish(start_clock(), None)  # no decision: a run still running failed, with its attempt's time
+    record = RunDir.open(first.run.path).record
+    assert record.status == "failed" and record.attempt is not None
+
+
+def test_a_single_run_runs_a_stage_added_to_stages(loaded, tmp_path, monkeypatch):
+    """The single run is one CandidateRun over STAGES as they are: a dummy stage added there
+    is preflighted and run; with no gate at all the release is not shown (exit 1)."""
+    fakes, said = Fakes(), []
+    monkeypatch.setattr(stage_list, "STAGES", fakes.modules)
+    with pytest.raises(GateFailure, match="release not shown") as err:
+        run_pipeline(loaded, tmp_path / "runs", progress=said.append)
+    assert fakes.calls == [("preflight", n) for n in NAMES] + [("run", n) for n in NAMES]
+    assert "stage dummy: an earlier stage is redone" in said
+    record = RunDir.open(err.value.run_dir).record
+    assert record.status == "blocked" and record.registration is not None and record.attempt is not None
+    assert statuses(RunDir.open(err.value.run_dir)) == dict.fromkeys(NAMES, "ok")

@@ -56,50 +56,68 @@ def verify(
     from quantlab.release.verify import verify_release
 
     with exit_codes():
-        if not folder.is_dir():
-            raise RecipeError(f"{folder} is not a folder; pass the released checkpoint folder")
-        for p in [public_key, *(certificate_chain or [])]:
-            if p is not None and not p.is_file():
-                raise RecipeError(f"key or certificate file not found: {p}")
-        if allow and not here:
-            raise RecipeError("--allow names host differences: it needs --here")
+        _check_verify_inputs(folder, [public_key, *(certificate_chain or [])], allow=allow, here=here)
         checked = verify_release(folder, require_attestation=require_attestation, allow_dev_key=allow_dev_key,
-                                 allow_legacy=allow_legacy,
-                                 public_key=public_key, certificate_chain=certificate_chain,
+                                 allow_legacy=allow_legacy, public_key=public_key, certificate_chain=certificate_chain,
                                  sigstore_identity=sigstore_identity, sigstore_issuer=sigstore_issuer)
-        problems = checked.problems
-        if problems:
-            err.print(f"[bold red]NOT VERIFIED[/] {escape(str(folder))}: {len(problems)} problem(s)", highlight=False,
-                      soft_wrap=True)
-            for p in problems:
-                err.print(f"  - {escape(p)}", highlight=False, soft_wrap=True)
-            raise typer.Exit(1)
+        _exit_unless_verified(folder, checked.problems)
         m = read_manifest(folder)
-        typer.echo(f"verified {folder}: {len(m.checkpoint_files)} files and the manifest match the signature; "
-                   f"decision '{m.decision.decision}' ({m.decision.why})")
-        if m.registration is not None:
-            r = m.registration
-            typer.echo(f"registered {r['created_at']} before any engine started ("
-                       + (f"signed, {r['signing_method']}" if r["signed"] else "unsigned")
-                       + (f", log time {r['log_time']}" if r.get("log_time") else "")
-                       + f"); decided under that gate set ({r['gates_sha256'][:12]}), its {len(m.gates)} gates "
-                       f"the ones it calls for, under decision rule {m.decision.rule_version or 1}")
-        if m.signer is not None and m.signer.key_fingerprint:
-            typer.echo(f"signed by key {m.signer.key_fingerprint}"
-                       + (" (quantlab's local development key, accepted by --allow-dev-key: not for shipping)"
-                          if m.signer.development_key else ""))
-        for note in checked.notes:
-            typer.echo(f"note: {note}")
-        if m.attestation is not None:
-            typer.echo(f"attestation {m.attestation['file']}: its signature holds, its subjects are the signed "
-                       "files and model-signing's subject, its predicate is this manifest's evaluation")
+        _echo_verified(folder, m, checked.notes)
         if here:
             _verify_here(folder, m, tuple(allow or ()), serving_python)
-        if m.decision.decision != "release" and not allow_blocked:
-            err.print(f"[bold red]NOT RELEASED[/] {escape(str(folder))}: the signed decision is "
-                      f"'{m.decision.decision}'; pass --allow-blocked to check integrity alone", highlight=False,
-                      soft_wrap=True)
-            raise typer.Exit(1)
+        _exit_unless_released(folder, m, allow_blocked)
+
+
+def _check_verify_inputs(folder: Path, key_files: list[Optional[Path]], *, allow, here: bool) -> None:
+    """Refuse bad input (exit 2): no folder, a missing key or certificate file, --allow without --here."""
+    if not folder.is_dir():
+        raise RecipeError(f"{folder} is not a folder; pass the released checkpoint folder")
+    for p in key_files:
+        if p is not None and not p.is_file():
+            raise RecipeError(f"key or certificate file not found: {p}")
+    if allow and not here:
+        raise RecipeError("--allow names host differences: it needs --here")
+
+
+def _exit_unless_verified(folder: Path, problems: list[str]) -> None:
+    """Print each problem and exit 1 when the folder did not verify."""
+    if problems:
+        err.print(f"[bold red]NOT VERIFIED[/] {escape(str(folder))}: {len(problems)} problem(s)", highlight=False,
+                  soft_wrap=True)
+        for p in problems:
+            err.print(f"  - {escape(p)}", highlight=False, soft_wrap=True)
+        raise typer.Exit(1)
+
+
+def _echo_verified(folder: Path, m, notes: list[str]) -> None:
+    """The lines that say what verified: files, registration, signer, notes, attestation."""
+    typer.echo(f"verified {folder}: {len(m.checkpoint_files)} files and the manifest match the signature; "
+               f"decision '{m.decision.decision}' ({m.decision.why})")
+    if m.registration is not None:
+        r = m.registration
+        typer.echo(f"registered {r['created_at']} before any engine started ("
+                   + (f"signed, {r['signing_method']}" if r["signed"] else "unsigned")
+                   + (f", log time {r['log_time']}" if r.get("log_time") else "")
+                   + f"); decided under that gate set ({r['gates_sha256'][:12]}), its {len(m.gates)} gates "
+                   f"the ones it calls for, under decision rule {m.decision.rule_version or 1}")
+    if m.signer is not None and m.signer.key_fingerprint:
+        typer.echo(f"signed by key {m.signer.key_fingerprint}"
+                   + (" (quantlab's local development key, accepted by --allow-dev-key: not for shipping)"
+                      if m.signer.development_key else ""))
+    for note in notes:
+        typer.echo(f"note: {note}")
+    if m.attestation is not None:
+        typer.echo(f"attestation {m.attestation['file']}: its signature holds, its subjects are the signed "
+                   "files and model-signing's subject, its predicate is this manifest's evaluation")
+
+
+def _exit_unless_released(folder: Path, m, allow_blocked: bool) -> None:
+    """Exit 1 when the signed decision is not 'release', unless --allow-blocked."""
+    if m.decision.decision != "release" and not allow_blocked:
+        err.print(f"[bold red]NOT RELEASED[/] {escape(str(folder))}: the signed decision is "
+                  f"'{m.decision.decision}'; pass --allow-blocked to check integrity alone", highlight=False,
+                  soft_wrap=True)
+        raise typer.Exit(1)
 
 
 def _verify_here(folder: Path, manifest, allow: tuple[str, ...], serving_python: Optional[Path]) -> None:

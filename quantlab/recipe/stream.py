@@ -214,23 +214,11 @@ def rederive(entry: Any) -> tuple[float | None, list[str]]:
     if not isinstance(entry, dict):
         return None, [f"the stream entry is a {type(entry).__name__}, not an object"]
     if entry.get("control") != CONTROLLED:
-        alpha, level, share = entry.get("alpha"), entry.get("level"), entry.get("share")
-        if entry.get("control") in (OFF, NO_STREAM, FAMILY_ONLY) and share == 1.0 and level == alpha:
-            return 1.0, []
-        return None, [f"the stream entry says control {entry.get('control')!r} with share {share} and level {level} "
-                      f"(alpha {alpha}): a run judged alone is at share 1, its level its alpha"]
+        return _rederive_alone(entry)
     method, w0 = entry.get("method"), entry.get("w0", SHIPPED_W0)
-    if method not in METHODS:
-        return None, [f"the stream's method {method!r} is not one quantlab uses ({', '.join(METHODS)})"]
-    if method == LORD and not (isinstance(w0, (int, float)) and 0 < w0 <= 1):
-        return None, [f"the stream's LORD++ initial wealth w0 is {w0!r}: expected a share of the alpha in (0, 1]"]
-    try:
-        gamma = Gamma.from_dict(entry.get("gamma"))
-    except ValueError as err:
-        return None, [f"the stream's gamma: {err}"]
-    if not gamma.proper():
-        return None, [f"the stream's gamma {entry.get('gamma')!r} is not a non-increasing sequence summing to at most "
-                      "1 (the ones quantlab writes: front with first in [1/3, 1], horizon with n >= 1, lord)"]
+    gamma, wrong = _recorded_rule(entry, method, w0)
+    if wrong:
+        return None, [wrong]
     position, history = entry.get("position"), entry.get("history")
     if not isinstance(position, int) or position < 1 or not isinstance(history, list):
         return None, [f"the stream entry records position {position!r} and a history of "
@@ -247,6 +235,40 @@ def rederive(entry: Any) -> tuple[float | None, list[str]]:
     def rule(before):
         return next_share(gamma, before, method=method, w0=w0)
 
+    problems += _history_share_problems(earlier, rule, gamma, method, w0)
+    share = rule(earlier)
+    return share, problems + _recorded_share_problems(entry, share, earlier, gamma, method, w0, position)
+
+
+def _rederive_alone(entry: dict) -> tuple[float | None, list[str]]:
+    """A run judged alone (not in a controlled stream): share 1 at its alpha, or what is wrong."""
+    alpha, level, share = entry.get("alpha"), entry.get("level"), entry.get("share")
+    if entry.get("control") in (OFF, NO_STREAM, FAMILY_ONLY) and share == 1.0 and level == alpha:
+        return 1.0, []
+    return None, [f"the stream entry says control {entry.get('control')!r} with share {share} and level {level} "
+                  f"(alpha {alpha}): a run judged alone is at share 1, its level its alpha"]
+
+
+def _recorded_rule(entry: dict, method: Any, w0: Any) -> tuple[Gamma | None, str | None]:
+    """The entry's gamma, or what is wrong with its method, w0 or gamma."""
+    if method not in METHODS:
+        return None, f"the stream's method {method!r} is not one quantlab uses ({', '.join(METHODS)})"
+    if method == LORD and not (isinstance(w0, (int, float)) and 0 < w0 <= 1):
+        return None, f"the stream's LORD++ initial wealth w0 is {w0!r}: expected a share of the alpha in (0, 1]"
+    try:
+        gamma = Gamma.from_dict(entry.get("gamma"))
+    except ValueError as err:
+        return None, f"the stream's gamma: {err}"
+    if not gamma.proper():
+        return None, (f"the stream's gamma {entry.get('gamma')!r} is not a non-increasing sequence summing to at "
+                      "most 1 (the ones quantlab writes: front with first in [1/3, 1], horizon with n >= 1, lord)")
+    return gamma, None
+
+
+def _history_share_problems(earlier: list[tuple[float, bool]], rule, gamma: Gamma, method: str,
+                            w0: float) -> list[str]:
+    """Each earlier decision whose recorded share the rule does not give from the ones before it."""
+    problems = []
     for i, (share, _) in enumerate(earlier):
         want = rule(earlier[:i])
         if method == LORD:
@@ -261,7 +283,13 @@ def rederive(entry: Any) -> tuple[float | None, list[str]]:
             problems.append(f"decision {i + 1} of the stream is recorded at share {share:.6g}; the rule gives "
                             f"{want:.6g} from the decisions before it ({gamma.at(i + 1):.6g} had the one before "
                             "it not finished)")
-    share = rule(earlier)
+    return problems
+
+
+def _recorded_share_problems(entry: dict, share: float, earlier: list[tuple[float, bool]], gamma: Gamma,
+                             method: str, w0: float, position: int) -> list[str]:
+    """What is wrong with the decision's own recorded share and level against the rule's `share`."""
+    problems = []
     recorded, alpha, level = entry.get("share"), entry.get("alpha"), entry.get("level")
     if not isinstance(recorded, (int, float)) or abs(recorded - share) > TOLERANCE:
         if method == LORD:
@@ -279,7 +307,7 @@ def rederive(entry: Any) -> tuple[float | None, list[str]]:
             abs(level - alpha * share) > TOLERANCE * max(1.0, alpha):
         problems.append(f"decision {position} records level {level} with alpha {alpha}: the rule's level is alpha x "
                         f"{share:.6g}")
-    return share, problems
+    return problems
 
 
 def recipe_alpha(recipe: Any) -> float | None:

@@ -75,30 +75,10 @@ def kernel_path(expectation: dict[str, Any] | None, log: dict[str, Any] | None, 
     problems, unseen, passed = [], [], []
     ok = set(record["expected"]) | set(allow)
     if exp.get("known"):
-        off = {layer: [k for k in ks if k not in ok] for layer, ks in actual.items()}
-        off = {layer: ks for layer, ks in off.items() if ks}
-        if off:
-            problems.append("; ".join(f"{layer} ran {', '.join(ks)}" for layer, ks in off.items())
-                            + f" (expected {' or '.join(record['expected'])}"
-                            + (f", allowed {', '.join(allow)}" if allow else "") + ")")
-        elif not actual:
-            unseen.append("the log named no linear kernel")
-        else:
-            passed.append("; ".join(f"{layer} ran {', '.join(ks)}" for layer, ks in actual.items())
-                          + f" (expected {' or '.join(record['expected'])})")
-    kv = record["kv_cache_dtype"]
+        _judge_linear(actual, ok, record["expected"], allow, problems, unseen, passed)
     if kv_asked:
-        if kv["actual"] is None:
-            unseen.append(f"the log did not name the KV-cache dtype (asked {kv_asked})")
-        elif kv["actual"] == kv_asked or (kv_asked == "fp8" and kv["actual"].startswith("fp8")):
-            passed.append(f"KV cache {kv['actual']} as asked")
-        else:
-            problems.append(f"KV cache {kv['actual']}, asked {kv_asked}")
-    att = record["attention_backend"]
-    if attention_asked and att["actual"] is not None:
-        (passed if att["actual"] == attention_asked else problems).append(
-            f"attention {att['actual']}" + (" as asked" if att["actual"] == attention_asked
-                                            else f", asked {attention_asked}"))
+        _judge_kv_cache(record["kv_cache_dtype"]["actual"], kv_asked, problems, unseen, passed)
+    _judge_attention(record["attention_backend"]["actual"], attention_asked, problems, passed)
     if not (problems or unseen or passed):
         why = exp.get("why") if expectation else "unquantized candidate: no quantized linear layer to expect " \
             "a kernel for"
@@ -106,6 +86,40 @@ def kernel_path(expectation: dict[str, Any] | None, log: dict[str, Any] | None, 
     status = "fail" if problems else "inconclusive" if unseen else "pass"
     notes = [] if exp.get("known") or not expectation else [f"linear kernels not gated ({exp.get('why')})"]
     return {**record, "status": status, "off_path": len(problems), "why": "; ".join(problems + unseen + passed + notes)}
+
+
+def _judge_linear(actual: dict[str, list[str]], ok: set[str], expected: list[str], allow: list[str],
+                  problems: list[str], unseen: list[str], passed: list[str]) -> None:
+    """Add the linear kernels' finding: one off the `ok` (expected or allowed) ones, none named, or as expected."""
+    off = {layer: [k for k in ks if k not in ok] for layer, ks in actual.items()}
+    off = {layer: ks for layer, ks in off.items() if ks}
+    if off:
+        problems.append("; ".join(f"{layer} ran {', '.join(ks)}" for layer, ks in off.items())
+                        + f" (expected {' or '.join(expected)}"
+                        + (f", allowed {', '.join(allow)}" if allow else "") + ")")
+    elif not actual:
+        unseen.append("the log named no linear kernel")
+    else:
+        passed.append("; ".join(f"{layer} ran {', '.join(ks)}" for layer, ks in actual.items())
+                      + f" (expected {' or '.join(expected)})")
+
+
+def _judge_kv_cache(actual: str | None, asked: str, problems: list[str], unseen: list[str],
+                    passed: list[str]) -> None:
+    """Add the KV-cache dtype's finding against the one the recipe asked for."""
+    if actual is None:
+        unseen.append(f"the log did not name the KV-cache dtype (asked {asked})")
+    elif actual == asked or (asked == "fp8" and actual.startswith("fp8")):
+        passed.append(f"KV cache {actual} as asked")
+    else:
+        problems.append(f"KV cache {actual}, asked {asked}")
+
+
+def _judge_attention(actual: str | None, asked: str | None, problems: list[str], passed: list[str]) -> None:
+    """Add the attention backend's finding, when the recipe asked for one and the log named one."""
+    if asked and actual is not None:
+        (passed if actual == asked else problems).append(
+            f"attention {actual}" + (" as asked" if actual == asked else f", asked {asked}"))
 
 
 def verdicts(record: dict[str, Any] | None, *, scope: str, target: str | None = None) -> list[GateVerdict]:

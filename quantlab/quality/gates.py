@@ -159,13 +159,8 @@ def comparison_verdicts(cmp: TaskComparison, gates: QualityGates, *, scope: str,
     pct = f"{cmp.confidence:.0%}"
     base_line = (f"{cmp.metric}: baseline {cmp.baseline:.4g}, candidate {cmp.candidate:.4g} over {cmp.n} paired "
                  f"samples; difference {cmp.diff:+.4g} ({pct} CI {cmp.ci_low:+.4g} .. {cmp.ci_high:+.4g})")
-    fail_lo, fail_hi = lo, hi  # the fail side's interval (hi: the candidate's best plausible difference)
-    fail_conf = cmp.confidence
-    if family is not None and family.low is not None:
-        _, fail_lo, fail_hi = _oriented(cmp.diff, family.low, family.high, cmp.higher_is_better)
-        fail_conf = family.confidence
-        base_line += (f"; fail side at {family.confidence:.2%} (Bonferroni over {family.size} gated comparisons): "
-                      f"{family.low:+.4g} .. {family.high:+.4g}")
+    fail_lo, fail_hi, fail_conf, fail_side = _fail_side(cmp, family, lo, hi)
+    base_line += fail_side
     few = cmp.n < gates.min_samples
     test = "tango-score" if cmp.binary else "bca-bootstrap"
     for gate, value, limit, margin, how in gate_margins(gates, cmp):
@@ -182,10 +177,7 @@ def comparison_verdicts(cmp: TaskComparison, gates: QualityGates, *, scope: str,
             needed = samples_to_verdict(b, c, verdict, margin, cmp, iters=iters, seed=seed)
         elif verdict == "inconclusive" and not few:  # a downgraded fail: until the fail side's interval clears it
             needed = samples_needed(cmp.n, d, *((fail_lo, fail_hi) if downgraded else (lo, hi)), margin)
-        shown = {"min_recovery": f"recovery {value:.3f} (needs {limit:g}); " if value is not None else
-                 "recovery undefined (zero baseline score); ",
-                 "max_drop": f"drop {value:.4g} (needs <= {limit:g}); " if value is not None else ""}.get(gate, "")
-        why = shown + {
+        why = _shown(gate, value, limit) + {
             "pass": f"the interval's worse end {lo:+.4g} is above -{margin:.4g} ({how})",
             "fail": f"the whole interval is below -{margin:.4g} ({how}): worse than the margin allows",
             "inconclusive": (f"only {cmp.n} samples, fewer than min_samples {gates.min_samples}: not judged "
@@ -201,6 +193,25 @@ def comparison_verdicts(cmp: TaskComparison, gates: QualityGates, *, scope: str,
             comparator="non_inferior", margin=margin, confidence=cmp.confidence, fail_confidence=fail_conf,
             estimate=d, low=lo, high=hi, test=test, warnable=not few))  # too few to judge: no test to warn
     return out
+
+
+def _fail_side(cmp: TaskComparison, family: FailFamily | None, lo: float,
+               hi: float) -> tuple[float, float, float, str]:
+    """The fail side's interval (hi: the candidate's best plausible difference) and confidence: the
+    family's where it has one, else the comparison's own; and the evidence's words on it."""
+    if family is None or family.low is None:
+        return lo, hi, cmp.confidence, ""
+    _, fail_lo, fail_hi = _oriented(cmp.diff, family.low, family.high, cmp.higher_is_better)
+    return fail_lo, fail_hi, family.confidence, (f"; fail side at {family.confidence:.2%} (Bonferroni over "
+                                                 f"{family.size} gated comparisons): {family.low:+.4g} .. "
+                                                 f"{family.high:+.4g}")
+
+
+def _shown(gate: str, value: float | None, limit: float) -> str:
+    """The gate's own figure at the head of its evidence (recovery or drop; none for the others)."""
+    return {"min_recovery": f"recovery {value:.3f} (needs {limit:g}); " if value is not None else
+            "recovery undefined (zero baseline score); ",
+            "max_drop": f"drop {value:.4g} (needs <= {limit:g}); " if value is not None else ""}.get(gate, "")
 
 
 def ni_verdict(lo: float, hi: float, margin: float) -> str:

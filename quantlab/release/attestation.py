@@ -330,17 +330,7 @@ def _statement_problems(folder: Path, manifest: Any, doc: dict[str, Any]) -> lis
     if subjects.pop(root.get("name"), None) != root_sha256 or predicate.model_signing_subject.sha256 != root_sha256:
         problems.append(f"its subject is not the model-signing subject of this folder ({root.get('name')} "
                         f"{str(root_sha256)[:12]}...): an attestation for other files")
-    # every file the folder's signature covers (model-signing's own resources: verify_folder checks them
-    # against the disk), by name and digest; the disk is read only to say which file differs
-    for name in sorted(set(signed) | set(subjects), key=str):
-        if name not in subjects:
-            problems.append(f"the signed file {name} is not among its subjects")
-        elif name not in signed:
-            problems.append(f"its subject {name} is not a file of this folder's signature")
-        elif subjects[name] != signed[name]:
-            on_disk = sha256_file(folder / name) if (folder / name).is_file() else "missing"
-            problems.append(f"its subject {name} has sha256 {str(subjects[name])[:12]}..., the folder's file "
-                            f"{on_disk[:12]}...: an attestation for other files")
+    problems += _subject_problems(folder, subjects, signed)
     manifest_sha256 = sha256_file(folder / MANIFEST_FILE)
     if predicate.manifest.sha256 != manifest_sha256:
         return problems + [f"its predicate is about another manifest (sha256 {predicate.manifest.sha256[:12]}...)"]
@@ -356,6 +346,23 @@ def _statement_problems(folder: Path, manifest: Any, doc: dict[str, Any]) -> lis
         shown = ", ".join(differing[:MAX_NAMED])
         more = f" and {len(differing) - MAX_NAMED} more" if len(differing) > MAX_NAMED else ""
         problems.append(f"its predicate is not this manifest's evaluation: {shown}{more} differ")
+    return problems
+
+
+def _subject_problems(folder: Path, subjects: dict[str, Any], signed: dict[str, Any]) -> list[str]:
+    """Each file where the statement's subjects and the folder's signature differ, by name and digest."""
+    problems = []
+    # every file the folder's signature covers (model-signing's own resources: verify_folder checks them
+    # against the disk), by name and digest; the disk is read only to say which file differs
+    for name in sorted(set(signed) | set(subjects), key=str):
+        if name not in subjects:
+            problems.append(f"the signed file {name} is not among its subjects")
+        elif name not in signed:
+            problems.append(f"its subject {name} is not a file of this folder's signature")
+        elif subjects[name] != signed[name]:
+            on_disk = sha256_file(folder / name) if (folder / name).is_file() else "missing"
+            problems.append(f"its subject {name} has sha256 {str(subjects[name])[:12]}..., the folder's file "
+                            f"{on_disk[:12]}...: an attestation for other files")
     return problems
 
 

@@ -127,25 +127,38 @@ def search(
     Exit 0 one passed, 1 none passed within the budget, 2 bad input, 3 run failure."""
     from quantlab.recipe.file import load_recipe
     from quantlab.pipeline.search import run_search
-    from quantlab.pipeline.search_report import markdown as search_markdown
 
     with exit_codes():
-        if width < 1 or max_trials < 1:
-            raise RecipeError("--width and --max-trials must be at least 1", field="--width")
+        settings = _search_settings(sensitivity=sensitivity, max_layers=max_layers, width=width, max_trials=max_trials,
+                                    time_budget_s=time_budget_s, knob=knob, schemes=schemes, verbose=verbose)
         loaded = load_recipe(recipe)
-        settings = dict(sensitivity=sensitivity, max_layers=max_layers, width=width, max_trials=max_trials,
-                        time_budget_s=time_budget_s, knobs=tuple(knob or ()), progress=progress, verbose=verbose,
-                        schemes=() if schemes.strip() == "none" else
-                        tuple(x.strip() for x in schemes.split(",") if x.strip()))
         executor = executor_for(ray, storage, runs_dir, ray_cpus)
         with executor:  # with --ray: the cluster joined, the storage folder checked
             result = run_search(loaded, runs_dir, executor=executor, **settings)
-        err.print("[bold]search[/]", highlight=False)
-        for line in search_markdown(result).splitlines():
-            err.print(f"  {escape(line)}", highlight=False, soft_wrap=True)
+        _show_search(result)
     typer.echo(str(Path(result["folder"]) / "search.json"))
     if not result["passed"]:
         raise typer.Exit(1)
+
+
+def _search_settings(*, sensitivity, max_layers, width: int, max_trials: int, time_budget_s, knob, schemes: str,
+                     verbose: bool) -> dict:
+    """run_search's settings from the options (bad input when --width or --max-trials is below 1)."""
+    if width < 1 or max_trials < 1:
+        raise RecipeError("--width and --max-trials must be at least 1", field="--width")
+    return dict(sensitivity=sensitivity, max_layers=max_layers, width=width, max_trials=max_trials,
+                time_budget_s=time_budget_s, knobs=tuple(knob or ()), progress=progress, verbose=verbose,
+                schemes=() if schemes.strip() == "none" else
+                tuple(x.strip() for x in schemes.split(",") if x.strip()))
+
+
+def _show_search(result: dict) -> None:
+    """The search's Markdown on the terminal."""
+    from quantlab.pipeline.search_report import markdown as search_markdown
+
+    err.print("[bold]search[/]", highlight=False)
+    for line in search_markdown(result).splitlines():
+        err.print(f"  {escape(line)}", highlight=False, soft_wrap=True)
 
 
 @app.command()
@@ -186,43 +199,63 @@ def run(
     recipes' `selection` rule chooses among the released ones (runs/compare/<id>/).
     Exit 0 released (or one chosen), 1 blocked by a gate (or none released), 2 bad input,
     3 run failure, 130 interrupted."""
-    from quantlab.recipe.file import load_recipe
-    from quantlab.core.run import RunDir
-
     with exit_codes():
         if dry_run and not checkpoint and not resume and (len(recipes) > 1 or ray):
             print_plans(recipes, runs_dir, ray=ray, storage=storage)
             return
-        if (len(recipes) > 1 or checkpoint) and (resume or dry_run):  # before any work on a cluster
-            raise RecipeError("--resume takes one recipe, and --dry-run recipes without --checkpoint; a "
-                              "comparison of several starts afresh (checkpoints and baseline results still come "
-                              "from the cache)")
-        if ray and (resume or checkpoint):
-            raise RecipeError("--ray runs recipes afresh on the cluster's nodes: drop --resume and --checkpoint "
-                              "(or drop --ray to resume, or to judge an existing checkpoint here)", field="--ray")
-        refuse_alone(alone, several=len(recipes) > 1 or bool(checkpoint) or bool(ray))
-        if (family is None) != (family_size is None):
-            raise RecipeError("--family and --family-size go together: the family's name and the most candidates "
-                              "it will judge", field="--family" if family is None else "--family-size")
+        _refuse_run_options(recipes, resume=resume, dry_run=dry_run, checkpoint=checkpoint, ray=ray, alone=alone,
+                            family=family, family_size=family_size)
         declared = declared_family(family, family_size, recipes, named_checkpoints(checkpoint)) \
             if family and not dry_run else None
         if ray or len(recipes) > 1 or checkpoint:  # with --ray, a dry run has printed its plans above
-            here_only = {"checkpoints": named_checkpoints(checkpoint)} if checkpoint else {}
-            _compare_with_summary(executor_for(ray, storage, runs_dir, ray_cpus), recipes, runs_dir,
-                                  verbose=verbose, family=declared, **here_only)
-            return
-        loaded = load_recipe(recipes[0])
-        if dry_run:
-            print_plan(loaded, runs_dir)
-            return
-        resume_path = None
-        if resume == "latest":
-            resume_path = RunDir.latest(runs_dir, loaded.recipe.name)
-            if resume_path is None:
-                raise RecipeError(f"no earlier run of '{loaded.recipe.name}' under {runs_dir} to resume")
-        elif resume:
-            resume_path = Path(resume)
-        _run_with_summary(loaded, runs_dir, resume=resume_path, verbose=verbose, family=declared, alone=alone)
+            _compare_recipes(recipes, runs_dir, checkpoint=checkpoint, ray=ray, storage=storage, ray_cpus=ray_cpus,
+                             verbose=verbose, family=declared)
+        else:
+            _run_one(recipes[0], runs_dir, resume, dry_run, verbose=verbose, family=declared, alone=alone)
+
+
+def _refuse_run_options(recipes: list[Path], *, resume, dry_run: bool, checkpoint, ray, alone: bool, family,
+                        family_size) -> None:
+    """Bad input (exit 2) for options that do not go together, before any work on a cluster."""
+    if (len(recipes) > 1 or checkpoint) and (resume or dry_run):  # before any work on a cluster
+        raise RecipeError("--resume takes one recipe, and --dry-run recipes without --checkpoint; a "
+                          "comparison of several starts afresh (checkpoints and baseline results still come "
+                          "from the cache)")
+    if ray and (resume or checkpoint):
+        raise RecipeError("--ray runs recipes afresh on the cluster's nodes: drop --resume and --checkpoint "
+                          "(or drop --ray to resume, or to judge an existing checkpoint here)", field="--ray")
+    refuse_alone(alone, several=len(recipes) > 1 or bool(checkpoint) or bool(ray))
+    if (family is None) != (family_size is None):
+        raise RecipeError("--family and --family-size go together: the family's name and the most candidates "
+                          "it will judge", field="--family" if family is None else "--family-size")
+
+
+def _compare_recipes(recipes: list[Path], runs_dir: Path, *, checkpoint, ray, storage, ray_cpus: int,
+                     verbose: bool, family) -> None:
+    """The recipes (and --checkpoint's folders) as candidates against one baseline, on the executor named."""
+    here_only = {"checkpoints": named_checkpoints(checkpoint)} if checkpoint else {}
+    _compare_with_summary(executor_for(ray, storage, runs_dir, ray_cpus), recipes, runs_dir,
+                          verbose=verbose, family=family, **here_only)
+
+
+def _run_one(recipe: Path, runs_dir: Path, resume: str | None, dry_run: bool, *, verbose: bool, family,
+             alone: bool) -> None:
+    """One recipe: its plan with --dry-run, else its run (resumed with --resume) and summary."""
+    from quantlab.recipe.file import load_recipe
+    from quantlab.core.run import RunDir
+
+    loaded = load_recipe(recipe)
+    if dry_run:
+        print_plan(loaded, runs_dir)
+        return
+    resume_path = None
+    if resume == "latest":
+        resume_path = RunDir.latest(runs_dir, loaded.recipe.name)
+        if resume_path is None:
+            raise RecipeError(f"no earlier run of '{loaded.recipe.name}' under {runs_dir} to resume")
+    elif resume:
+        resume_path = Path(resume)
+    _run_with_summary(loaded, runs_dir, resume=resume_path, verbose=verbose, family=family, alone=alone)
 
 
 def _compare_with_summary(executor, files: list[Path], runs_dir: Path, *, verbose: bool, family=None,

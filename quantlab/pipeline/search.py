@@ -141,62 +141,16 @@ class _Search:
             return {"ranking": None, "granularity": None, "max_layers": 0, "stopped": "time budget",
                     "rounds": self.rounds, "trials": [], "best": None, "knob_trials": [], "settings": {},
                     "passed": False, "notes": [], **self._scheme_fields()}
-        ranking_file = sensitivity or (run_sensitivity(loaded, self.runs_root, SensitivitySpec(),
-                                                       progress=progress)[0] / "sensitivity.json")
-        ranked = _ranking(ranking_file, loaded)
+        ranking_file, ranked, limit = self._ranking_and_limit(sensitivity, max_layers)
         ranking = ranked["groups"]
-        limit = min(max_layers if max_layers is not None else max(1, len(ranking) // 4), len(ranking))
-        if limit < 1:
-            raise RecipeError("--max-layers must be at least 1: the search keeps layers out of quantization",
-                              field="--max-layers")
-        progress(f"search: keep up to {limit} of {len(ranking)} groups unquantized, {self.width} trials a round, "
-                 f"at most {self.max_trials} trials (ranking {ranking_file})")
         state = SearchState(max_layers=limit, width=self.width)
-        stopped, rounds, knob_trials, settings = "found", self.rounds, [], {}
-        for n, (field, choices) in enumerate(knob_choices, 1):
-            if self.past_budget(rounds):
-                stopped = "time budget"
-                break
-            trials = [loaded.variant(trial_name(f"{recipe.name}-k{n}c{i}", 0), {**settings, field: v})
-                      for i, v in enumerate(choices, 1)]
-            trials, refused = preflighted(trials, self.runs_root, progress)  # a refused choice uses no trial
-            if self.used() + len(knob_trials) + len(trials) > self.max_trials:
-                stopped = "trial budget"
-                break
-            progress(f"search: knob {field}, choices {choices} in this order")
-            outcomes, info = compare_trials(trials, folder, progress, self.verbose, self.executor, self.family,
-                                            self.held) if trials else ([], {"wall_s": 0.0})
-            rounds.append({**info, "knob": field, "choices": choices})
-            by_name = {o["name"]: o for o in outcomes + refused}
-            tried = [{"knob": field, "value": v, "settings": {**settings, field: v},
-                      **by_name[trial_name(f"{recipe.name}-k{n}c{i}", 0)]} for i, v in enumerate(choices, 1)]
-            knob_trials += tried
-            judged = [(v, t) for v, t in zip(choices, tried) if t["decision"] != "refused"]
-            if not judged:
-                continue  # every choice refused: the knob stays as the recipe has it
-            passed, closest = knob_pick([t for _, t in judged])
-            settings[field] = judged[passed if passed is not None else closest][0]
-            if passed is not None:
-                break
+        rounds = self.rounds
+        stopped, knob_trials, settings = self._knob_rounds(knob_choices, rounds)
         knob_passed = any(t["decision"] == "release" and t["settings"] == settings for t in knob_trials)
         counted = sum(1 for t in knob_trials if t["decision"] != "refused")
         base = loaded.variant(recipe.name, settings) if settings else loaded
-        while not knob_passed and stopped == "found":
-            todo = state.next_points()
-            if not todo:
-                stopped = "found" if state.hi is not None else "none passed"
-                break
-            spent = self.used() + counted + len(state.trials)
-            if spent + len(todo) > self.max_trials:
-                todo = todo[:max(0, self.max_trials - spent)]
-                if not todo:
-                    stopped = "trial budget"
-                    break
-            if self.past_budget(rounds):
-                stopped = "time budget"
-                break
-            rounds.append(_round(base, todo, ranking, folder, state, progress, self.verbose, self.executor,
-                                 self.family, self.held))
+        if not knob_passed and stopped == "found":
+            stopped = self._layer_rounds(base, state, ranking, rounds, counted)
         note = state.monotonic_note()
         if note:
             state.notes.append(note)
@@ -211,6 +165,69 @@ class _Search:
             result["recipe_file"] = str(_write_recipe(loaded, ranking, best or 0, folder, settings))
             result["kept"] = [row["group"] for row in ranking[:best or 0]]
         return result
+
+    def _ranking_and_limit(self, sensitivity, max_layers) -> tuple[Path, dict[str, Any], int]:
+        """(the ranking's file, read or computed first; the ranking; how many groups a trial may keep)."""
+        ranking_file = sensitivity or (run_sensitivity(self.loaded, self.runs_root, SensitivitySpec(),
+                                                       progress=self.progress)[0] / "sensitivity.json")
+        ranked = _ranking(ranking_file, self.loaded)
+        ranking = ranked["groups"]
+        limit = min(max_layers if max_layers is not None else max(1, len(ranking) // 4), len(ranking))
+        if limit < 1:
+            raise RecipeError("--max-layers must be at least 1: the search keeps layers out of quantization",
+                              field="--max-layers")
+        self.progress(f"search: keep up to {limit} of {len(ranking)} groups unquantized, {self.width} trials a "
+                      f"round, at most {self.max_trials} trials (ranking {ranking_file})")
+        return ranking_file, ranked, limit
+
+    def _knob_rounds(self, knob_choices, rounds) -> tuple[str, list[dict[str, Any]], dict[str, Any]]:
+        """One round a knob, until a choice passes or a budget ends: (why it stopped, the knob
+        trials, the settings kept: each knob's passing or closest choice)."""
+        loaded, recipe, progress = self.loaded, self.loaded.recipe, self.progress
+        stopped, knob_trials, settings = "found", [], {}
+        for n, (field, choices) in enumerate(knob_choices, 1):
+            if self.past_budget(rounds):
+                stopped = "time budget"
+                break
+            trials = [loaded.variant(trial_name(f"{recipe.name}-k{n}c{i}", 0), {**settings, field: v})
+                      for i, v in enumerate(choices, 1)]
+            trials, refused = preflighted(trials, self.runs_root, progress)  # a refused choice uses no trial
+            if self.used() + len(knob_trials) + len(trials) > self.max_trials:
+                stopped = "trial budget"
+                break
+            progress(f"search: knob {field}, choices {choices} in this order")
+            outcomes, info = compare_trials(trials, self.folder, progress, self.verbose, self.executor, self.family,
+                                            self.held) if trials else ([], {"wall_s": 0.0})
+            rounds.append({**info, "knob": field, "choices": choices})
+            by_name = {o["name"]: o for o in outcomes + refused}
+            tried = [{"knob": field, "value": v, "settings": {**settings, field: v},
+                      **by_name[trial_name(f"{recipe.name}-k{n}c{i}", 0)]} for i, v in enumerate(choices, 1)]
+            knob_trials += tried
+            judged = [(v, t) for v, t in zip(choices, tried) if t["decision"] != "refused"]
+            if not judged:
+                continue  # every choice refused: the knob stays as the recipe has it
+            passed, closest = knob_pick([t for _, t in judged])
+            settings[field] = judged[passed if passed is not None else closest][0]
+            if passed is not None:
+                break
+        return stopped, knob_trials, settings
+
+    def _layer_rounds(self, base, state: SearchState, ranking, rounds, counted: int) -> str:
+        """Rounds of layer trials (bisection over how many groups to keep) until the state has
+        its answer or a budget ends: why they stopped."""
+        while True:
+            todo = state.next_points()
+            if not todo:
+                return "found" if state.hi is not None else "none passed"
+            spent = self.used() + counted + len(state.trials)
+            if spent + len(todo) > self.max_trials:
+                todo = todo[:max(0, self.max_trials - spent)]
+                if not todo:
+                    return "trial budget"
+            if self.past_budget(rounds):
+                return "time budget"
+            rounds.append(_round(base, todo, ranking, self.folder, state, self.progress, self.verbose, self.executor,
+                                 self.family, self.held))
 
 
 def preflighted(trials: list[LoadedRecipe], runs_root: Path, progress: Progress

@@ -70,13 +70,41 @@ class StageContext(Protocol):
 
 
 class StageModule(Protocol):
-    """A stage: a module with these names (quantize, serve, quality, ... release)."""
+    """A stage: a module with these names (quantize, serve, quality, ... release), and
+    any of the OPTIONAL_HOOKS below. tests/unit/test_stage_contract.py checks every stage
+    of STAGES and VALIDATE_STAGES against it."""
 
     NAME: str
 
-    def inputs(self, ctx: StageContext) -> dict[str, Any]: ...
+    def inputs(self, ctx: StageContext) -> dict[str, Any]: ...  # hashed: a resume redoes the stage when they change
 
-    def run(self, ctx: StageContext) -> Any: ...
+    def preflight(self, ctx: StageContext) -> None: ...  # before any stage runs: bad input refused, nothing made
+
+    def run(self, ctx: StageContext) -> Any: ...  # its typed result (core/results.py), put in the run record
+
+
+# The hooks a stage may offer, each `(ctx) -> its type`, and what asks for it; a stage
+# module's other names (its imports among them) are never taken for a hook.
+OPTIONAL_HOOKS: dict[str, str] = {
+    "enabled": "bool: whether the recipe asks for it (absent: always); the run loop",
+    "needs_baseline": "bool: whether it needs the baseline server; the serve stage asks every enabled check",
+    "reuses": "str | None: what a run would take from the cache instead of computing; the dry run",
+    "plan": "list[str]: what it will do and can detect, before any engine starts; the dry run",
+}
+REQUIRED = ("NAME", "inputs", "preflight", "run")
+
+
+def stage_hook(stage: Any, name: str) -> Callable[[StageContext], Any] | None:
+    """The stage's own `name` hook, or None. Only a declared hook, and never a function of
+    that name the stage module imported from another module (not its hook)."""
+    if name not in OPTIONAL_HOOKS:
+        raise KeyError(f"{name!r} is not a stage hook: declare it in core/stage_context.OPTIONAL_HOOKS")
+    hook = vars(stage).get(name)
+    if hook is None or not callable(hook):
+        return None
+    home = getattr(hook, "__module__", None)
+    imported = home != stage.__name__ and getattr(hook, "__name__", None) == name
+    return None if imported else hook
 
 
 def once(ctx: StageContext, key: str, build: Callable[[], T]) -> T:

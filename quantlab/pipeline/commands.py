@@ -13,6 +13,7 @@ from quantlab.core.errors import EngineError, QuantlabError, RecipeError
 from quantlab.core.layout import CHECKPOINT_DIR
 from quantlab.core.progress import Progress
 from quantlab.core.run import RunDir
+from quantlab.core.stage_context import stage_hook
 from quantlab.pipeline import streams
 from quantlab.pipeline.candidate_run import CandidateRun
 from quantlab.recipe.family import Family
@@ -39,8 +40,8 @@ def dry_run(loaded: LoadedRecipe, runs_root: Path, *, progress: Progress,
         dry.plan_position()  # the plans below at the level it would take
         ctx = dry.ctx
         progress(streams.position_line(ctx.stream, loaded.recipe) + " (a dry run takes no position)")
-        reused = {s.NAME: s.reuses(ctx) for s in ctx.stages if s.NAME in todo and hasattr(s, "reuses")}
-        details = {s.NAME: s.plan(ctx) for s in ctx.stages if s.NAME in todo and hasattr(s, "plan")}
+        reused = {s.NAME: h(ctx) for s in ctx.stages if s.NAME in todo and (h := stage_hook(s, "reuses"))}
+        details = {s.NAME: h(ctx) for s in ctx.stages if s.NAME in todo and (h := stage_hook(s, "plan"))}
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     estimates: dict[str, tuple[float, str]] = {}

@@ -18,6 +18,7 @@ from types import ModuleType
 from quantlab.core import checks as check_table
 from quantlab.core.digest import inputs_hash
 from quantlab.core.errors import RecipeError
+from quantlab.core.stage_context import stage_hook
 from quantlab.pipeline.context import RunContext
 from quantlab.performance import stage as perf_stage
 from quantlab.quality import stage as quality_stage
@@ -43,15 +44,15 @@ def stages_for(checkpoint: Path | None) -> list[ModuleType]:
 
 def enabled(stage: ModuleType, ctx: RunContext) -> bool:
     """Check stages run only when the recipe has their section."""
-    check = getattr(stage, "enabled", None)
+    check = stage_hook(stage, "enabled")
     return check is None or check(ctx)
 
 
 def baseline_needed(ctx: RunContext) -> bool:
     """Whether the serve stage starts the baseline server: yes unless every enabled check
     says it can do without (the quality stage with cached baseline results)."""
-    checks = [s for s in ctx.stages if s.NAME in ctx.enabled_stages and hasattr(s, "needs_baseline")]
-    return not checks or any(s.needs_baseline(ctx) for s in checks)
+    hooks = [h for s in ctx.stages if s.NAME in ctx.enabled_stages and (h := stage_hook(s, "needs_baseline"))]
+    return not hooks or any(hook(ctx) for hook in hooks)
 
 
 def require_evidence(ctx: RunContext) -> None:

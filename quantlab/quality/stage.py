@@ -26,7 +26,8 @@ from quantlab.core.results import QualityResult
 from quantlab.serving import stage as serve_stage
 from quantlab.quality.work import (baseline_entry, baseline_folder, cache_parts, code_sandbox, mark_judged, runnable,
                                    suites_of, task_limit)
-from quantlab.quality.gate_plan import gate_plans, plan, plan_summary
+from quantlab.quality import gate_plan
+from quantlab.quality.gate_plan import gate_plans, plan_summary
 from quantlab.quality.kl_run import kl_dists, kl_of_candidate, kl_prompt_ids
 from quantlab.quality.pairing import compare_tasks, pool_everything, pool_slices
 
@@ -248,6 +249,11 @@ def run(ctx: StageContext) -> QualityResult:
         raw_files=raw, flips_file=f"{OUT_DIR}/flips.jsonl", plots=[], gates=gates, notes=notes, traffic=traffic,
         code_sandbox=code_sandbox(ctx),
         plan=_plan_lines(ctx))
+
+
+def plan(ctx: StageContext) -> list[str]:
+    """The dry run's hook: what each gated task and slice can tell with its items (quality/gate_plan.py)."""
+    return gate_plan.plan(ctx)
 
 
 def _plan_lines(ctx: StageContext) -> list[str]:

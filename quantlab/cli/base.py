@@ -97,12 +97,16 @@ def _show_warning(message, category, filename, lineno, file=None, line=None) -> 
     from quantlab.core.verdicts import OldNameWarning
 
     if issubclass(category, (OldNameWarning, CacheEntryWarning)):
+        if str(message) in _shown:  # one entry looked up by two steps (the dry run's reuse and plan) is said once
+            return
+        _shown.add(str(message))
         err.print(f"[yellow]warning:[/] {escape(str(message))}", highlight=False, soft_wrap=True)
     else:
         _python_showwarning(message, category, filename, lineno, file, line)
 
 
 _python_showwarning = warnings.showwarning
+_shown: set[str] = set()  # the user's warnings said in this command
 
 
 @app.callback()

@@ -162,3 +162,16 @@ def test_alone_is_refused_for_a_comparison(tmp_path):
     assert r.returncode == 2, r.stderr
     assert "--alone" in r.stderr and "takes no stream position yet" in " ".join(r.stderr.split())
     assert not any(tmp_path.iterdir())  # refused before any work
+
+
+def test_a_cached_entry_not_reused_is_said_once_per_command(monkeypatch, capsys):
+    """The dry run looks an entry up twice (what a stage reuses, then its plan): the user reads
+    one warning line, not two; another entry still gets its own."""
+    from quantlab.cli import base
+    from quantlab.core.result_cache import CacheEntryWarning
+
+    monkeypatch.setattr(base, "_shown", set())
+    for what in ("entry a", "entry a", "entry b"):
+        base._show_warning(CacheEntryWarning(f"cached entry {what} is not reused"), CacheEntryWarning, "f.py", 1)
+    said = capsys.readouterr().err
+    assert said.count("entry a is not reused") == 1 and said.count("entry b is not reused") == 1

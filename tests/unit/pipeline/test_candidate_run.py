@@ -61,6 +61,15 @@ def new_run(loaded, tmp_path, fakes, said=None, **kw) -> CandidateRun:
                                stages=fakes.modules, **kw)
 
 
+def planned_failing(loaded, tmp_path, stage: str, err: Exception, said=None, **kw) -> tuple[Fakes, CandidateRun]:
+    """A planned run of the fake stages whose `stage` raises `err`."""
+    fakes = Fakes()
+    fakes.fails[stage] = err
+    one = new_run(loaded, tmp_path, fakes, said, **kw)
+    one.plan()
+    return fakes, one
+
+
 def statuses(run: RunDir) -> dict[str, str]:
     return {n: r.status for n, r in RunDir.open(run.path).record.stages.items()}
 
@@ -83,10 +92,7 @@ def test_every_preflight_in_order_before_any_stage_then_each_stage_recorded(load
 
 
 def test_a_failed_stage_is_recorded_then_raised_and_nothing_after_it_runs(loaded, tmp_path):
-    fakes = Fakes()
-    fakes.fails["stability"] = CheckError("the probe could not run")
-    one = new_run(loaded, tmp_path, fakes)
-    one.plan()
+    fakes, one = planned_failing(loaded, tmp_path, "stability", CheckError("the probe could not run"))
     with pytest.raises(CheckError, match="the probe could not run"):
         one.run_stages()
     assert fakes.ran() == ["prepare", "stability"]
@@ -96,10 +102,7 @@ def test_a_failed_stage_is_recorded_then_raised_and_nothing_after_it_runs(loaded
 
 
 def test_an_unexpected_error_is_a_run_failure_with_its_traceback_on_file(loaded, tmp_path):
-    fakes = Fakes()
-    fakes.fails["prepare"] = KeyError("missing_key")
-    one = new_run(loaded, tmp_path, fakes)
-    one.plan()
+    fakes, one = planned_failing(loaded, tmp_path, "prepare", KeyError("missing_key"))
     with pytest.raises(UnexpectedError, match="unexpected error in prepare: KeyError: 'missing_key'"):
         one.run_stages()
     stage = RunDir.open(one.run.path).record.stages["prepare"]
@@ -109,10 +112,8 @@ def test_an_unexpected_error_is_a_run_failure_with_its_traceback_on_file(loaded,
 def test_a_members_failure_is_its_own_and_said_by_its_name(loaded, tmp_path):
     """As a comparison runs a slice of the stages over a member: `failed` takes the error, the
     member's later stages do not run, nothing is raised."""
-    fakes, said, failures = Fakes(), [], []
-    fakes.fails["stability"] = CheckError("broke")
-    one = new_run(loaded, tmp_path, fakes, said, shared_baseline=True)
-    one.plan()
+    said, failures = [], []
+    fakes, one = planned_failing(loaded, tmp_path, "stability", CheckError("broke"), said, shared_baseline=True)
     one.run_stages(fakes.modules[:2], member="a", failed=lambda name, err: failures.append((name, str(err))))
     assert failures == [("stability", "broke")] and fakes.ran() == ["prepare", "stability"]
     assert said == ["candidate a: stage prepare", "candidate a: stage stability"]

@@ -7,17 +7,16 @@ recipe's `release.policy` names (recipe/release.py), the registered gate set
 manifest's check summaries and error budget (release/stage.py, release/error_budget.py),
 the report's sections and plots (reports/sections.py, reports/stage_plots.py).
 
-A row names its hooks as "module:function" strings, imported only when called: this
-module sits on the floor and may import nothing above it, and the hooks live beside
-their check (or in reports/ where they need its helpers). tests/unit/test_checks_table.py
-holds each hook to the floors its caller may import. Adding a check kind: docs/design.md,
-"Adding a check kind".
+A row names its hooks as "module:function" strings, resolved by their callers
+(release/check_hooks.hook): this module sits on the floor and imports nothing above
+it, and the hooks live beside their check (or in reports/ where they need its helpers).
+tests/unit/test_checks_table.py holds each hook to the floors its caller may import.
+Adding a check kind: docs/design.md, "Adding a check kind".
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from importlib import import_module
 from typing import Any
 
 LAST = 99  # a place for a new row: after the rows kept in the places they had before the table
@@ -104,8 +103,3 @@ def section_of(recipe: Any, check: Check) -> Any:
         value = getattr(value, part, None)
     return value
 
-
-def hook(path: str) -> Any:
-    """The function a row names ("module:function"), imported now."""
-    module, _, function = path.partition(":")
-    return getattr(import_module(module), function)

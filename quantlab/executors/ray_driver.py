@@ -37,6 +37,7 @@ from quantlab.executors.ray_read_back import check_read_back, own_digests
 from quantlab.pipeline.candidates.conclusion import conclude
 from quantlab.pipeline.candidates.members import (CANDIDATES_DIR, Candidate, Comparison, candidates_of,
                                                   check_comparable, create_folder, selection_of)
+from quantlab.pipeline.stage_run import mark_ended
 from quantlab.pipeline.candidate_run import CandidateRun, start_clock
 from quantlab.pipeline.candidates.run import choose_then_release, comparison_family, finish_candidate
 from quantlab.recipe.family import Family
@@ -79,8 +80,7 @@ def run_comparison_on_ray(recipes: list[Path | LoadedRecipe], storage: Path, *, 
         for c in cands:
             run = RunDir.open(c.run.path)
             if run.record.status == "running":
-                run.record.status = "interrupted" if isinstance(err, KeyboardInterrupt) else "failed"
-                run.save()
+                mark_ended(run, err)
         raise
     write_placement(folder, outcomes)
     for c in cands:

@@ -24,8 +24,8 @@ from quantlab.pipeline.candidates.members import Candidate
 def own_digests(cands: list[Candidate]) -> dict[str, dict[str, str]]:
     """What this machine wrote into each run folder before its task (the registration), by
     candidate: checked against these digests, not the task's."""
-    return {c.name: {rel: folder_record.file_digest(c.run.path / rel)["sha256"]
-                     for rel in folder_record.walk(c.run.path)[0] if rel != RECORD_FILE} for c in cands}
+    return {c.name: {rel: d["sha256"] for rel, d in
+                     folder_record.digests(c.run.path, skip=lambda rel: rel == RECORD_FILE).items()} for c in cands}
 
 
 def read_back_problems(run_path: Path, written: dict[str, Any], own: dict[str, str]) -> list[str]:

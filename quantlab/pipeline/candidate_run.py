@@ -191,8 +191,9 @@ class CandidateRun:
             run_stage(self.ctx, stage)
         elif said_skipped:
             self.progress(f"stage {stage.NAME}: done earlier with the same inputs, skipped")
-        if stage.NAME in CHECKPOINT_STAGES:
-            guard_checkpoint(self.ctx, made_now=stage.NAME in self.todo)
+        if stage.NAME in CHECKPOINT_STAGES:  # hashed here only when a check will read it: the release hashes it anyway
+            checks_due = bool(set(self.todo) - {release_stage.NAME})
+            guard_checkpoint(self.ctx, made_now=stage.NAME in self.todo or not checks_due)
 
     def begin_stage(self) -> None:
         """A stage run elsewhere (a comparison's shared load) collects its artifacts from here."""

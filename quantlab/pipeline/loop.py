@@ -28,8 +28,9 @@ def run_pipeline(loaded: LoadedRecipe, runs_root: Path, *, resume: Path | None =
     """Run (or resume) the pipeline; with `checkpoint`, validate that existing checkpoint
     instead of quantizing; `family`: judged as a member of a declared family
     (pipeline/families.py); `alone`: judged at the recipe's alpha, outside the stream of
-    decisions against its baseline (pipeline/streams.py), as the user asked. Any error raised after the run folder exists carries it as
-    `.run_dir`, so the caller can summarise the run whatever its outcome."""
+    decisions against its baseline (pipeline/streams.py), as the user asked. Any error raised
+    after the run folder exists carries it as `.run_dir`, so the caller can summarise the run
+    whatever its outcome."""
     clock = start_clock()
     if checkpoint is not None:  # a missing folder or an outside link: refused before a run folder exists
         checkpoint_stage.check_source(checkpoint)
@@ -50,9 +51,10 @@ def _run(one: CandidateRun, clock: Clock, alone: bool) -> RunDir:
     _before_any_engine(one, clock, alone)
     try:
         one.run_stages(said_skipped=True)
-    except BaseException:
+    except BaseException as err:
         one.close()
         one.close_void()
+        one.end(err, if_running=True)  # a failure outside a stage (a resumed run's checkpoint check) ends it too
         one.save(clock)  # a failed run gets its report too
         raise
     one.close()  # servers live across the check stages, never past the run

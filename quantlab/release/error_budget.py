@@ -26,6 +26,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from quantlab.core import checks as check_table
+from quantlab.release.check_hooks import hook
 from quantlab.core.verdicts import GateVerdict, gate_id
 
 LEDGER_VERSION = 2  # 2: a release through warned gates bounds nothing (1.0), and names them
@@ -47,7 +48,7 @@ def ledger(verdicts: list[GateVerdict], *, rule_version: int, family: Any = None
     for check in check_table.CHECKS:
         judged = [v for v in verdicts if v.check == check.name and v.test in INTERVAL_TESTS]
         if check.budget and judged:
-            checks[check.name] = check_table.hook(check.budget)(judged, sections.get(check.name))
+            checks[check.name] = hook(check.budget)(judged, sections.get(check.name))
     fixed = sorted(gate_id(v) for v in verdicts if v.test in FIXED_TESTS)
     out = {
         "ledger_version": LEDGER_VERSION,

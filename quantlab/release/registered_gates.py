@@ -21,6 +21,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from quantlab.core import checks as check_table
+from quantlab.release.check_hooks import hook
 from quantlab.core.verdicts import GateVerdict, Want, gate_id
 from quantlab.performance.gates import PERF_GATES
 from quantlab.quality import gates as quality_gates
@@ -125,7 +126,7 @@ def _policy_problems(manifest: Any, s: Sections) -> list[str]:
 def _field_problems(v: GateVerdict, s: Sections, manifest: Any) -> list[str]:
     gid = gate_id(v)
     check = check_table.find(v.check)
-    rule = check_table.hook(check.verify) if check is not None and check.verify else None
+    rule = hook(check.verify) if check is not None and check.verify else None
     if rule is None:
         return [f"gate {gid}: '{v.check}' is not a check quantlab gates"]
     wants = rule(v, s, manifest)

@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from quantlab.core import checks as check_table
+from quantlab.release.check_hooks import hook
 from quantlab.core.digest import json_sha256
 from quantlab.core.errors import RecipeError
 from quantlab.core.fsutil import sha256_file, write_text_atomic
@@ -63,7 +64,7 @@ def gate_set(ctx: StageContext) -> dict[str, Any]:
         return None if section is None else section.model_dump(mode="json")
 
     family = ctx.family
-    checks = {c.name: check_table.hook(c.registered)(r) if c.registered else dump(check_table.section_of(r, c))
+    checks = {c.name: hook(c.registered)(r) if c.registered else dump(check_table.section_of(r, c))
               for c in check_table.CHECKS}  # each as its check reads it (serve: serve.allow_kernels)
     return {**checks, POLICY: r.release.policy.model_dump(mode="json"),
             "rule_version": RULE_VERSION, "family": family.as_dict() if family is not None else None}

@@ -19,6 +19,7 @@ from quantlab.core.provenance import quantlab_identity
 from quantlab.core.digest import stage_digest
 from quantlab.core.stage_context import StageContext
 from quantlab.core import checks as check_table
+from quantlab.release.check_hooks import hook
 from quantlab.core import folder_record
 from quantlab.core.errors import IntegrityError, RecipeError
 from quantlab.core.fsutil import remove_tree, sha256_file, write_json_atomic
@@ -276,7 +277,7 @@ def _runtime_and_hardware(serve: Any) -> tuple[dict[str, Any], dict[str, Any]]:
 def _check_summaries(results: dict[str, Any]) -> dict[str, Any]:
     """The manifest's summary of each check (the run record holds the full results): each
     row's `summary` hook of core/checks.py, for a check that has a result."""
-    return {check.name: check_table.hook(check.summary)(results[check.name])
+    return {check.name: hook(check.summary)(results[check.name])
             for check in check_table.in_manifest_order()
             if check.summary and results.get(check.name) is not None}
 

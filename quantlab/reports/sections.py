@@ -6,6 +6,7 @@ from pathlib import Path
 from typing import Any
 
 from quantlab.core import checks as check_table
+from quantlab.release.check_hooks import hook
 from quantlab.core.verdicts import all_verdicts, gate_id
 from quantlab.release.decision import (RULE_VERSION, DecisionPolicy, decide, recorded_policy)
 from quantlab.core.results import (
@@ -171,7 +172,7 @@ def sections(record: RunRecord) -> list[Section]:
             out.append(build(r[stage]))
     for check in check_table.in_report_order():  # each check's section: its row's `report` hook
         if check.report and r.get(check.name) is not None:
-            out.append((check.report_title, *check_table.hook(check.report)(r[check.name], r)))
+            out.append((check.report_title, *hook(check.report)(r[check.name], r)))
     if isinstance(r.get("release"), ReleaseResult):
         out.append(_manifest_section(r["release"]))
     if isinstance(r.get("release"), ReleaseResult) and r["release"].environments:

@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from quantlab.core import checks as check_table
+from quantlab.release.check_hooks import hook
 from quantlab.core.layout import PERF_DIR, QUALITY_DIR  # noqa: F401 (also read from here)
 from quantlab.core.stage_context import StageContext
 
@@ -21,7 +22,7 @@ def draw(stage: str, ctx: StageContext, result: Any) -> None:
     if check is None or not check.plots:
         return
     try:
-        result.plots = check_table.hook(check.plots)(ctx, result)
+        result.plots = hook(check.plots)(ctx, result)
     except Exception as err:  # noqa: BLE001 - matplotlib raises more kinds than the helpers catch
         result.notes.append(f"plots not drawn: {type(err).__name__}: {err}")
 

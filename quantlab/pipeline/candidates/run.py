@@ -124,11 +124,11 @@ def _in_groups(folder: Path, active: list[Candidate], selection: SelectionSpec, 
                 progress(f"candidates group {n} of {len(groups)}: {', '.join(c.name for c in group)} "
                          "(beside the baseline)")
             start_candidates(baseline, group, progress, slots, first=n == 1 and not reused)
-            for stage in check_stages(group[0].ctx.stages):
-                if stage is perf_stage:  # one interleaved load over the group and the baseline
+            for segment in segments(check_stages(group[0].ctx.stages)):
+                if segment == [perf_stage]:  # one interleaved load over the group and the baseline
                     _shared_performance([c for c in group if c.active], progress)
-                else:
-                    _each([c for c in group if c.active], [stage])
+                else:  # each candidate in turn runs the segment (serve and quality; stability and targets)
+                    _each([c for c in group if c.active], segment)
             if n < len(groups):
                 for c in group:
                     c.ctx.close_engines()  # its own server; the baseline stays up for the next group
@@ -154,6 +154,17 @@ def check_stages(stages: list[ModuleType]) -> list[ModuleType]:
     stages in their order, the first (quantize, or take in a checkpoint) and the release
     aside, so a stage added to STAGES runs here as it does in a single run."""
     return [s for s in stages[1:] if s is not release_stage]
+
+
+def segments(stages: list[ModuleType]) -> list[list[ModuleType]]:
+    """The stages cut at the performance stage: [before], [performance], [after], empty ones left out."""
+    out: list[list[ModuleType]] = [[]]
+    for stage in stages:
+        if stage is perf_stage:
+            out += [[stage], []]
+        else:
+            out[-1].append(stage)
+    return [segment for segment in out if segment]
 
 
 def _groups(active: list[Candidate], selection: SelectionSpec, progress: Progress) -> list[list[Candidate]]:

@@ -117,7 +117,12 @@ def test_a_members_failure_is_its_own_and_said_by_its_name(loaded, tmp_path):
     one.run_stages(fakes.modules[:2], member="a", failed=lambda name, err: failures.append((name, str(err))))
     assert failures == [("stability", "broke")] and fakes.ran() == ["prepare", "stability"]
     assert said == ["candidate a: stage prepare", "candidate a: stage stability"]
-    assert one.ctx.needs_baseline()  # a comparison's shared baseline is up whatever the cache holds
+    for stage in fakes.modules:  # every check could do without the baseline (its answers cached) ...
+        stage.needs_baseline = lambda ctx: False
+    assert one.ctx.needs_baseline()  # ... yet a comparison's shared baseline is up whatever the cache holds
+    alone = new_run(loaded, tmp_path, fakes)
+    alone.plan()
+    assert not alone.ctx.needs_baseline()  # a single run then starts no baseline server
 
 
 def test_until_stops_after_a_stage_with_its_reason(loaded, tmp_path):
@@ -206,3 +211,45 @@ def test_a_single_run_runs_a_stage_added_to_stages(loaded, tmp_path, monkeypatch
     record = RunDir.open(err.value.run_dir).record
     assert record.status == "blocked" and record.registration is not None and record.attempt is not None
     assert statuses(RunDir.open(err.value.run_dir)) == dict.fromkeys(NAMES, "ok")
+
+
+def test_a_resumed_run_whose_checkpoint_check_fails_ends_failed_not_running(loaded, tmp_path):
+    """The guard after a skipped checkpoint stage raises outside any stage (here: no recorded
+    checkpoint files to compare the folder with): the run's record is ended, not left running."""
+    from quantlab.core.errors import IntegrityError
+    from quantlab.pipeline.loop import _run
+
+    fakes = Fakes(names=("quantize", "stability"))
+    fakes.fails["stability"] = CheckError("broke")
+    first = new_run(loaded, tmp_path, fakes)
+    first.plan()
+    with pytest.raises(CheckError):
+        first.run_stages()
+    del fakes.fails["stability"]
+    again = CandidateRun.open(loaded, tmp_path / "runs", first.run.path, [].append, stages=fakes.modules)
+    with pytest.raises(IntegrityError, match="holds no quantize or checkpoint result"):
+        _run(again, start_clock(), alone=True)
+    assert fakes.ran() == ["quantize", "stability"]  # nothing ran after the failed check
+    assert RunDir.open(first.run.path).record.status == "failed"
+
+
+def test_a_resume_with_only_the_release_left_hashes_the_checkpoint_once(loaded, tmp_path, monkeypatch):
+    """The guard's hash before the checks is skipped when no check is due: the release stage
+    hashes the folder against its record before signing in any case."""
+    from quantlab.pipeline import candidate_run
+
+    guarded = []
+    monkeypatch.setattr(candidate_run, "guard_checkpoint", lambda ctx, made_now: guarded.append(made_now))
+    fakes = Fakes(names=("quantize", "stability", "release"))
+    first = new_run(loaded, tmp_path, fakes)
+    first.plan()
+    first.run_stages()
+    fakes.inputs["release"] = 2  # only the release is redone
+    again = CandidateRun.open(loaded, tmp_path / "runs", first.run.path, [].append, stages=fakes.modules)
+    assert again.plan() == {"release": "its inputs changed"}
+    again.run_stages()
+    fakes.inputs["stability"] = 2  # a check is redone: the folder is hashed before it
+    third = CandidateRun.open(loaded, tmp_path / "runs", first.run.path, [].append, stages=fakes.modules)
+    third.plan()
+    third.run_stages()
+    assert guarded == [True, True, False]

@@ -47,7 +47,14 @@ def test_a_row_is_readable_by_every_reader():
             assert f'"{scheme.timed_as}"' in SCRIPT
 
 
+# what the schema accepted before the table (recipe/quantize.py at adac628): literals, so the
+# test holds the table to the old schema rather than to itself
+OPTIONS_BEFORE_THE_TABLE = {"rtn": set(), "gptq": {"gptq"}, "awq": {"awq"}, "smoothquant+gptq": {"gptq", "smoothquant"},
+                            "smoothquant+rtn": {"smoothquant"}, "fp8": set(), "raw": set()}
+
+
 def test_the_schema_takes_each_methods_options_and_refuses_the_rest():
+    assert set(OPTIONS_BEFORE_THE_TABLE) == set(METHODS)
     for method in METHODS.values():
         for scheme in sorted(method.schemes):
             for option in MODIFIER_OPTIONS.values():
@@ -56,4 +63,4 @@ def test_the_schema_takes_each_methods_options_and_refuses_the_rest():
                     took = True
                 except ValueError:
                     took = False
-                assert took == (option in method.options), (method.name, scheme, option)
+                assert took == (option in OPTIONS_BEFORE_THE_TABLE[method.name]), (method.name, scheme, option)

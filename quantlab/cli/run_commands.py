@@ -154,7 +154,7 @@ def _search_settings(*, sensitivity, max_layers, width: int, max_trials: int, ti
 
 def _show_search(result: dict) -> None:
     """The search's Markdown on the terminal."""
-    from quantlab.pipeline.search_report import markdown as search_markdown
+    from quantlab.reports.search_report import markdown as search_markdown
 
     err.print("[bold]search[/]", highlight=False)
     for line in search_markdown(result).splitlines():

@@ -29,7 +29,7 @@ from quantlab.core.layout import SEARCH_DIR  # noqa: F401 (also read from here)
 from quantlab.pipeline.candidates.servers import HeldBaseline
 from quantlab.pipeline.executor import Executor
 from quantlab.pipeline.scheme_search import refused_by_preflight, run_schemes, scheme_sources, scheme_trials
-from quantlab.pipeline.search_report import markdown, plot
+from quantlab.reports.search_report import markdown, plot
 from quantlab.pipeline.search_rounds import compare_trials
 from quantlab.core.progress import Progress
 from quantlab.core.errors import RecipeError

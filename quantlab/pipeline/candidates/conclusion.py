@@ -1,5 +1,6 @@
-"""A comparison's conclusion: each candidate's summary row, the choice, and the comparison's
-files (table, JSON, HTML with its plot, JUnit)."""
+"""A comparison's conclusion: each candidate's summary row, the choice, and the outcome its
+files are written from (reports/comparison_report.py writes the table, JSON, HTML with its
+plot, JUnit)."""
 
 from __future__ import annotations
 
@@ -10,10 +11,10 @@ from typing import Any
 from quantlab.core.layout import COMPARISON_FILE  # noqa: F401 (also read from here)
 from quantlab.pipeline.candidates.select import choose
 from quantlab.recipe.selection import SelectionSpec
-from quantlab.pipeline.candidates.summary import on_common_baseline, summarize
-from quantlab.pipeline.candidates.table import as_json, html, markdown
+from quantlab.reports.comparison_records import ComparisonOutcome
+from quantlab.reports.comparison_report import write_comparison
+from quantlab.reports.comparison_summary import on_common_baseline, summarize
 from quantlab.core.progress import Progress
-from quantlab.core.fsutil import write_json_atomic, write_text_atomic
 from quantlab.pipeline.candidates.members import Candidate, Comparison
 
 
@@ -42,8 +43,6 @@ def summary_rows(judged: list[Candidate], *, decide: bool) -> list[tuple[Any, di
 
 def conclude(folder: Path, cands: list[Candidate], selection: SelectionSpec, progress: Progress) -> Comparison:
     """Summaries, the choice, and the comparison's files (table, JSON, JUnit)."""
-    from quantlab.reports.report import render_junit
-
     judged = [c for c in cands if c.run is not None and c.refused is None]
     pairs = summary_rows(judged, decide=False)
     summaries, rows = [s for s, _ in pairs], [row for _, row in pairs]
@@ -53,25 +52,12 @@ def conclude(folder: Path, cands: list[Candidate], selection: SelectionSpec, pro
             baseline_row = summarize("baseline", c.run.record, role="baseline")[1]
             break
     choice = choose(summaries, selection) if summaries else None
-    refused = {c.name: c.refused for c in cands if c.refused}
-    table = markdown(baseline_row, rows, choice) if choice else "no candidate could be judged\n"
-    if refused:
-        table += "".join(f"- {n}: {why}\n" for n, why in refused.items())
-    data = {**(as_json(baseline_row, rows, choice) if choice else {"candidates": rows, "chosen": None}),
-            "refused": refused, "selection": selection.model_dump(mode="json"),
-            "runs": {c.name: str(c.run.path.relative_to(folder)) for c in cands if c.run is not None}}
-    family = next((c.ctx.family for c in judged if c.ctx is not None and c.ctx.family is not None), None)
-    if family is not None:
-        data["family"] = family.as_dict()
-        table += f"\nJudged as a family of {family.size} ({family.kind}): {family.as_dict()['why']}.\n"
-    write_json_atomic(folder / RESULT_FILE, data)
-    write_text_atomic(folder / "comparison.md", "# Comparison\n\n" + table)
-    plot = _pareto(folder, baseline_row, rows, progress)
-    if choice:
-        write_text_atomic(folder / "comparison.html", html(baseline_row, rows, choice, refused=refused,
-                                                           plot_png=plot.read_bytes() if plot else None))
-    suites = [render_junit(c.run.record) for c in judged]
-    write_text_atomic(folder / "junit.xml", _junit_of(suites, {c.name for c in judged}))
+    outcome = ComparisonOutcome(
+        baseline_row=baseline_row, rows=rows, choice=choice, refused={c.name: c.refused for c in cands if c.refused},
+        selection=selection, runs={c.name: str(c.run.path.relative_to(folder)) for c in cands if c.run is not None},
+        family=next((c.ctx.family for c in judged if c.ctx is not None and c.ctx.family is not None), None),
+        records=[c.run.record for c in judged])
+    table, data = write_comparison(folder, outcome, progress)
     exit_code = 0 if choice and choice.chosen else (1 if summaries else 3)
     return Comparison(folder, cands, choice, table, exit_code, data)
 
@@ -85,29 +71,3 @@ def _served_at(c: Candidate) -> str:
     if spec.mode == "endpoint":
         return spec.candidate_endpoint or spec.endpoint or "endpoint"
     return "this host" if spec.mode == "launch" else "its serve.command"
-
-
-def _pareto(folder: Path, baseline_row: dict[str, Any] | None, rows: list[dict[str, Any]],
-            progress: Progress) -> Path | None:
-    """The candidates' plot (the baseline at recovery 1); a plot that cannot be drawn is said, not fatal."""
-    from quantlab.reports.plots import pareto
-
-    points = ([{**baseline_row, "worst_recovery": 1.0}] if baseline_row else []) + rows
-    try:
-        return pareto(points, folder / "pareto.png", f"{len(rows)} candidates, one baseline")
-    except (ImportError, OSError, ValueError) as err:
-        progress(f"the comparison plot could not be drawn: {type(err).__name__}: {err}")
-        return None
-
-
-def _junit_of(documents: list[str], names: set[str]) -> str:
-    """One <testsuites> with each candidate's suites (each already named by its recipe)."""
-    import xml.etree.ElementTree as ET
-
-    root = ET.Element("testsuites", name="quantlab comparison")
-    for doc in documents:
-        tree = ET.fromstring(doc)
-        for suite in ([tree] if tree.tag == "testsuite" else list(tree)):
-            root.append(suite)
-    return ET.tostring(root, encoding="unicode")
-

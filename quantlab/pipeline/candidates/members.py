@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from quantlab.core.layout import CANDIDATES_DIR, COMPARE_DIR  # noqa: F401 (also read from here)
-from quantlab.pipeline.candidates.select import Choice
+from quantlab.reports.comparison_records import Choice
 from quantlab.recipe.selection import SelectionSpec
 from quantlab.pipeline.candidate_run import CandidateRun
 from quantlab.pipeline.context import RunContext

@@ -8,9 +8,8 @@ stopped it: the fewest failed gates, then the fewest not shown, then the rule's 
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-
 from quantlab.recipe.selection import SelectionSpec
+from quantlab.reports.comparison_records import CandidateSummary, Choice
 
 # rule -> (summary figure, lower is better)
 FIGURES = {
@@ -25,30 +24,6 @@ NO_PRICE = ("no performance.price_per_hour, so ranked by successful answers per 
             "cost per success gives at any one price)")
 WEIGHTED = {"cost_per_success": ("cost_per_successful_request", True), "memory": ("peak_memory_bytes", True),
             "throughput": ("output_tokens_per_s", False), "quality": ("worst_slice_recovery", False)}
-
-
-@dataclass(frozen=True)
-class CandidateSummary:
-    """What the choice reads of one judged candidate."""
-
-    name: str
-    decision: str  # release | blocked | not_shown
-    failed_gates: list[str] = field(default_factory=list)
-    not_shown_gates: list[str] = field(default_factory=list)
-    cost_per_successful_request: float | None = None
-    peak_memory_bytes: float | None = None
-    output_tokens_per_s: float | None = None
-    worst_slice_recovery: float | None = None
-    goodput_at_slo: float | None = None  # successful requests/s at the best point meeting the SLOs
-
-
-@dataclass(frozen=True)
-class Choice:
-    chosen: str | None
-    why: str  # one line for the terminal and the manifest
-    ranking: list[str]  # released candidates, best first
-    closest: str | None = None  # when none is released
-    lost: dict[str, str] = field(default_factory=dict)  # candidate -> why it was not chosen
 
 
 def choose(candidates: list[CandidateSummary], spec: SelectionSpec) -> Choice:

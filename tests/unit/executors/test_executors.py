@@ -13,7 +13,7 @@ from quantlab.cli.executor_option import executor_for
 from quantlab.core.errors import RecipeError
 from quantlab.executors import EXECUTORS, LocalExecutor, RayExecutor, build
 from quantlab.pipeline.candidates.members import Comparison
-from quantlab.pipeline.candidates.select import Choice
+from quantlab.reports.comparison_records import Choice
 from quantlab.pipeline.candidates.servers import HeldBaseline
 from quantlab.pipeline.scheme_search import run_schemes
 from quantlab.pipeline.search_rounds import compare_trials

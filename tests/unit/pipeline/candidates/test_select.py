@@ -6,8 +6,9 @@ from __future__ import annotations
 import pytest
 
 from quantlab.pipeline.candidates.schedule import block_order, paired_baseline, serving_groups
-from quantlab.pipeline.candidates.select import CandidateSummary, choose
+from quantlab.pipeline.candidates.select import choose
 from quantlab.recipe.selection import SelectionSpec
+from quantlab.reports.comparison_records import CandidateSummary
 
 
 def test_blocks_sweep_forward_then_back_with_the_baseline_between():

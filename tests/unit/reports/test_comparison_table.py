@@ -1,10 +1,11 @@
-"""The comparison's table as Markdown, HTML and the candidates' plot."""
+"""The comparison's table (reports/comparison_table.py) as Markdown, HTML and the candidates' plot."""
 
 from __future__ import annotations
 
-from quantlab.pipeline.candidates.select import CandidateSummary, choose
+from quantlab.pipeline.candidates.select import choose
 from quantlab.recipe.selection import SelectionSpec
-from quantlab.pipeline.candidates.table import as_json, html, markdown
+from quantlab.reports.comparison_records import CandidateSummary
+from quantlab.reports.comparison_table import as_json, html, markdown
 from quantlab.reports.plots import pareto
 
 ROWS = [

@@ -10,11 +10,11 @@ import pytest
 
 from quantlab.pipeline.candidates.select import choose
 from quantlab.recipe.selection import SelectionSpec
-from quantlab.pipeline.candidates.summary import summarize
-from quantlab.pipeline.candidates.table import as_json, markdown
+from quantlab.reports.comparison_summary import summarize
+from quantlab.reports.comparison_table import as_json, markdown
 from quantlab.core.run import RunRecord
 
-RECORD = Path(__file__).resolve().parents[3] / "data" / "run-record-blocked.json"
+RECORD = Path(__file__).resolve().parents[2] / "data" / "run-record-blocked.json"
 
 
 @pytest.fixture(scope="module")
@@ -60,8 +60,8 @@ def test_the_comparison_table_and_json(record):
 
 
 def test_candidates_measured_beside_other_baseline_blocks_are_ranked_on_one_scale():
-    from quantlab.pipeline.candidates.select import CandidateSummary
-    from quantlab.pipeline.candidates.summary import on_common_baseline
+    from quantlab.reports.comparison_records import CandidateSummary
+    from quantlab.reports.comparison_summary import on_common_baseline
 
     def pair(name, tps, good, cost):
         return (CandidateSummary(name, "release", output_tokens_per_s=tps, goodput_at_slo=good,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from quantlab.pipeline.candidates.select import Choice
+from quantlab.reports.comparison_records import Choice
 
 COLUMNS = [("name", "candidate"), ("decision", "decision"), ("cost_per_successful_request", "cost / success"),
            ("goodput_at_slo", "answers/s at SLO"),

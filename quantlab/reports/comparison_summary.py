@@ -7,9 +7,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from quantlab.pipeline.candidates.select import CandidateSummary
 from quantlab.core.results import PerfResult, QualityResult, ReleaseResult
 from quantlab.core.run import RunRecord
+from quantlab.reports.comparison_records import CandidateSummary
 
 
 def summarize(name: str, record: RunRecord, role: str = "candidate",

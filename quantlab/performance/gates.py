@@ -16,7 +16,7 @@ measured for release.policy to let through.
 The error rate is a count, not an estimate: every failed or timed-out request over every
 request sent, pooled over the repeats and the adaptive looks (never a median of the
 repeats' rates, which passed 30 errors in 600 requests as 0%). A failed error-rate gate
-also ends the adaptive repeats (performance/stage.undecided_points), so more repeats
+also ends the adaptive repeats (performance/measure_loop.undecided_points), so more repeats
 cannot dilute a failure into a pass.
 """
 

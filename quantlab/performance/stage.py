@@ -10,25 +10,21 @@ from typing import Any
 
 from quantlab.core.layout import PERF_DIR  # noqa: F401 (also read from here)
 from quantlab.core.stage_context import StageContext
-from quantlab.core.engine_time import engine_busy
-from quantlab.core.roles import ROLES
-from quantlab.core.errors import EngineError, RecipeError
-from quantlab.core.fsutil import sha256_file, write_text_atomic
+from quantlab.core.roles import CANDIDATE, ROLES
+from quantlab.core.errors import RecipeError
+from quantlab.core.fsutil import sha256_file
 from quantlab.performance import gates as perf_gates
 from quantlab.performance import noise_store
-from quantlab.performance.metrics import summarize
-from quantlab.performance.noise import RepeatSample
 from quantlab.performance.placement import Placement, swapped as placement_swapped
 from quantlab.recipe.performance import PerformanceSpec, Workload, max_length
-from quantlab.core.progress import step
-from quantlab.core.results import PerfPoint, PerfResult
+from quantlab.core.results import PerfResult
 from quantlab.serving import stage as serve_stage
-from quantlab.performance.result import Measured, points_of, result_of
-from quantlab.performance.result import load_points
+from quantlab.performance.measure_loop import (Member, Sweep, error_rate_failed, looks_for, measure_blocks,
+                                               more_repeats)
+from quantlab.performance.result import Measured, load_points, result_of
 
 NAME = "performance"
 OUT_DIR = PERF_DIR
-WARMUP_OUTPUT_TOKENS = 16
 
 
 def enabled(ctx: StageContext) -> bool:
@@ -168,13 +164,14 @@ def run(ctx: StageContext) -> PerfResult:
     measured = Measured(host_noise=noise_store.for_run(ctx, spec, plan=plan))
     if interleaved:
         measured.placement = Placement.of({role: ctx.engine(role) for role in ROLES})
+    sweep = Sweep(spec, requests, {CANDIDATE: Member(ctx, measured)}, server=ctx.engine,
+                  block_of=_paired_block, device=plan.device, progress=ctx.progress, warmed=measured.warmed,
+                  place=lambda rep: _place(measured, rep))
     try:
-        _measure_all(ctx, spec, order, requests, measured, device=plan.device)
+        measure_blocks(sweep, order)
         looks = looks_for(spec, interleaved, notes)
         if looks > 1:
-            first = points_of(spec, measured, client, [], looks=looks)
-            order = _more_repeats(ctx, spec, order, requests, measured, first, device=plan.device, looks=looks,
-                                  notes=notes)
+            order = _more_repeats(sweep, order, looks, notes)
     finally:
         if measured.placement is not None:
             measured.placement.put(False)  # the later stages find the engines where they were launched
@@ -182,6 +179,27 @@ def run(ctx: StageContext) -> PerfResult:
     notes += _store_noise(ctx, spec, measured, plan)
     return result_of(ctx, spec, measured, client, notes, looks=looks, interleaved=interleaved,
                      order=[f"{role}#{rep + 1}" for rep, role in order])
+
+
+def _paired_block(rep: int, members: list[str]) -> list[tuple[int, str]]:
+    """An adaptive repeat's blocks: the two servers, who goes first swapped each repeat."""
+    return [(rep, r) for r in (ROLES if rep % 2 == 0 else ROLES[::-1])]
+
+
+def _more_repeats(sweep: Sweep, order: list[tuple[int, str]], looks: int, notes: list[str]) -> list[tuple[int, str]]:
+    """The adaptive repeats (measure_loop.more_repeats), said in notes. Returns the whole order."""
+    spec = sweep.spec
+    repeats = more_repeats(sweep, order, looks=looks)
+    if repeats.stopped_at is not None:
+        failed = error_rate_failed(perf_gates.verdicts(repeats.points[CANDIDATE], spec.gates))
+        if failed:
+            notes.append(f"adaptive repeats: stopped after {repeats.stopped_at} paired repeat(s): the error rate "
+                         f"failed at {', '.join(failed)}, which no further repeat can undo")
+    extra = len(repeats.order) // 2 - spec.repeats
+    if extra:
+        notes.append(f"adaptive repeats: {extra} more paired repeat(s) of the points not yet decided "
+                     f"(performance.max_repeats {spec.max_repeats}); the fail side's alpha is split over {looks} looks")
+    return repeats.order
 
 
 def _store_noise(ctx: StageContext, spec: PerformanceSpec, measured: Measured, plan) -> list[str]:
@@ -231,152 +249,3 @@ def _place(measured: Measured, rep: int) -> None:
     measured.placed.setdefault(rep, where)
     if p.is_swapped:
         measured.swapped_repeats.add(rep)
-
-
-def _measure_all(ctx: StageContext, spec: PerformanceSpec, order: list[tuple[int, str]], requests: dict[str, list],
-                 out: Measured, *, device: str, only: set[tuple[str, str]] | None = None) -> None:
-    """Every point of every workload (or only the (workload, point) pairs named), on each
-    server in the scheduled order, added to `out`."""
-    warmed = out.warmed
-    slo = spec.slo.model_dump()
-    total_blocks = len(order)
-    n_points = len(order) * sum(1 for w in spec.workloads for pt in load_points(w)
-                                if only is None or (w.name, pt[0]) in only)
-    with step(ctx.progress, "performance: load points", total=n_points, unit="points", announce=False) as bar:
-        for block, (rep, role) in enumerate(order, 1):
-            _place(out, rep)
-            server = ctx.engine(role)
-            for w in spec.workloads:
-                if only is not None and not any((w.name, pt[0]) in only for pt in load_points(w)):
-                    continue
-                reqs = [for_server(r, server.served_name) for r in requests[w.name]]
-                warm_up(server, role, w, reqs, warmed)
-                for point, conc, rate in load_points(w):
-                    if only is not None and (w.name, point) not in only:
-                        continue
-                    bar.detail(f"performance [{block}/{total_blocks}] {role} repeat {rep + 1}: {w.name} {point}, "
-                               f"{len(reqs)} requests")
-                    metrics, msum, rel, result = measure_point(ctx, server, role, rep, w, reqs, point, conc, rate,
-                                                          device=device, slo=slo)
-                    out.cpu_s += result.client_cpu_s
-                    out.wall_s += result.wall_s
-                    out.metrics.setdefault((w.name, point), {}).setdefault(role, []).append(metrics)
-                    out.monitor.setdefault((w.name, point), {}).setdefault(role, []).append(msum)
-                    out.raw.setdefault((w.name, point), []).append(rel)
-                    out.samples.setdefault((w.name, point), {}).setdefault(role, []).append(
-                        RepeatSample.of(result.records, result.wall_s))
-                    out.sequence.setdefault((w.name, point), []).append(role)
-                    bar.advance()
-
-
-def warm_up(server, role: str, w: Workload, reqs: list, warmed: set[tuple[str, str]]) -> None:
-    """Once per server and workload, before its first measured point: what warming pays
-    for (a CPU engine's first batch of a new size, first-use allocations) happens once."""
-    from quantlab.performance.loadgen import run_point
-
-    if not w.warmup_requests or (role, w.name) in warmed:
-        return
-    top = max(w.concurrency or [1])
-    with engine_busy():
-        run_point(server.base_url, [_short(r) for r in (reqs * top)[:max(w.warmup_requests, top)]],
-                  concurrency=top, timeout_s=w.request_timeout_s)
-    warmed.add((role, w.name))
-
-
-def undecided_points(spec: PerformanceSpec, points: list[PerfPoint]) -> set[tuple[str, str]]:
-    """(workload, point) of every gate the noise leaves not shown; none once an error-rate
-    gate failed: the run is blocked whatever more repeats show, and pooling more requests
-    into the count could only dilute the failure into a pass."""
-    judged = perf_gates.verdicts(points, spec.gates)
-    if error_rate_failed(judged):
-        return set()
-    return {tuple(v.scope.split("/", 1)) for v in judged if v.verdict == "inconclusive" and v.value is not None}
-
-
-def error_rate_failed(judged: list) -> list[str]:
-    """The scopes whose error-rate gate failed."""
-    return [v.scope for v in judged if v.gate == "max_error_rate" and v.verdict == "fail"]
-
-
-def looks_for(spec: PerformanceSpec, interleaved: bool, notes: list[str]) -> int:
-    """How many times the gates may be looked at (the first measurement plus one per
-    adaptive repeat); the fail side's alpha is split over them."""
-    if spec.max_repeats is None or spec.max_repeats == spec.repeats:
-        return 1
-    if not interleaved:
-        notes.append("performance.max_repeats is set but serve.side_by_side is false: adaptive repeats need both "
-                     "servers up, so exactly `repeats` were measured")
-        return 1
-    return spec.max_repeats - spec.repeats + 1
-
-
-def _more_repeats(ctx: StageContext, spec: PerformanceSpec, order: list[tuple[int, str]], requests: dict[str, list],
-                  measured: Measured, points: list[PerfPoint], *, device: str, looks: int,
-                  notes: list[str]) -> list[tuple[int, str]]:
-    """One more paired repeat at a time of the points whose gates are not shown, until
-    they are decided or performance.max_repeats is reached. Returns the whole order."""
-    order = list(order)
-    for rep in range(spec.repeats, spec.max_repeats):
-        undecided = undecided_points(spec, points)
-        if not undecided:
-            failed = error_rate_failed(perf_gates.verdicts(points, spec.gates))
-            if failed:
-                notes.append(f"adaptive repeats: stopped after {rep} paired repeat(s): the error rate failed at "
-                             f"{', '.join(failed)}, which no further repeat can undo")
-            break
-        ctx.progress(f"performance: {len(undecided)} point(s) not decided yet, measuring repeat {rep + 1} of "
-                     f"at most {spec.max_repeats}")
-        block = [(rep, r) for r in (ROLES if rep % 2 == 0 else ROLES[::-1])]
-        _measure_all(ctx, spec, block, requests, measured, device=device, only=undecided)
-        order += block
-        points = points_of(spec, measured, None, [], looks=looks)
-    extra = len(order) // 2 - spec.repeats
-    if extra:
-        notes.append(f"adaptive repeats: {extra} more paired repeat(s) of the points not yet decided "
-                     f"(performance.max_repeats {spec.max_repeats}); the fail side's alpha is split over {looks} looks")
-    return order
-
-
-def _short(req, tokens: int = WARMUP_OUTPUT_TOKENS):
-    """A warm-up copy of a request: the same prompt, fewer output tokens. The batch shapes
-    (prefill and decode at the batch size) are what a first use costs; more decode steps
-    of the same shape warm nothing more."""
-    from quantlab.performance.loadgen import PreparedRequest
-
-    n = min(tokens, req.requested_output_tokens)
-    body = {**req.body, "max_tokens": n} | ({"min_tokens": n} if "min_tokens" in req.body else {})
-    return PreparedRequest(req.path, body, n)
-
-
-def for_server(req, served_name: str):
-    from quantlab.performance.loadgen import PreparedRequest
-
-    return PreparedRequest(req.path, {**req.body, "model": served_name}, req.requested_output_tokens)
-
-
-def measure_point(ctx: StageContext, server, role: str, rep: int, w, reqs, point: str, conc, rate, *, device: str,
-             slo: dict) -> tuple[dict[str, Any], dict[str, Any], str, Any]:
-    """One load point on one server: the requests, the monitor's samples, the per-request
-    rows on file, the metrics."""
-    from quantlab.performance.loadgen import run_point
-    from quantlab.performance.monitor import Monitor
-
-    monitor = Monitor(server.base_url, server.proc.pid if server.proc else None, device=device).start()
-    try:
-        with engine_busy():
-            result = run_point(server.base_url, reqs, concurrency=conc, rate=rate, duration_s=w.duration_s,
-                               timeout_s=w.request_timeout_s, seed=w.seed + rep)
-    finally:
-        msum = monitor.stop()
-    rel = f"{OUT_DIR}/{role}-{w.name}-{point}-r{rep + 1}.jsonl"
-    write_text_atomic(ctx.run.path / rel, "".join(json.dumps(r.as_row()) + "\n" for r in result.records))
-    ctx.add_artifact(rel, "perf-requests")
-    try:
-        server.ensure_alive(f"during performance workload '{w.name}' {point}")
-    except EngineError as err:
-        raise EngineError(f"{err}\nPartial per-request data: {ctx.run.path / rel}") from None
-    metrics = summarize(result.records, wall_s=result.wall_s, slo=slo,
-                        price_per_hour=ctx.recipe.performance.price_per_hour)
-    metrics["not_sent"] = result.not_sent
-    metrics["client_cpu_share"] = result.client_cpu_s / result.wall_s if result.wall_s else None
-    return metrics, msum, rel, result

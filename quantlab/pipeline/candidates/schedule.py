@@ -19,11 +19,13 @@ def block_order(candidates: list[str], repeats: int) -> list[tuple[int, str]]:
         raise ValueError(f"candidate names must be unique; got {candidates}")
     if BASELINE in candidates:
         raise ValueError(f"'{BASELINE}' is the baseline's name, not a candidate's")
-    order: list[tuple[int, str]] = []
-    for rep in range(repeats):
-        sweep = candidates if rep % 2 == 0 else candidates[::-1]
-        order += [(rep, BASELINE)] + [(rep, c) for c in sweep]
-    return order
+    return [block for rep in range(repeats) for block in one_sweep(rep, candidates)]
+
+
+def one_sweep(rep: int, candidates: list[str]) -> list[tuple[int, str]]:
+    """Repeat `rep`'s blocks: the baseline, then the candidates named (an adaptive repeat
+    names those still undecided), forwards on even repeats and backwards on odd ones."""
+    return [(rep, BASELINE)] + [(rep, c) for c in (candidates if rep % 2 == 0 else candidates[::-1])]
 
 
 def paired_baseline(order: list[tuple[int, str]], candidate: str) -> list[int]:

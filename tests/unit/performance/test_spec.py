@@ -102,7 +102,7 @@ def test_max_repeats_below_repeats_is_refused():
 
 def test_warm_up_requests_keep_the_prompt_and_shorten_the_answer():
     from quantlab.performance.loadgen import PreparedRequest
-    from quantlab.performance.stage import _short
+    from quantlab.performance.measure_loop import _short
 
     long = PreparedRequest("/v1/completions", {"prompt": [1, 2, 3], "max_tokens": 64, "min_tokens": 64,
                                                "ignore_eos": True}, 64)

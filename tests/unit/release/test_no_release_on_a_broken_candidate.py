@@ -14,7 +14,7 @@ from quantlab.performance import gates as perf_gates
 from quantlab.performance.metrics import summarize
 from quantlab.performance.noise import RepeatSample
 from quantlab.performance.result import Measured, points_of
-from quantlab.performance.stage import undecided_points
+from quantlab.performance.measure_loop import undecided_points
 from quantlab.quality import gates as quality_gates
 from quantlab.quality.compare import compare_task
 from quantlab.recipe.file import load_recipe

@@ -1,7 +1,8 @@
 """Performance stage: the recipe's workloads on the served baseline and candidate,
 measured alternately (A, B, A, B, ... when both servers can be up at once), with
 per-request rows on file, metrics per workload point, ratios with their run-to-run
-spread, engine and process samples, memory, cost, gates and plots."""
+spread, engine and process samples, memory, cost, gates and plots. The measuring itself
+is performance/measure_loop.py's, with this run's one candidate."""
 
 from __future__ import annotations
 
@@ -171,7 +172,7 @@ def run(ctx: StageContext) -> PerfResult:
         measure_blocks(sweep, order)
         looks = looks_for(spec, interleaved, notes)
         if looks > 1:
-            order = _more_repeats(sweep, order, looks, notes)
+            order = _adaptive_repeats(sweep, order, looks, notes)
     finally:
         if measured.placement is not None:
             measured.placement.put(False)  # the later stages find the engines where they were launched
@@ -186,7 +187,8 @@ def _paired_block(rep: int, members: list[str]) -> list[tuple[int, str]]:
     return [(rep, r) for r in (ROLES if rep % 2 == 0 else ROLES[::-1])]
 
 
-def _more_repeats(sweep: Sweep, order: list[tuple[int, str]], looks: int, notes: list[str]) -> list[tuple[int, str]]:
+def _adaptive_repeats(sweep: Sweep, order: list[tuple[int, str]], looks: int,
+                      notes: list[str]) -> list[tuple[int, str]]:
     """The adaptive repeats (measure_loop.more_repeats), said in notes. Returns the whole order."""
     spec = sweep.spec
     repeats = more_repeats(sweep, order, looks=looks)

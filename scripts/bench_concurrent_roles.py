@@ -27,13 +27,14 @@ TASKS = "ql_lastword,ql_arithmetic,ql_passkey_350w,ql_chat"
 
 def evaluate(server, tasks: list[str], chat: list[str], model: Path, out: Path, limit: int, stop=None) -> float:
     from quantlab.quality.lmeval import run_tasks
+    from quantlab.quality.samples import Docs
     from quantlab.quality.suites import SHIPPED
 
     started = time.monotonic()
     run_tasks(tasks=tasks, chat_tasks=chat, base_url=server.base_url, served_name=server.served_name,
               tokenizer=str(model), suite_dir=SHIPPED / "default", out_dir=out, log_path=out.with_suffix(".log"),
-              seed=1234, limit=limit, num_concurrent=8, request_timeout_s=300, max_retries=1, deadline_s=3600,
-              offline=True, trust_remote_code=False, progress=lambda line: None, stop=stop)
+              seed=1234, docs={t: Docs(0, limit) for t in tasks + chat}, num_concurrent=8, request_timeout_s=300,
+              max_retries=1, deadline_s=3600, offline=True, trust_remote_code=False, progress=lambda line: None, stop=stop)
     return time.monotonic() - started
 
 

@@ -12,7 +12,8 @@ from quantlab.quality.suites import Suite
 from quantlab.quality import gates as quality_gates
 from quantlab.quality.compare import POOLED_SCOPE, TRANSFORMS, paired_values
 from quantlab.recipe.quality import QualitySpec
-from quantlab.quality.work import baseline_folder, cache_parts, runnable, suites_of, task_limit
+from quantlab.quality.samples import look_rule, task_samples
+from quantlab.quality.work import baseline_folder, cache_parts, runnable, suites_of
 
 
 def plan(ctx: StageContext) -> list[str]:
@@ -67,7 +68,6 @@ def gate_plans(ctx: StageContext) -> tuple[list[Any], bool]:
     """The planner's view of every gated pass/fail comparison (tasks, then pooled slices),
     and whether the baseline's scores came from its cache."""
     from quantlab.quality.planner import ASSUMED_SCORE, plan_gate
-    from quantlab.quality.suites import sample_count
     from quantlab.core.verdicts import not_shown_rule
 
     spec: QualitySpec = ctx.recipe.quality
@@ -76,11 +76,11 @@ def gate_plans(ctx: StageContext) -> tuple[list[Any], bool]:
     scores = _cached_baseline_scores(ctx, work)
     sized, ungated = [], set()  # a task whose own gates are disabled still counts in its slice and the pool
     for suite, task in work:
-        count = sample_count(suite, task.task)
+        sample = task_samples(spec, suite, task)
         override = spec.task_gates.get(task.task)
-        if count is None or task.metric in TRANSFORMS or not task.gated:
+        if not sample.counted or task.metric in TRANSFORMS or not task.gated:
             continue
-        sized.append((task, task_limit(spec, suite, task)))
+        sized.append((task, sample.items))
         if override and override.disabled:
             ungated.add(task.task)
     slices: dict[str, int] = {}
@@ -96,9 +96,9 @@ def gate_plans(ctx: StageContext) -> tuple[list[Any], bool]:
         return not_shown_rule(quality_gates.CHECK, "non_inferiority", scope, default=rules.not_shown,
                               checks=rules.checks, gates=rules.gates) == "block"
 
-    sequential, looked = _looks(spec, sized)
+    looks, looked = _looks(spec)
     plans = [plan_gate(task.task, n, quality_gates.task_gates(spec, task.task, task.slice), family,
-                       score=scores.get(task.task, ASSUMED_SCORE), required=required(task.task), sequential=sequential)
+                       score=scores.get(task.task, ASSUMED_SCORE), required=required(task.task), looks=looks)
              for task, n in sized if task.task not in ungated]
     for name, n in sorted(pooled_slices.items()):
         members = [(t, m) for t, m in sized if t.slice == name]
@@ -112,22 +112,22 @@ def gate_plans(ctx: StageContext) -> tuple[list[Any], bool]:
     return plans, bool(scores)
 
 
-def _looks(spec: QualitySpec, sized: list[tuple[Any, int]]):
-    """`samples: auto`: (each task's (first, growth), the pooled gates' confidence split over
-    the most looks of a member task, as quality/pairing.py judges them); else (None, the
-    gates unchanged). Slices and the pooled gate are planned at all their items: their
-    members stay open while they are undecided."""
-    from quantlab.quality.sequential import look_confidence, schedule
+def _looks(spec: QualitySpec):
+    """`samples: auto`: (the looks at n items, quality/samples.look_rule; the pooled gates'
+    confidence split over the most looks of a member task, as quality/pairing.py judges
+    them); else (None, the gates unchanged). Slices and the pooled gate are planned at all
+    their items: their members stay open while they are undecided."""
+    from quantlab.quality.sequential import look_confidence
 
-    if spec.samples != "auto":
+    rule = look_rule(spec)
+    if rule is None:
         return None, lambda gates, members: gates
-    sequential = (spec.sequential.first, spec.sequential.growth)
 
     def looked(gates: Any, members: list[tuple[Any, int]]) -> Any:
-        most = max([len(schedule(m, *sequential)) for _, m in members] or [1])
+        most = max([len(rule(m)) for _, m in members] or [1])
         return gates.model_copy(update={"confidence": look_confidence(gates.confidence, most)})
 
-    return sequential, looked
+    return rule, looked
 
 
 def _cached_baseline_scores(ctx: StageContext, work: list[tuple[Suite, Any]]) -> dict[str, float]:

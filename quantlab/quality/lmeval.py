@@ -23,6 +23,7 @@ from quantlab.core.errors import EngineError
 from quantlab.core.process_death import die_with_parent
 from quantlab.core.together import Stopped
 from quantlab.quality.sample_format import compact_sample
+from quantlab.quality.samples import Docs
 from quantlab.quality.sandbox import ENV_VAR as SANDBOX_ENV
 from quantlab.serving import api_keys
 
@@ -65,10 +66,8 @@ def _child(spec_path: str) -> int:
         print(f"{PROGRESS}start {i}/{len(work)} {task}", flush=True)
         t0 = time.monotonic()
         try:
-            picked = (spec.get("samples") or {}).get(task)
             r = lm_eval.simple_evaluate(model=lm, tasks=[task], task_manager=tm, log_samples=True,
-                                        limit=None if picked is not None else spec.get("limit"),
-                                        samples={task: picked} if picked is not None else None,
+                                        **lm_eval_docs(task, (spec.get("docs") or {}).get(task)),
                                         random_seed=spec["seed"],
                                         numpy_random_seed=spec["seed"], torch_random_seed=spec["seed"],
                                         fewshot_random_seed=spec["seed"], bootstrap_iters=0,
@@ -95,16 +94,31 @@ def _child(spec_path: str) -> int:
     return 0
 
 
+def lm_eval_docs(task: str, pair: list[int | None] | None) -> dict[str, Any]:
+    """lm-eval's arguments for one task's documents (quality/samples.Docs as JSON; None: all).
+    From the first document, its `limit`: lm-eval stops at the task's last document, so a
+    hub task quantlab could not count is asked for at most that many; from a later one (a
+    look of evaluate-until-decided, within what the baseline answered), its `samples`, the
+    doc indices themselves. Either way the same documents, doc ids and few-shot draws."""
+    docs = Docs.from_json(pair) if pair is not None else Docs()
+    if docs.start == 0:
+        return {"limit": docs.stop, "samples": None}
+    if docs.stop is None:
+        raise ValueError(f"task {task}: documents from {docs.start} on need an end (lm-eval cannot count them here)")
+    return {"limit": None, "samples": {task: list(range(docs.start, docs.stop))}}
+
+
 def run_tasks(*, tasks: list[str], chat_tasks: list[str] | None = None, base_url: str, served_name: str,
               tokenizer: str | None, suite_dir: Path | None, out_dir: Path, log_path: Path, seed: int,
-              limit: int | None, num_concurrent: int, samples: dict[str, list[int]] | None = None,
+              docs: dict[str, Docs] | None = None, num_concurrent: int,
               request_timeout_s: float, max_retries: int,
               deadline_s: float, offline: bool, trust_remote_code: bool, progress: Callable[[str], None],
               is_alive: Callable[[], bool] = lambda: True, stop: threading.Event | None = None,
               code_sandbox: str | None = None) -> None:
     """Run `tasks` (completions API) then `chat_tasks` (chat completions API, the model's
     chat template) against a served model, in one lm-eval process; per-task sample files
-    land in out_dir. `stop` set (another role's evaluation failed, the run was
+    land in out_dir. `docs`: each task's documents (quality/samples.py; a task not in it:
+    all of them). `stop` set (another role's evaluation failed, the run was
     interrupted): the child is killed within a second and `Stopped` raised. `code_sandbox`: the
     kind model code runs in (quality/sandbox.py), for a local suite only; None: lm-eval refuses
     every task marked unsafe_code (a hub task's code would run inside lm-eval's own process)."""
@@ -125,7 +139,7 @@ def run_tasks(*, tasks: list[str], chat_tasks: list[str] | None = None, base_url
                 "tasks": list(names), "chat": chat}
 
     spec = {"parts": [part(names, chat) for names, chat in ((tasks, False), (chat_tasks or [], True)) if names],
-            "seed": seed, "limit": limit, "samples": samples, "out_dir": str(out_dir),
+            "seed": seed, "docs": {task: d.to_json() for task, d in (docs or {}).items()}, "out_dir": str(out_dir),
             "code_sandbox": code_sandbox if suite_dir is not None else None,
             "include_path": str(suite_dir) if suite_dir else None, "include_defaults": suite_dir is None}
     spec_path = out_dir / "lmeval-spec.json"

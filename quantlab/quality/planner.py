@@ -14,6 +14,7 @@ gates run, at the same confidences (the fail side's adjusted for the family).
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from quantlab.recipe.quality import QualityGates, ni_margin
@@ -75,19 +76,16 @@ def _table(n: int, score: float, discordance: float, drop: float) -> tuple[list[
 
 def plan_gate(scope: str, n: int, gates: QualityGates, family: int, *, score: float = ASSUMED_SCORE,
               discordance: float = ASSUMED_DISCORDANCE, required: bool = True,
-              sequential: tuple[int, float] | None = None) -> GatePlan:
+              looks: Callable[[int], list[int]] | None = None) -> GatePlan:
     """One comparison's plan: unchanged means `discordance` of the pairs flip, half each
     way; a drop moves that share of right answers to the baseline's side only.
-    `sequential` (`samples: auto` on a task: its first look's size and growth): the
-    chances are those of the looks (quality/sequential.schedule), each at its boundary
+    `looks` (`samples: auto` on a task: the looks at n items, quality/samples.look_rule): the
+    chances are those of the looks, each at its boundary
     level, stopping at the first pass or fail (sequential_ni_probability), not of one
     look at all n items."""
-    from quantlab.quality.sequential import schedule
-
-    if sequential is not None and len(schedule(n, *sequential)) > 1 and n >= gates.min_samples and \
-            ni_margin(gates, score) is not None:
+    if looks is not None and len(looks(n)) > 1 and n >= gates.min_samples and ni_margin(gates, score) is not None:
         return _plan_looks(scope, n, gates, family, score=score, discordance=discordance, required=required,
-                           sequential=sequential)
+                           looks=looks)
     half_d = discordance / 2
     unchanged = paired_proportion_interval(*_table(max(n, 1), score, discordance, 0.0), confidence=gates.confidence)
     half = (unchanged.high - unchanged.low) / 2
@@ -109,12 +107,12 @@ def plan_gate(scope: str, n: int, gates: QualityGates, family: int, *, score: fl
 
 
 def _plan_looks(scope: str, n: int, gates: QualityGates, family: int, *, score: float, discordance: float,
-                required: bool, sequential: tuple[int, float]) -> GatePlan:
+                required: bool, looks: Callable[[int], list[int]]) -> GatePlan:
     """plan_gate under evaluate-until-decided: every chance over the looks. The items to
     show are looked for with the looks those items would get."""
-    from quantlab.quality.sequential import schedule, sequential_ni_probability
+    from quantlab.quality.sequential import sequential_ni_probability
 
-    looks = schedule(n, *sequential)
+    sizes = looks(n)
     half_d = discordance / 2
     unchanged = paired_proportion_interval(*_table(n, score, discordance, 0.0), confidence=gates.confidence)
     margin = ni_margin(gates, score)
@@ -125,17 +123,17 @@ def _plan_looks(scope: str, n: int, gates: QualityGates, family: int, *, score: 
         return sequential_ni_probability(size_looks, margin, half_d, half_d + drop, gates.confidence,
                                          fail_confidence)
 
-    p_release = chances(looks, 0.0)[0]
-    p_held = 1 - chances(looks, 2 * margin)[0]
+    p_release = chances(sizes, 0.0)[0]
+    p_held = 1 - chances(sizes, 2 * margin)[0]
     needed = None
     if p_release < POWER:  # looked for up to 20x the items (each try is an exact sum over the looks)
         size = max(n + 1, gates.min_samples)
         while size <= min(MAX_PLANNED_ITEMS, 20 * n + 1000):
-            if chances(schedule(size, *sequential), 0.0)[0] >= POWER:
+            if chances(looks(size), 0.0)[0] >= POWER:
                 needed = size
                 break
             size = max(size + 1, int(size * 1.25))
-    blocks = _smallest(lambda drop: chances(looks, drop)[1] >= POWER, top=min(score, 1 - discordance))
+    blocks = _smallest(lambda drop: chances(sizes, drop)[1] >= POWER, top=min(score, 1 - discordance))
     return GatePlan(scope, n, (unchanged.high - unchanged.low) / 2, margin, p_release, p_held, needed, blocks,
                     required)
 

@@ -25,7 +25,8 @@ from quantlab.recipe.quality import QualitySpec
 from quantlab.core.results import QualityResult
 from quantlab.serving import stage as serve_stage
 from quantlab.quality.work import (baseline_entry, baseline_folder, cache_parts, code_sandbox, mark_judged, runnable,
-                                   suites_of, task_limit)
+                                   suites_of)
+from quantlab.quality.samples import Docs, evaluated_docs, task_samples
 from quantlab.quality import gate_plan
 from quantlab.quality.gate_plan import gate_plans, plan_summary
 from quantlab.quality.kl_run import kl_dists, kl_of_candidate, kl_prompt_ids
@@ -134,10 +135,10 @@ def check_same_tokenizer(base_dir: Path, cand_dir: Path, *, trust_remote_code: b
 
 
 def _evaluate(ctx: StageContext, role: str, work: list[tuple[Suite, Any]], out: Path, *,
-              samples: dict[str, list[int]] | None = None, deadline_s: float | None = None,
+              docs: dict[str, Docs] | None = None, deadline_s: float | None = None,
               stop: threading.Event | None = None) -> float:
-    """`work` through lm-eval against one role's server; `samples` picks doc indices per
-    task instead of the first `quality.limit`; `stop`: give up (see core.together)."""
+    """`work` through lm-eval against one role's server: each task's `docs`, else all it
+    evaluates (quality/samples.py); `stop`: give up (see core.together)."""
     from quantlab.quality.lmeval import run_tasks
 
     spec: QualitySpec = ctx.recipe.quality
@@ -150,11 +151,7 @@ def _evaluate(ctx: StageContext, role: str, work: list[tuple[Suite, Any]], out: 
         folders[suite.name] = suite.folder
     total = len(work)
     done = 0
-    picked = dict(samples or {})
-    if samples is None:  # a suite task's own limit where the recipe sets none (a subset of the samples picks itself)
-        for suite, task in work:
-            if task.limit and spec.limit is None:
-                picked[task.task] = list(range(task_limit(spec, suite, task)))
+    docs = evaluated_docs(spec, work) if docs is None else docs
     with step(ctx.progress, f"quality {role}: lm-eval", total=total, unit="tasks", announce=False) as bar:
         for suite_name, by_api in groups.items():
             def progress(line: str, _role=role) -> None:
@@ -168,7 +165,7 @@ def _evaluate(ctx: StageContext, role: str, work: list[tuple[Suite, Any]], out: 
                       served_name=server.served_name,
                       tokenizer=str(_tokenizer_dir(ctx, role)), suite_dir=folders[suite_name], out_dir=out,
                       log_path=ctx.run.path / OUT_DIR / f"{role}-lmeval.log", seed=spec.seed,
-                      limit=None if samples is not None else spec.limit, samples=picked or None,
+                      docs=docs,
                       num_concurrent=spec.num_concurrent, request_timeout_s=spec.request_timeout_s,
                       max_retries=spec.max_retries, deadline_s=deadline_s or spec.timeout_s,
                       offline=folders[suite_name] is not None,
@@ -310,11 +307,12 @@ def _evaluate_until_decided(ctx: StageContext, work: list[tuple[Suite, Any]], ba
     candidate/look-<k>/ and are appended to the task's file. Returns (seconds, each task's
     look schedule)."""
     from quantlab.quality.lmeval import read_samples
-    from quantlab.quality.sequential import schedule, undecided_tasks
+    from quantlab.quality.sequential import undecided_tasks
 
     spec: QualitySpec = ctx.recipe.quality
     available = {t.task: len({r["doc_id"] for r in read_samples(base_dir, t.task)[0]}) for _, t in work}
-    plans = {task: schedule(n, spec.sequential.first, spec.sequential.growth) for task, n in available.items()}
+    sampled = {t.task: task_samples(spec, s, t, answered=available[t.task]) for s, t in work}
+    plans = {task: list(s.looks) for task, s in sampled.items()}
     looks = {task: len(p) for task, p in plans.items()}
     slice_of = {t.task: t.slice for _, t in work}
     answered = dict.fromkeys(plans, 0)
@@ -322,8 +320,7 @@ def _evaluate_until_decided(ctx: StageContext, work: list[tuple[Suite, Any]], ba
     pending = set(plans)
     spent = 0.0
     for look in range(max(looks.values())):
-        todo = {task: list(range(answered[task], plans[task][look])) for task in sorted(pending)
-                if look < len(plans[task])}
+        todo = {task: sampled[task].look_docs(look) for task in sorted(pending) if look < len(plans[task])}
         if not todo:
             break
         left = spec.timeout_s - spent
@@ -331,10 +328,10 @@ def _evaluate_until_decided(ctx: StageContext, work: list[tuple[Suite, Any]], ba
             for task in pending:
                 stopped[task] = (look, "quality.timeout_s spent")
             break
-        ctx.progress(f"quality candidate: look {look + 1}, {sum(map(len, todo.values()))} more samples of "
+        ctx.progress(f"quality candidate: look {look + 1}, {sum(d.size for d in todo.values())} more samples of "
                      f"{len(todo)} undecided task(s)")
         folder = cand_dir / f"look-{look + 1}"
-        spent += _evaluate(ctx, "candidate", [(s, t) for s, t in work if t.task in todo], folder, samples=todo,
+        spent += _evaluate(ctx, "candidate", [(s, t) for s, t in work if t.task in todo], folder, docs=todo,
                            deadline_s=left)
         for task in todo:
             _append_samples(folder, cand_dir, task)

@@ -32,12 +32,12 @@ KNOWN_DIRECTIONS = {"acc": True, "acc_norm": True, "exact_match": True, "f1": Tr
                     "perplexity": False}
 
 
-class _TaskYamlLoader(BudgetLoader):
+class TaskYamlLoader(BudgetLoader):
     """Reads lm-eval task YAML without importing the functions `!function` names (within
     core/safe_yaml's size and alias budget)."""
 
 
-_TaskYamlLoader.add_constructor("!function", lambda loader, node: f"!function {loader.construct_scalar(node)}")
+TaskYamlLoader.add_constructor("!function", lambda loader, node: f"!function {loader.construct_scalar(node)}")
 
 
 @dataclass
@@ -82,7 +82,7 @@ def _task_yamls(folder: Path) -> dict[str, tuple[Path, dict]]:
         if path.name == SUITE_FILE:
             continue
         try:
-            data = load_file(path, loader=_TaskYamlLoader)
+            data = load_file(path, loader=TaskYamlLoader)
         except yaml.YAMLError as err:
             raise RecipeError(f"task YAML {path} does not parse: {err}", file=str(path)) from None
         if isinstance(data, dict) and isinstance(data.get("task"), str):
@@ -91,7 +91,7 @@ def _task_yamls(folder: Path) -> dict[str, tuple[Path, dict]]:
             else None
         if include is not None and include.suffix != ".yaml" and include.is_file():
             try:  # lm-eval reads it too: within the same budget (the *.yaml here are read above)
-                load_file(include, loader=_TaskYamlLoader)
+                load_file(include, loader=TaskYamlLoader)
             except yaml.YAMLError as err:
                 raise RecipeError(f"{include}, which task YAML {path.name} includes, does not parse: {err}",
                                   file=str(include)) from None
@@ -213,18 +213,3 @@ def load_suites(spec: QualitySpec, recipe_dir: Path) -> list[Suite]:
                               f"(slices: {', '.join(sorted(slices))})", field=f"quality.slice_gates.{name}")
     return [s for s in suites if s.tasks]
 
-
-def sample_count(suite: Suite, task: str) -> int | None:
-    """How many samples a local task has (lines of its test split's JSONL); None for a
-    hub task or a split quantlab cannot count without lm-eval."""
-    path = suite.task_files.get(task)
-    if suite.folder is None or path is None:
-        return None
-    data = load_file(path, loader=_TaskYamlLoader)
-    files = (data.get("dataset_kwargs") or {}).get("data_files") or {}
-    split = data.get("test_split") or "test"
-    rel = files.get(split) if isinstance(files, dict) else None
-    if not isinstance(rel, str) or not (suite.folder / rel).is_file():
-        return None
-    with open(suite.folder / rel, "rb") as f:
-        return sum(1 for line in f if line.strip())

@@ -1,6 +1,6 @@
 """What a quality stage runs: the recipe's suites (traffic files as generated suites), the
-tasks that fit the served length, how many samples each takes, the baseline cache's key parts,
-and the candidates judged against its cached answers."""
+tasks that fit the served length, the baseline cache's key parts, and the candidates judged
+against its cached answers. How many samples each task takes: quality/samples.py."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ from quantlab.core import cpu_emulation, redact, result_cache
 from quantlab.core.digest import json_sha256
 from quantlab.core.stage_context import StageContext, once
 from quantlab.core.errors import RecipeError
+from quantlab.quality.samples import cache_limit
 from quantlab.quality.suites import Suite, load_suites
 from quantlab.recipe.quality import QualitySpec
 
@@ -115,7 +116,7 @@ def cache_parts(ctx: StageContext, suites: list[Suite], tasks: list[str], plan) 
 
     spec: QualitySpec = ctx.recipe.quality
     return {"baseline": ctx.baseline_identity(), "suites": {s.name: s.sha256 for s in suites}, "tasks": tasks,
-            "limit": spec.limit, "seed": spec.seed, "num_concurrent": spec.num_concurrent,
+            "limit": cache_limit(spec), "seed": spec.seed, "num_concurrent": spec.num_concurrent,
             "engine": (plan.probe.get("versions") or {}).get("vllm"),
             "engine_args": redact.engine_args(plan.engine_args),  # written into the cache entry: no secret
             "device": plan.device, "lm_eval": lm_eval_version(),
@@ -151,18 +152,6 @@ def baseline_folder(parts: Callable[[], dict[str, Any]]) -> Path | None:
         return baseline_entry(parts())[0]
     except (RecipeError, OSError):
         return None
-
-
-def task_limit(spec: QualitySpec, suite: Suite, task: Any) -> int | None:
-    """How many samples a task runs: quality.limit, else the suite task's own limit, never
-    more than it has (None: all of them, count unknown)."""
-    from quantlab.quality.suites import sample_count
-
-    count = sample_count(suite, task.task)
-    want = spec.limit or task.limit
-    if want is None:
-        return count
-    return min(want, count) if count is not None else want
 
 
 def runnable(suites: list[Suite], max_len: int | None) -> tuple[list[tuple[Suite, Any]], list[tuple[Any, str]]]:

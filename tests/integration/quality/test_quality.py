@@ -136,6 +136,7 @@ def test_evaluate_until_decided_stops_each_task_at_its_first_decided_look(tiny_s
 def test_server_errors_during_evaluation_fail_clearly_naming_the_task(tiny_server, tiny_served_checkpoint,
                                                                       tmp_path, monkeypatch):
     from quantlab.quality.lmeval import run_tasks
+    from quantlab.quality.samples import Docs
     from quantlab.quality.suites import SHIPPED
 
     server, _, _ = tiny_server
@@ -144,8 +145,8 @@ def test_server_errors_during_evaluation_fail_clearly_naming_the_task(tiny_serve
         run_tasks(tasks=["ql_lastword"], base_url=server.base_url, served_name="no-such-model",
                   tokenizer=str(tiny_served_checkpoint),
                   suite_dir=SHIPPED / "default", out_dir=Path("out"), log_path=Path("lmeval.log"),
-                  seed=1, limit=3, num_concurrent=2, request_timeout_s=30, max_retries=1, deadline_s=300,
-                  offline=True, trust_remote_code=False, progress=lambda m: None)
+                  seed=1, docs={"ql_lastword": Docs(0, 3)}, num_concurrent=2, request_timeout_s=30, max_retries=1,
+                  deadline_s=300, offline=True, trust_remote_code=False, progress=lambda m: None)
     assert "lm-eval log" in str(err.value) and (tmp_path / "lmeval.log").is_file()
 
 

@@ -57,6 +57,7 @@ def test_the_lm_eval_child_is_started_to_die_with_quantlab(monkeypatch, tmp_path
     parent-death signal (its sandboxes die with it in turn: bwrap --die-with-parent)."""
     from quantlab.core.process_death import die_with_parent
     from quantlab.quality import lmeval
+    from quantlab.quality.samples import Docs
 
     seen = {}
 
@@ -67,8 +68,8 @@ def test_the_lm_eval_child_is_started_to_die_with_quantlab(monkeypatch, tmp_path
     monkeypatch.setattr(lmeval.subprocess, "Popen", popen)
     with pytest.raises(OSError, match="not started"):
         lmeval.run_tasks(tasks=["t"], base_url="http://127.0.0.1:9/v1", served_name="m", tokenizer=None,
-                         suite_dir=None, out_dir=tmp_path, log_path=tmp_path / "lmeval.log", seed=0, limit=1,
-                         num_concurrent=1, request_timeout_s=5, max_retries=0, deadline_s=5, offline=True,
-                         trust_remote_code=False, progress=lambda m: None)
+                         suite_dir=None, out_dir=tmp_path, log_path=tmp_path / "lmeval.log", seed=0,
+                         docs={"t": Docs(0, 1)}, num_concurrent=1, request_timeout_s=5, max_retries=0, deadline_s=5,
+                         offline=True, trust_remote_code=False, progress=lambda m: None)
     assert seen["start_new_session"] is True and seen["preexec_fn"] is die_with_parent
     assert seen["argv"][1:3] == ["-m", "quantlab.quality.lmeval"]

@@ -121,12 +121,12 @@ def test_unsafe_tags_stay_refused():
 
 
 def test_every_shipped_yaml_file_loads_within_the_budget():
-    from quantlab.quality.suites import _TaskYamlLoader  # the loader the suites use
+    from quantlab.quality.suites import TaskYamlLoader  # the loader the suites use
 
     files = [p for p in REPO.rglob("*.yaml") if not {".venv", ".venv-vllm", "build", ".git"} & set(p.parts)]
     assert len(files) > 20
     for p in files:
-        load_file(p, loader=_TaskYamlLoader)
+        load_file(p, loader=TaskYamlLoader)
     for p in sorted(RECIPES.glob("*.yaml")):
         load_recipe(p)
     load_suite(SHIPPED / "default")

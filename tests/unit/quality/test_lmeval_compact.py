@@ -9,6 +9,7 @@ import pytest
 
 from quantlab.core.together import Stopped
 from quantlab.quality.lmeval import run_tasks
+from quantlab.quality.samples import Docs
 from quantlab.quality.sample_format import MAX_PROMPT_CHARS, compact_sample
 from quantlab.serving.vllm_server import free_port
 
@@ -46,6 +47,6 @@ def test_a_stop_kills_the_lm_eval_child_within_seconds(tmp_path):
     with pytest.raises(Stopped):
         run_tasks(tasks=["ql_lastword"], base_url=f"http://127.0.0.1:{free_port()}", served_name="m",
                   tokenizer=None, suite_dir=None, out_dir=tmp_path / "out", log_path=tmp_path / "lmeval.log",
-                  seed=0, limit=1, num_concurrent=1, request_timeout_s=60, max_retries=3, deadline_s=600,
-                  offline=True, trust_remote_code=False, progress=lambda line: None, stop=stop)
+                  seed=0, docs={"ql_lastword": Docs(0, 1)}, num_concurrent=1, request_timeout_s=60, max_retries=3,
+                  deadline_s=600, offline=True, trust_remote_code=False, progress=lambda line: None, stop=stop)
     assert time.monotonic() - started < 10

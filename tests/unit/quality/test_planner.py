@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from quantlab.quality.planner import plan_gate
 from quantlab.recipe.quality import QualityGates
-from quantlab.quality.suites import SHIPPED, load_suite, sample_count
+from quantlab.quality.samples import sample_count
+from quantlab.quality.suites import SHIPPED, load_suite
 
 
 def test_more_samples_narrow_the_floor_and_let_non_inferiority_show():
@@ -103,7 +104,7 @@ def test_evaluate_until_decided_is_planned_over_its_looks():
 
     gates = QualityGates(non_inferiority_margin=0.1, non_inferiority_min_margin=0.05, min_recovery=None)
     fixed = plan_gate("t", 160, gates, family=1, discordance=0.12)
-    looked = plan_gate("t", 160, gates, family=1, discordance=0.12, sequential=(40, 2.0))
+    looked = plan_gate("t", 160, gates, family=1, discordance=0.12, looks=lambda n: schedule(n, 40, 2.0))
     assert looked.p_release_unchanged <= fixed.p_release_unchanged  # the looks cost a little power, never add
     assert 0.3 < looked.p_release_unchanged < 0.8 and looked.samples_to_show > 160
     rng, passed, plan = random.Random(3), 0, schedule(160, 40, 2.0)

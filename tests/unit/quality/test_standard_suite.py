@@ -163,12 +163,12 @@ def test_humaneval_runs_in_the_sandbox(scorer, monkeypatch):
 
 
 def test_a_tasks_own_limit_unless_the_recipe_sets_one():
-    from quantlab.quality.work import task_limit
+    from quantlab.quality.samples import task_samples
 
     suite = load_suite(BUILT)
     tasks = {t.task: t for t in suite.tasks}
-    assert task_limit(QualitySpec(suites=["standard"]), suite, tasks["std_gsm8k"]) == 100
-    assert task_limit(QualitySpec(suites=["standard"], limit=500), suite, tasks["std_gsm8k"]) == 500
-    assert task_limit(QualitySpec(suites=["standard"], limit=5000), suite, tasks["std_humaneval"]) == 164
+    assert task_samples(QualitySpec(suites=["standard"]), suite, tasks["std_gsm8k"]).items == 100
+    assert task_samples(QualitySpec(suites=["standard"], limit=500), suite, tasks["std_gsm8k"]).items == 500
+    assert task_samples(QualitySpec(suites=["standard"], limit=5000), suite, tasks["std_humaneval"]).items == 164
     assert [m.output for m in MEMBERS] == ["gsm8k.jsonl", "humaneval.jsonl", "mmlu.jsonl", "boolq.jsonl",
                                            "piqa.jsonl"]

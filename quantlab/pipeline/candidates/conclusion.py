@@ -8,7 +8,6 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from quantlab.core.layout import COMPARISON_FILE  # noqa: F401 (also read from here)
 from quantlab.pipeline.candidates.select import choose
 from quantlab.recipe.selection import SelectionSpec
 from quantlab.reports.comparison_records import ComparisonOutcome
@@ -17,8 +16,6 @@ from quantlab.reports.comparison_summary import on_common_baseline, summarize
 from quantlab.core.progress import Progress
 from quantlab.pipeline.candidates.members import Candidate, Comparison
 
-
-RESULT_FILE = COMPARISON_FILE
 
 
 def summary_rows(judged: list[Candidate], *, decide: bool) -> list[tuple[Any, dict[str, Any]]]:

@@ -17,7 +17,6 @@ from quantlab.core.progress import Progress
 from quantlab.pipeline.candidates.members import Candidate, Comparison
 
 
-
 def summary_rows(judged: list[Candidate], *, decide: bool) -> list[tuple[Any, dict[str, Any]]]:
     """Each judged candidate's (summary, row), speed figures on its first candidate's
     baseline's scale where groups were measured apart. `decide`: before the release

@@ -224,7 +224,8 @@ def exact_table(spec, tasks, policy, discordances) -> None:
         cells = []
         for d in discordances:
             plan = plan_gate(scope, n, gates, family, score=score, discordance=d, required=required(scope),
-                             sequential=None if scope.startswith("slice:") or scope == "pooled" else sequential)
+                             looks=None if scope.startswith("slice:") or scope == "pooled" or not sequential
+                             else (lambda m: schedule(m, *sequential)))
             if plan.margin is None:
                 cells.append("-")
                 continue

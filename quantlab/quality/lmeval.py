@@ -99,8 +99,13 @@ def lm_eval_docs(task: str, pair: list[int | None] | None) -> dict[str, Any]:
     From the first document, its `limit`: lm-eval stops at the task's last document, so a
     hub task quantlab could not count is asked for at most that many; from a later one (a
     look of evaluate-until-decided, within what the baseline answered), its `samples`, the
-    doc indices themselves. Either way the same documents, doc ids and few-shot draws."""
+    doc indices themselves. Either way the same documents and doc ids; a random few-shot
+    sampler draws per run in document order, so a later look's prompts equal the whole
+    run's only with `first_n` or no few-shot (the shipped suites')."""
     docs = Docs.from_json(pair) if pair is not None else Docs()
+    if docs.stop is not None and docs.stop <= docs.start:
+        raise ValueError(f"task {task}: no documents to evaluate ({docs.start}..{docs.stop}); lm-eval reads "
+                         "a limit of 0 as every document")
     if docs.start == 0:
         return {"limit": docs.stop, "samples": None}
     if docs.stop is None:

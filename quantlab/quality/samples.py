@@ -103,7 +103,9 @@ def task_samples(spec: QualitySpec, suite: Suite, task: Any, *, answered: int | 
         count = sample_count(suite, task.task)
         items = count if want is None else min(want, count) if count is not None else want
         counted = count is not None
-    docs = Docs(0, None if want is None else items)
+    # lm-eval is asked for the limit itself, not quantlab's count: it stops at the task's last
+    # document on its own, and a data file that is not one document a line counts wrong
+    docs = Docs(0, want)
     if items is None:
         return TaskSamples(None, False, docs, ())
     rule = look_rule(spec)

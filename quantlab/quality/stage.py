@@ -318,6 +318,9 @@ def _evaluate_until_decided(ctx: StageContext, work: list[tuple[Suite, Any]], ba
     answered = dict.fromkeys(plans, 0)
     stopped: dict[str, tuple[int, str]] = {}
     pending = set(plans)
+    for task in [t for t in sorted(pending) if not available[t]]:  # nothing to pair an answer with
+        stopped[task] = (0, "the baseline answered none of its documents")
+        pending.discard(task)
     spent = 0.0
     for look in range(max(looks.values())):
         todo = {task: sampled[task].look_docs(look) for task in sorted(pending) if look < len(plans[task])}

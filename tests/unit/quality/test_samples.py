@@ -18,14 +18,18 @@ def test_the_recipe_limit_takes_the_first_items_of_every_task():
     spec = QualitySpec(limit=40)
     sample = task_samples(spec, DEFAULT, TASKS["ql_arithmetic"])  # 406 in its data
     assert sample == TaskSamples(items=40, counted=True, docs=Docs(0, 40), looks=(40,))
-    assert set(evaluated_docs(spec, [(DEFAULT, t) for t in DEFAULT.tasks]).values()) == {
-        Docs(0, min(40, task_samples(QualitySpec(), DEFAULT, t).items)) for t in DEFAULT.tasks}
+    # lm-eval is sent the limit itself (it stops at a task's last document on its own); the
+    # count the planner sizes on is the smaller of the limit and what the data holds
+    assert set(evaluated_docs(spec, [(DEFAULT, t) for t in DEFAULT.tasks]).values()) == {Docs(0, 40)}
+    assert {t.task: task_samples(spec, DEFAULT, t).items for t in DEFAULT.tasks} == {
+        t.task: min(40, task_samples(QualitySpec(), DEFAULT, t).items) for t in DEFAULT.tasks}
     assert cache_limit(spec) == 40  # the baseline cache's key part, as it always was
 
 
 def test_a_task_with_fewer_documents_than_the_limit_takes_them_all():
     sample = task_samples(QualitySpec(limit=300), DEFAULT, TASKS["ql_passkey_1300w"])  # 20 in its data
-    assert (sample.items, sample.counted, sample.docs) == (20, True, Docs(0, 20))
+    # lm-eval is asked for 300 and stops at the 20th by itself
+    assert (sample.items, sample.counted, sample.docs) == (20, True, Docs(0, 300))
 
 
 def test_no_limit_evaluates_every_document_as_lm_eval_reads_them():
@@ -39,7 +43,8 @@ def test_a_suite_tasks_own_limit_unless_the_recipe_sets_one():
     own = SuiteTask(task="ql_arithmetic", metric="acc", limit=100)
     assert task_samples(QualitySpec(), DEFAULT, own).docs == Docs(0, 100)
     assert task_samples(QualitySpec(limit=30), DEFAULT, own).docs == Docs(0, 30)
-    assert task_samples(QualitySpec(limit=5000), DEFAULT, own).docs == Docs(0, 406)
+    over = task_samples(QualitySpec(limit=5000), DEFAULT, own)
+    assert (over.items, over.docs) == (406, Docs(0, 5000))
 
 
 def test_a_hub_task_uncounted_asks_lm_eval_for_at_most_the_limit():
@@ -66,3 +71,10 @@ def test_each_docs_reaches_lm_eval_as_the_same_documents():
     assert Docs.from_json(Docs(3, None).to_json()) == Docs(3, None) and Docs(20, 24).size == 4
     with pytest.raises(ValueError, match="need an end"):
         lm_eval_docs("t", Docs(5, None).to_json())
+
+
+def test_an_empty_run_of_documents_is_refused_not_read_as_every_document():
+    # lm-eval reads a limit of 0 as no limit: a look with nothing to evaluate must not reach it
+    for empty in ([0, 0], [5, 5]):
+        with pytest.raises(ValueError, match="no documents to evaluate"):
+            lm_eval_docs("ql_lastword", empty)

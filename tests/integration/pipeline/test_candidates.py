@@ -24,6 +24,8 @@ from conftest import COMPARISON_PERF as TINY_PERF, REPO, tiny_variant, write_rec
 
 from quantlab.serving.cpu_cores import physical_cores
 
+DUMMY_STAGE_CLI = str(REPO / "tests" / "data" / "stages" / "with_dummy_stage.py")
+
 pytestmark = pytest.mark.slow
 
 
@@ -76,7 +78,8 @@ def test_four_candidates_one_baseline_one_choice(tmp_path, tiny_model_dir, serve
     killer = threading.Thread(target=lambda: killed.extend(kill_during_its_load(runs, "existing", stop)), daemon=True)
     killer.start()
     try:
-        r = subprocess.run([sys.executable, "-m", "quantlab", "run", good, broken, unservable, "--runs-dir", runs,
+        # quantlab with one more stage in STAGES (after quality), as docs/design.md says to add one
+        r = subprocess.run([sys.executable, DUMMY_STAGE_CLI, "run", good, broken, unservable, "--runs-dir", runs,
                             "--checkpoint", f"existing={tiny_served_checkpoint}"],
                            capture_output=True, text=True, cwd=REPO, timeout=1500)
     finally:
@@ -119,6 +122,13 @@ def test_four_candidates_one_baseline_one_choice(tmp_path, tiny_model_dir, serve
 
     records = {name: json.loads((folder / path / "run.json").read_text()) for name, path in result["runs"].items()
                if name != "unservable"}
+    # the stage added to STAGES ran for every member, between its quality and the shared load
+    for name in ("good", "broken", "existing"):
+        assert records[name]["stages"]["dummy"]["status"] == "ok", records[name]["stages"].get("dummy")
+        order = list(records[name]["stages"])
+        assert order.index("quality") < order.index("dummy"), order
+        seen = (folder / result["runs"][name] / "dummy.txt").read_text().split()
+        assert seen[0] == records[name]["recipe"]["name"] and seen[1], seen
     # the second candidate of the same recipe reused the first's checkpoint from the cache
     assert records["broken"]["stages"]["quantize"]["result"]["reused_from_cache"]
     # the existing checkpoint was taken in, not quantized, and judged by the first recipe's gates

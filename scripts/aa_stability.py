@@ -3,11 +3,11 @@
 by the recipe's stability gates as a run would judge it.
 
     .venv/bin/python scripts/aa_stability.py [--recipe recipes/gptq-w4a16.yaml] [--rounds 20]
-        [--out aa-stability.md] [--json aa-stability.json] [--log-dir DIR]
+        [--out aa-stability.md] [--json aa-stability.json] [--journal rounds.jsonl] [--log-dir DIR]
 
 The two servers are separate vLLM processes of the recipe's unquantized model, started
-once with the recipe's engine arguments and dtype; the rounds probe them both at once (as
-the stage does with `concurrent_roles`), so what differs between the two is batch
+once with the recipe's engine arguments and dtype, each on cores of its own; the rounds
+probe them both at once (as the stage does with `concurrent_roles`), so what differs between the two is batch
 composition and timing, which is what changes greedy outputs on a CPU build. Rounds on
 one pair of processes share their warm state (prefix cache, compiled graphs): they
 measure the probes' own variation, not the spread between server starts, which the
@@ -40,6 +40,7 @@ def upper_bound(failures: int, n: int, confidence: float = 0.95) -> float:
 
 
 def start_pair(recipe, model: Path, log_dir: Path):
+    from quantlab.serving.cpu_cores import engine_bind
     from quantlab.serving.plan import EngineTarget, plan_serving
     from quantlab.serving.vllm_probe import probe_for
     from quantlab.serving.vllm_server import prepare_engine, start_together
@@ -47,7 +48,10 @@ def start_pair(recipe, model: Path, log_dir: Path):
     spec = recipe.serve
     targets = [EngineTarget("baseline", model, "aa-baseline"), EngineTarget("candidate", model, "aa-candidate")]
     plan = plan_serving(spec, targets, dtype=recipe.model.dtype, probe=probe_for(spec))
-    servers = [prepare_engine(plan, role, log_dir=log_dir, progress=print) for role in ("baseline", "candidate")]
+    # each on cores of its own, as a side-by-side run places them (two unbound engines on
+    # 2 cores took about 180 s a round, each one's threads preempting the other's)
+    servers = [prepare_engine(plan, role, log_dir=log_dir, progress=print, cpu_bind=engine_bind(plan.device, slot, 2))
+               for slot, role in enumerate(("baseline", "candidate"))]
     start_together(servers, print)
     return plan, dict(zip(("baseline", "candidate"), servers, strict=True))
 
@@ -79,7 +83,7 @@ def probe_role(server, spec, prompts, pool, max_len: int, vocab: int) -> dict:
     return out
 
 
-def rounds(recipe, servers, plan, n: int) -> list[dict]:
+def rounds(recipe, servers, plan, n: int, journal: Path | None = None) -> list[dict]:
     from quantlab.core.together import run_together
     from quantlab.models.tokenizer import load_tokenizer
     from quantlab.stability.gates import verdicts
@@ -97,9 +101,12 @@ def rounds(recipe, servers, plan, n: int) -> list[dict]:
         gates = [{"gate": g.gate, "scope": g.scope, "value": g.value, "limit": g.limit, "verdict": g.verdict,
                   "evidence": g.evidence} for g in verdicts(stab, spec)]
         out.append({"round": i, "seconds": round(time.monotonic() - started, 1), "gates": gates})
+        if journal is not None:  # one line a round, appended as it ends: a deadline loses no round
+            with journal.open("a") as f:
+                f.write(json.dumps(out[-1], default=str) + "\n")
         failed = [f"{g['gate']}@{g['scope']}" for g in gates if g["verdict"] != "pass"]
-        print(f"round {i}/{n}: {out[-1]['seconds']} s, {len(gates)} gates, not passed: {failed or 'none'}",
-              flush=True)
+        values = ", ".join(f"{g['gate']} {g['value']}" for g in gates)
+        print(f"round {i}/{n}: {out[-1]['seconds']} s, not passed: {failed or 'none'}; {values}", flush=True)
     return out
 
 
@@ -135,6 +142,7 @@ def main() -> int:
     ap.add_argument("--out", type=Path)
     ap.add_argument("--json", type=Path)
     ap.add_argument("--log-dir", type=Path)
+    ap.add_argument("--journal", type=Path, help="append each round's gates here as a JSON line when it ends")
     args = ap.parse_args()
     recipe = load_recipe(args.recipe).recipe
     if recipe.stability is None:
@@ -145,7 +153,7 @@ def main() -> int:
         log_dir = args.log_dir or Path(tmp)
         plan, servers = start_pair(recipe, model, log_dir)
         try:
-            results = rounds(recipe, servers, plan, args.rounds)
+            results = rounds(recipe, servers, plan, args.rounds, args.journal)
         finally:
             for server in servers.values():
                 server.stop()

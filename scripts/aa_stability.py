@@ -56,38 +56,12 @@ def start_pair(recipe, model: Path, log_dir: Path):
     return plan, dict(zip(("baseline", "candidate"), servers, strict=True))
 
 
-def probe_role(server, spec, prompts, pool, max_len: int, vocab: int) -> dict:
-    """What the stage's _run_role sends one role, without a run around it."""
-    from quantlab.stability import probe as sp
-    from quantlab.stability.stage import _rss_sampler
-
-    url, name, t = server.base_url, server.served_name, spec.request_timeout_s
-    out = {}
-    if spec.batch:
-        out["batch"] = sp.batch_sweep(url, name, prompts, max_tokens=spec.max_tokens, levels=spec.batch.concurrency,
-                                      timeout_s=t)
-    if spec.lengths:
-        out["lengths"] = sp.length_sweep(url, name, pool, max_model_len=max_len, fractions=spec.lengths.fractions,
-                                         past_limit=spec.lengths.past_limit, max_tokens=spec.max_tokens, timeout_s=t)
-    if spec.determinism:
-        d = spec.determinism
-        out["determinism"] = sp.determinism(url, name, prompts, max_tokens=spec.max_tokens, repeats=d.repeats,
-                                            temperature=d.sampled_temperature, seed=d.seed, timeout_s=t)
-    if spec.bad_requests:
-        out["bad_requests"] = sp.bad_requests(url, name, vocab_size=vocab, timeout_s=t)
-    if spec.soak:
-        s = spec.soak
-        out["soak"] = sp.soak(url, name, prompts, requests=s.requests, concurrency=s.concurrency,
-                              max_tokens=s.max_tokens, timeout_s=t, sample_rss=_rss_sampler(server))
-        out["soak"]["memory_visible"] = True
-    return out
-
-
 def rounds(recipe, servers, plan, n: int, journal: Path | None = None) -> list[dict]:
     from quantlab.core.together import run_together
     from quantlab.models.tokenizer import load_tokenizer
     from quantlab.stability.gates import verdicts
     from quantlab.stability.probe_run import probe_prompts
+    from quantlab.stability.stage import probe_server
 
     spec = recipe.stability
     tok = load_tokenizer(plan.target("baseline").model_dir, trust_remote_code=recipe.model.trust_remote_code)
@@ -96,7 +70,7 @@ def rounds(recipe, servers, plan, n: int, journal: Path | None = None) -> list[d
     out = []
     for i in range(1, n + 1):
         started = time.monotonic()
-        stab = run_together({role: (lambda _stop, s=server: probe_role(s, spec, prompts, pool, max_len, len(tok)))
+        stab = run_together({role: (lambda _stop, s=server: probe_server(s, spec, prompts, pool, max_len, len(tok)))
                              for role, server in servers.items()})
         gates = [{"gate": g.gate, "scope": g.scope, "value": g.value, "limit": g.limit, "verdict": g.verdict,
                   "evidence": g.evidence} for g in verdicts(stab, spec)]

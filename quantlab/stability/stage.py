@@ -100,39 +100,45 @@ def _rss_sampler(server):
 
 def _run_role(ctx: StageContext, role: str, spec: StabilitySpec, prompts, pool, max_len: int, vocab: int
               ) -> dict[str, Any]:
-    from quantlab.stability import probe as sp
-
     server = ctx.engine(role)
-    url, name, t = server.base_url, server.served_name, spec.request_timeout_s
-    out: dict[str, Any] = {}
     started = time.monotonic()
     probes = sum(bool(x) for x in (spec.batch, spec.lengths, spec.determinism, spec.bad_requests, spec.soak))
     with step(ctx.progress, f"stability {role}", total=probes, unit="probes", announce=False) as bar:
-        if spec.batch:
-            out["batch"] = run_probe(ctx, role, server, f"batch sweep {spec.batch.concurrency}", sp.batch_sweep, url,
-                                  name, prompts, max_tokens=spec.max_tokens, levels=spec.batch.concurrency,
-                                  timeout_s=t, bar=bar)
-        if spec.lengths:
-            out["lengths"] = run_probe(ctx, role, server, f"length sweep up to max_model_len {max_len}",
-                                    sp.length_sweep, url, name, pool, max_model_len=max_len,
-                                    fractions=spec.lengths.fractions, past_limit=spec.lengths.past_limit,
-                                    max_tokens=spec.max_tokens, timeout_s=t, bar=bar)
-        if spec.determinism:
-            d = spec.determinism
-            out["determinism"] = run_probe(ctx, role, server, f"determinism x{d.repeats}", sp.determinism, url, name,
-                                        prompts, max_tokens=spec.max_tokens, repeats=d.repeats,
-                                        temperature=d.sampled_temperature, seed=d.seed, timeout_s=t, bar=bar)
-        if spec.bad_requests:
-            out["bad_requests"] = run_probe(ctx, role, server, "bad requests", sp.bad_requests, url, name,
-                                         vocab_size=vocab, timeout_s=t, bar=bar)
-        if spec.soak:
-            s = spec.soak
-            out["soak"] = run_probe(ctx, role, server, f"soak {s.requests} requests at concurrency {s.concurrency}",
-                                 sp.soak, url, name, prompts, requests=s.requests, concurrency=s.concurrency,
-                                 max_tokens=s.max_tokens, timeout_s=t, sample_rss=_rss_sampler(server), bar=bar)
-            # quantlab launched it, so its memory must be readable: no samples then is a failure, not "unknown"
-            out["soak"]["memory_visible"] = server.proc is not None
+        out = probe_server(server, spec, prompts, pool, max_len, vocab,
+                           call=lambda name, fn, *a, **k: run_probe(ctx, role, server, name, fn, *a, bar=bar, **k))
     out["seconds"] = round(time.monotonic() - started, 1)
+    return out
+
+
+def probe_server(server, spec: StabilitySpec, prompts, pool, max_len: int, vocab: int, *,
+                 call=lambda _name, fn, *a, **k: fn(*a, **k)) -> dict[str, Any]:
+    """The recipe's stability probes against one server, each through `call(name, fn, ...)`
+    (the stage's: progress and a dead server named; scripts/aa_stability.py's: plain)."""
+    from quantlab.stability import probe as sp
+
+    url, name, t = server.base_url, server.served_name, spec.request_timeout_s
+    out: dict[str, Any] = {}
+    if spec.batch:
+        out["batch"] = call(f"batch sweep {spec.batch.concurrency}", sp.batch_sweep, url, name, prompts,
+                            max_tokens=spec.max_tokens, levels=spec.batch.concurrency, timeout_s=t)
+    if spec.lengths:
+        out["lengths"] = call(f"length sweep up to max_model_len {max_len}", sp.length_sweep, url, name, pool,
+                              max_model_len=max_len, fractions=spec.lengths.fractions,
+                              past_limit=spec.lengths.past_limit, max_tokens=spec.max_tokens, timeout_s=t)
+    if spec.determinism:
+        d = spec.determinism
+        out["determinism"] = call(f"determinism x{d.repeats}", sp.determinism, url, name, prompts,
+                                  max_tokens=spec.max_tokens, repeats=d.repeats, temperature=d.sampled_temperature,
+                                  seed=d.seed, timeout_s=t)
+    if spec.bad_requests:
+        out["bad_requests"] = call("bad requests", sp.bad_requests, url, name, vocab_size=vocab, timeout_s=t)
+    if spec.soak:
+        s = spec.soak
+        out["soak"] = call(f"soak {s.requests} requests at concurrency {s.concurrency}", sp.soak, url, name,
+                           prompts, requests=s.requests, concurrency=s.concurrency, max_tokens=s.max_tokens,
+                           timeout_s=t, sample_rss=_rss_sampler(server))
+        # quantlab launched it, so its memory must be readable: no samples then is a failure, not "unknown"
+        out["soak"]["memory_visible"] = server.proc is not None
     return out
 
 

@@ -30,7 +30,8 @@ from quantlab.quality.samples import Docs, evaluated_docs, task_samples
 from quantlab.quality import gate_plan
 from quantlab.quality.gate_plan import gate_plans, plan_summary
 from quantlab.quality.kl_run import kl_dists, kl_of_candidate, kl_prompt_ids
-from quantlab.quality.pairing import compare_tasks, pool_everything, pool_slices
+from quantlab.quality.judging import gated_only, judge, sample_artifacts, write_flips
+from quantlab.quality.pairing import compare_tasks, pool_slices
 
 NAME = "quality"
 OUT_DIR = QUALITY_DIR
@@ -38,41 +39,6 @@ OUT_DIR = QUALITY_DIR
 
 def enabled(ctx: StageContext) -> bool:
     return ctx.recipe.quality is not None
-
-
-def _gated(tasks: list[quality_gates.Paired], work: list[tuple[Suite, Any]]) -> list[quality_gates.Paired]:
-    """The comparisons gates judge (a traffic file's unchecked rows are reported only)."""
-    ungated = {t.task for _, t in work if not t.gated}
-    return [t for t in tasks if t[0].task not in ungated]
-
-
-def _traffic_findings(work: list[tuple[Suite, Any]], base_dir: Path, cand_dir: Path
-                      ) -> tuple[list[dict[str, Any]], list[Any]]:
-    """Traffic tasks: unchecked rows against the baseline's answers, checks that errored,
-    and one gate per critical row."""
-    from quantlab.quality.lmeval import read_samples
-    from quantlab.quality.traffic import compare_unchecked, critical_verdicts
-
-    findings, gates = [], []
-    for suite, task in work:
-        if not suite.name.startswith("traffic-") or suite.folder is None or \
-                not (suite.folder / "data" / f"{task.task}.jsonl").is_file():
-            continue  # not a generated traffic suite
-        b_rows, _ = read_samples(base_dir, task.task)
-        c_rows, _ = read_samples(cand_dir, task.task)
-        if not task.gated:
-            findings.append({"suite": suite.name, **compare_unchecked(task.task, b_rows, c_rows)})
-            continue
-        data = suite.folder / "data" / f"{task.task}.jsonl"
-        docs = [json.loads(line) for line in data.read_text().splitlines() if line.strip()]
-        critical = critical_verdicts(task.task, docs, b_rows, c_rows)
-        gates += critical
-        findings.append({"suite": suite.name, "task": task.task, "n": len(c_rows),
-                         "errored": {"baseline": sum(int((r["metrics"] or {}).get("errored") or 0) for r in b_rows),
-                                     "candidate": sum(int((r["metrics"] or {}).get("errored") or 0) for r in c_rows)},
-                         "critical": [{"scope": v.scope, "verdict": v.verdict, "evidence": v.evidence}
-                                      for v in critical]})
-    return findings, gates
 
 
 def inputs(ctx: StageContext) -> dict[str, Any]:
@@ -206,44 +172,30 @@ def run(ctx: StageContext) -> QualityResult:
         alongside = lambda stop: _evaluate(ctx, "candidate", work, cand_dir, stop=stop)  # noqa: E731
     cached, key, share = _baseline(ctx, suites, work, kl_token_ids, base_dir, seconds, alongside)
     notes: list[str] = []
-    judged = mark_judged(ctx, key, notes) if spec.baseline_cache else None
-    looks: dict[str, int] = {}
+    judged_items = mark_judged(ctx, key, notes) if spec.baseline_cache else None
     plans: dict[str, list[int]] = {}
     if spec.samples == "auto":
         seconds["candidate"], plans = _evaluate_until_decided(ctx, work, base_dir, cand_dir, notes)
-        looks = {task: len(p) for task, p in plans.items()}
     elif "candidate" not in seconds:
         seconds["candidate"] = _evaluate(ctx, "candidate", work, cand_dir)
     else:
         notes.append(f"baseline and candidate were evaluated at the same time (both servers up): "
                      f"{seconds['baseline']:.0f} s and {seconds['candidate']:.0f} s overlap")
     kl_result = kl_of_candidate(ctx, kl_token_ids, base_dir, cand_dir)
-    tasks, flips, lm_eval_version = compare_tasks(spec, work, base_dir, cand_dir, plans=plans)
-    slices = pool_slices(spec, _gated(tasks, work), looks=looks)
-    everything = pool_everything(spec, _gated(tasks, work), looks=looks)
-    gates = quality_gates.verdicts(spec, _gated(tasks, work), slices, kl_result, everything, plans=plans)
-    gates += quality_gates.skipped_verdicts(spec, [(t.task, why, t.slice, t.metric) for t, why in skipped if t.gated])
-    traffic, critical = _traffic_findings(work, base_dir, cand_dir)
-    gates += critical
-    write_text_atomic(out / "flips.jsonl", "".join(json.dumps(f, default=str) + "\n" for f in flips))
+    judged = judge(spec, work, skipped, base_dir, cand_dir, kl=kl_result, plans=plans)
+    write_flips(out / "flips.jsonl", judged.flips)
     ctx.add_artifact(f"{OUT_DIR}/flips.jsonl", "quality-flips")
-    raw = []
-    for role_dir, role in ((cand_dir, "candidate"), (base_dir, "baseline")):
-        for p in sorted(role_dir.glob("*.jsonl")):
-            rel = str(p.relative_to(ctx.run.path))
-            ctx.add_artifact(rel, f"quality-{role}-samples")
-            raw.append(rel)
-    comparisons = [cmp for cmp, _, _ in tasks]
-    slice_comparisons = [cmp for cmp, _, _ in slices + ([everything] if everything else [])]
+    raw = sample_artifacts(ctx, base_dir, cand_dir)
     if cached:
         notes.append(f"baseline results from the cache ({cached}{share}); no baseline evaluation ran")
     return QualityResult(
-        tasks=comparisons, slices=slice_comparisons, kl=kl_result, baseline_cached=bool(cached),
-        baseline_cache_key=key, judged_on_these_items=judged, skipped=[f"{t.task}: {why}" for t, why in skipped],
+        tasks=judged.comparisons, slices=judged.slice_comparisons, kl=kl_result, baseline_cached=bool(cached),
+        baseline_cache_key=key, judged_on_these_items=judged_items, skipped=[f"{t.task}: {why}" for t, why in skipped],
         seconds=seconds,
-        lm_eval_version=lm_eval_version,
+        lm_eval_version=judged.lm_eval_version,
         suites=[{"name": s.name, "folder": str(s.folder) if s.folder else None, "sha256": s.sha256} for s in suites],
-        raw_files=raw, flips_file=f"{OUT_DIR}/flips.jsonl", plots=[], gates=gates, notes=notes, traffic=traffic,
+        raw_files=raw, flips_file=f"{OUT_DIR}/flips.jsonl", plots=[], gates=judged.gates, notes=notes,
+        traffic=judged.traffic,
         code_sandbox=code_sandbox(ctx),
         plan=_plan_lines(ctx))
 
@@ -340,7 +292,7 @@ def _evaluate_until_decided(ctx: StageContext, work: list[tuple[Suite, Any]], ba
             _append_samples(folder, cand_dir, task)
             answered[task] = plans[task][look]
         tasks, _, _ = compare_tasks(spec, work, base_dir, cand_dir, plans=plans)
-        tasks = _gated(tasks, work)
+        tasks = gated_only(tasks, work)
         still = undecided_tasks(quality_gates.verdicts(spec, tasks, pool_slices(spec, tasks, looks=looks), None,
                                                        plans=plans), slice_of)
         for task in list(pending):

@@ -47,7 +47,7 @@ ADAPTERS = {
 }
 # modules a stage calls for its own work (they reach engine adapters as the stage does)
 STAGE_HELPERS = {"quantlab.quality.work", "quantlab.quality.gate_plan", "quantlab.quality.kl_run",
-                 "quantlab.quality.pairing", "quantlab.performance.result", "quantlab.performance.noise_store",
+                 "quantlab.quality.pairing", "quantlab.quality.judging", "quantlab.performance.result", "quantlab.performance.noise_store",
                  "quantlab.performance.measure_loop",
                  "quantlab.stability.probe_run",
                  "quantlab.release.registration",

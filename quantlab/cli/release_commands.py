@@ -43,6 +43,10 @@ def verify(
     serving_python: Annotated[Optional[Path], typer.Option(help="With --here: the Python of this host's serving "
                                                            "environment (default: .venv-vllm/bin/python, or "
                                                            "$QUANTLAB_VLLM_PYTHON).")] = None,
+    evidence: Annotated[Optional[list[Path]], typer.Option(help="A release decided on imported evidence (quantlab "
+                                                           "decide): a file (or an lm-eval output folder) it was "
+                                                           "decided on, checked against the sha256 its manifest "
+                                                           "records; repeat for each.")] = None,
 ) -> None:
     """Check a released folder: the signature, every file hash, no file added, missing or
     linked, the signer the manifest names (the local development key only with
@@ -60,12 +64,23 @@ def verify(
         checked = verify_release(folder, require_attestation=require_attestation, allow_dev_key=allow_dev_key,
                                  allow_legacy=allow_legacy, public_key=public_key, certificate_chain=certificate_chain,
                                  sigstore_identity=sigstore_identity, sigstore_issuer=sigstore_issuer)
-        _exit_unless_verified(folder, checked.problems)
+        m = read_manifest(folder) if not checked.problems else None
+        problems, notes = _evidence_checked(m, evidence)
+        _exit_unless_verified(folder, checked.problems + problems)
         m = read_manifest(folder)
-        _echo_verified(folder, m, checked.notes)
+        _echo_verified(folder, m, checked.notes + notes)
         if here:
             _verify_here(folder, m, tuple(allow or ()), serving_python)
         _exit_unless_released(folder, m, allow_blocked)
+
+
+def _evidence_checked(m, evidence: Optional[list[Path]]) -> tuple[list[str], list[str]]:
+    """--evidence: the files given against the manifest's imported evidence (release/evidence_check.py)."""
+    if not evidence or m is None:
+        return [], []
+    from quantlab.release.evidence_check import check_evidence
+
+    return check_evidence(getattr(m, "evidence", None), evidence)
 
 
 def _check_verify_inputs(folder: Path, key_files: list[Optional[Path]], *, allow, here: bool) -> None:

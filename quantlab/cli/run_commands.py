@@ -255,7 +255,7 @@ def _run_one(recipe: Path, runs_dir: Path, resume: str | None, dry_run: bool, *,
             raise RecipeError(f"no earlier run of '{loaded.recipe.name}' under {runs_dir} to resume")
     elif resume:
         resume_path = Path(resume)
-    _run_with_summary(loaded, runs_dir, resume=resume_path, verbose=verbose, family=family, alone=alone)
+    run_with_summary(loaded, runs_dir, resume=resume_path, verbose=verbose, family=family, alone=alone)
 
 
 def _compare_with_summary(executor, files: list[Path], runs_dir: Path, *, verbose: bool, family=None,
@@ -296,10 +296,10 @@ def validate(
             _compare_with_summary(executor_for(None, None, runs_dir), [], runs_dir, verbose=verbose,
                                   checkpoints=named, judge_by=recipe)
             return
-        _run_with_summary(load_recipe(recipe), runs_dir, verbose=verbose, checkpoint=next(iter(named.values())))
+        run_with_summary(load_recipe(recipe), runs_dir, verbose=verbose, checkpoint=next(iter(named.values())))
 
 
-def _run_with_summary(loaded, runs_dir: Path, **kwargs) -> None:
+def run_with_summary(loaded, runs_dir: Path, **kwargs) -> None:
     """The pipeline, then the run's summary whatever its outcome, then the record's path."""
     from quantlab.pipeline.loop import run_pipeline
 

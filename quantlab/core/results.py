@@ -69,6 +69,28 @@ class CheckpointResult(_Result):
         return {name: f.sha256 for name, f in self.files.items() if name.endswith(".safetensors")}
 
 
+class EvidenceFile(_Result):
+    role: str = Field(description="baseline or candidate.")
+    kind: str = Field(description="lm-eval (a sample log or results file) or benchmark (a per-request result).")
+    source: str = Field(description="The file as the user named it.")
+    copied: str = Field(description="The copy judged, relative to the run directory.")
+    size: int
+    sha256: str
+
+
+class EvidenceResult(_Result):
+    """Evidence produced elsewhere (`quantlab decide`): every file copied into the run and
+    hashed as copied, so what the checks judged is what the manifest names."""
+
+    stage: Literal["evidence"] = "evidence"
+    imported: str = Field(description="What the evidence is and who produced it.")
+    files: list[EvidenceFile]
+    evals: dict[str, str] = Field(default_factory=dict, description="Per role: the lm-eval output the quality "
+                                  "check reads (a folder or a results file), relative to the run directory.")
+    bench: dict[str, list[str]] = Field(default_factory=dict, description="Per role: its benchmark files in the "
+                                        "order given (its repeats), relative to the run directory.")
+
+
 class CompatRecord(_Result):
     schemes: list[str] = Field(default_factory=list)
     errors: list[str] = Field(default_factory=list)
@@ -296,6 +318,6 @@ class ReleaseResult(_Result):
     gates: list[GateVerdict] = Field(default_factory=list)  # the release stage adds no gate of its own
 
 
-StageOutput = Annotated[Union[QuantizeResult, CheckpointResult, ServeResult, QualityResult, PerfResult,
+StageOutput = Annotated[Union[QuantizeResult, CheckpointResult, EvidenceResult, ServeResult, QualityResult, PerfResult,
                               StabilityResult, TargetsResult, ReleaseResult],
                         Field(discriminator="stage")]

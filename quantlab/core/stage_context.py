@@ -23,6 +23,7 @@ class StageContext(Protocol):
     progress: Progress
     verbose: bool
     import_from: Path | None  # quantlab validate: the existing checkpoint
+    evidence: Any  # core.evidence.Evidence: quantlab decide's imported files (None: a run that measures its own)
     will_run: set[str]  # the stages this invocation runs
     enabled_stages: set[str]  # the stages the recipe asks for
     comparison: dict[str, Any] | None  # several candidates: the choice

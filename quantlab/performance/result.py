@@ -44,7 +44,7 @@ def _memory(ctx: StageContext, role: str, monitors: list[dict[str, Any]]) -> dic
     }
 
 
-def _headline_cost(points: list[PerfPoint], role: str, price: float | None) -> dict[str, Any]:
+def headline_cost(points: list[PerfPoint], role: str, price: float | None) -> dict[str, Any]:
     """Cost per successful answer at the cheapest point that meets the SLOs (no errors,
     at least 99% of requests within every SLO)."""
     if price is None:
@@ -73,7 +73,7 @@ def result_of(ctx: StageContext, spec: PerformanceSpec, measured: "Measured", cl
         client=client,
         client_cpu_share=measured.cpu_s / measured.wall_s if measured.wall_s else 0.0,
         memory={role: _memory(ctx, role, [m for p in points for m in p.monitor.get(role, [])]) for role in ROLES},
-        cost={role: _headline_cost(points, role, spec.price_per_hour) for role in ROLES},
+        cost={role: headline_cost(points, role, spec.price_per_hour) for role in ROLES},
         gates=perf_gates.verdicts(points, spec.gates),
         plots=[],  # drawn by reports.stage_plots once the stage returns
         notes=notes,

@@ -23,6 +23,7 @@ from typing import Any
 
 from quantlab.core import checks as check_table
 from quantlab.core.engine_time import engine_seconds
+from quantlab.core.evidence import Evidence
 from quantlab.core.errors import QuantlabError, RecipeError
 from quantlab.core.progress import Progress
 from quantlab.core.run import AttemptTime, RunDir
@@ -47,9 +48,12 @@ class CandidateRun:
 
     def __init__(self, loaded: LoadedRecipe, run: RunDir, progress: Progress = print, *, verbose: bool = False,
                  checkpoint: Path | None = None, family: Family | None = None,
-                 stages: list[ModuleType] | None = None, shared_baseline: bool = False):
+                 stages: list[ModuleType] | None = None, shared_baseline: bool = False,
+                 evidence: Evidence | None = None):
         self.ctx = RunContext(loaded, run, progress, verbose=verbose, import_from=checkpoint, family=family,
-                              stages=stages if stages is not None else stages_for(checkpoint))
+                              stages=stages if stages is not None else stages_for(checkpoint,
+                                                                                 imported=evidence is not None),
+                              evidence=evidence)
         if not shared_baseline:
             self.ctx.needs_baseline = lambda: baseline_needed(self.ctx)
         self.todo: dict[str, str] = {}  # the stages this invocation runs, each with why

@@ -9,6 +9,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from quantlab.core.evidence import Evidence
 from quantlab.core.run import Artifact
 from quantlab.serving.session import EngineSession
 
@@ -23,6 +24,7 @@ class RunContext(EngineSession):
     stages: list[Any] = field(default_factory=list)  # this run's stage modules (pipeline/stages.py)
     artifacts: list[Artifact] = field(default_factory=list)  # the running stage's, collected by the pipeline
     comparison: dict[str, Any] | None = None  # several candidates: the choice, recorded in the manifest
+    evidence: Evidence | None = None  # quantlab decide: the files it imports instead of serving (core/evidence.py)
 
     def add_artifact(self, relative: str, role: str) -> None:
         self.artifacts.append(self.run.artifact(relative, role))

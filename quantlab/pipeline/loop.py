@@ -10,6 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from quantlab.core.errors import GateFailure
+from quantlab.core.evidence import Evidence
 from quantlab.core.progress import Progress
 from quantlab.core.run import RunDir
 from quantlab.core.verdicts import gate_id
@@ -24,17 +25,19 @@ from quantlab.release.decision import Decided, importance
 
 def run_pipeline(loaded: LoadedRecipe, runs_root: Path, *, resume: Path | None = None,
                  progress: Progress = print, verbose: bool = False, checkpoint: Path | None = None,
-                 family: Family | None = None, alone: bool = False) -> RunDir:
+                 family: Family | None = None, alone: bool = False, evidence: Evidence | None = None) -> RunDir:
     """Run (or resume) the pipeline; with `checkpoint`, validate that existing checkpoint
     instead of quantizing; `family`: judged as a member of a declared family
     (pipeline/families.py); `alone`: judged at the recipe's alpha, outside the stream of
-    decisions against its baseline (pipeline/streams.py), as the user asked. Any error raised
+    decisions against its baseline (pipeline/streams.py), as the user asked; `evidence`: decided
+    on files made elsewhere (quantlab decide: pipeline/stages.DECIDE_STAGES). Any error raised
     after the run folder exists carries it as `.run_dir`, so the caller can summarise the run
     whatever its outcome."""
     clock = start_clock()
     if checkpoint is not None:  # a missing folder or an outside link: refused before a run folder exists
         checkpoint_stage.check_source(checkpoint)
-    one = CandidateRun.open(loaded, runs_root, resume, progress, verbose=verbose, checkpoint=checkpoint, family=family)
+    one = CandidateRun.open(loaded, runs_root, resume, progress, verbose=verbose, checkpoint=checkpoint, family=family,
+                            evidence=evidence)
     try:
         return _run(one, clock, alone)
     except BaseException as err:

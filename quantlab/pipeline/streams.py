@@ -29,7 +29,7 @@ from quantlab.core import cache_secret
 from quantlab.core import checks as check_table
 from quantlab.core.digest import json_sha256
 from quantlab.core.errors import RecipeError
-from quantlab.core.fsutil import write_text_atomic
+from quantlab.core.fsutil import sha256_file, write_text_atomic
 from quantlab.core.layout import cache_dir
 from quantlab.recipe.stream import (CONTROLLED, DEFAULT_METHOD, METHOD, NO_STREAM, OFF, SHIPPED_GAMMAS, SHIPPED_W0,
                                     TOLERANCE, StreamDecision, next_share)
@@ -50,6 +50,8 @@ def stream_parts(ctx: Any) -> dict[str, Any] | None:
     """What makes two runs' decisions one stream (None: no quality check, nothing shared)."""
     if ctx.recipe.quality is None:
         return None
+    if getattr(ctx, "evidence", None) is not None:
+        return imported_parts(ctx)
     from quantlab.quality.work import cache_parts, suites_of
 
     ready = getattr(ctx, "_plan", None) is not None or (ctx.checkpoint_dir / "config.json").is_file()
@@ -57,6 +59,20 @@ def stream_parts(ctx: Any) -> dict[str, Any] | None:
     for per_task in ("tasks", "code_sandbox"):  # every task of the suites judged against the same answers
         parts.pop(per_task, None)
     return parts
+
+
+def imported_parts(ctx: Any) -> dict[str, Any] | None:
+    """quantlab decide's stream: the decisions judged against the same imported baseline answers
+    (its lm-eval files, by digest) under the same suites and seed (None: no quality evidence)."""
+    from quantlab.quality.work import suites_of
+    from quantlab.release.evidence_stage import eval_files
+
+    given = ctx.evidence.evals.get("baseline")
+    if given is None:
+        return None
+    files, _ = eval_files(given, "baseline")
+    return {"imported_baseline": sorted(sha256_file(p) for _, p in files),
+            "suites": {s.name: s.sha256 for s in suites_of(ctx)}, "seed": ctx.recipe.quality.seed, "format": 1}
 
 
 def _body(key: str, doc: dict[str, Any]) -> dict[str, Any]:

@@ -96,6 +96,7 @@ def predicate_of(manifest: Any, *, manifest_sha256: str, model_signing_subject: 
         hardware=m.hardware,
         kernels=_kernels(m.runtime or {}),
         environments=getattr(m, "environments", None),
+        evidence=getattr(m, "evidence", None),
         gates=[_gate(v) for v in m.gates],
         error_budget=m.error_budget,
         decision=Decision(decision=d.decision, why=d.why, failed_gates=d.failed_gates,

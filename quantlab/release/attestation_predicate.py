@@ -104,6 +104,9 @@ class Predicate(_P):
                                     "the linear kernels per layer type, attention backend and KV-cache dtype.")
     environments: dict[str, Any] | None = Field(None, description="The software bill of materials of each "
                                                 "environment (file, sha256) and its known vulnerabilities.")
+    evidence: dict[str, Any] | None = Field(None, description="Imported evidence (quantlab decide): its files with "
+                                            "sha256, by role and kind, and who produced them; null: quantlab "
+                                            "produced the evidence itself by serving both models.")
     gates: list[Gate]
     error_budget: dict[str, Any] | None = Field(description="How the run's error rates were spent.")
     decision: Decision

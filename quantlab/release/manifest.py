@@ -89,6 +89,10 @@ class Manifest(_M):
                                                 "the environment's lock, and its known vulnerabilities or why they "
                                                 "were not checked (release/environments.py); a serving environment "
                                                 "quantlab cannot see says so; None: a manifest from before SBOMs.")
+    evidence: dict[str, Any] | None = Field(None, description="quantlab decide: the evidence was imported, not "
+                                            "produced by quantlab: who produced it, every file judged (role, kind, "
+                                            "the name given, its copy in the run, size, sha256) and how the "
+                                            "checkpoint is tied to it; None: quantlab served both models itself.")
 
 
 def policy_of_manifest(manifest: Manifest) -> DecisionPolicy:

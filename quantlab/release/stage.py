@@ -45,6 +45,7 @@ from quantlab.release.attestation import planned, write_attestation
 from quantlab.release.signing_key import signing_args, signing_key
 from quantlab.core.results import (
     CheckpointResult,
+    EvidenceResult,
     QuantizeResult,
     ReleaseResult,
     ServeResult,
@@ -225,12 +226,26 @@ def build_manifest(ctx: StageContext, results: dict[str, Any], verdicts, decisio
         decision=decision,
         targets=targets or {},
         comparison=ctx.comparison,
+        evidence=imported_evidence(results.get("evidence"), results.get("checkpoint")),
         error_budget=ledger(verdicts, rule_version=decision.rule_version or 1, family=ctx.family,
                             judged_on_these_items=getattr(results.get("quality"), "judged_on_these_items", None),
                             warned=decision.warned_gates if decision.decision == "release" else (),
                             stream=_stream_of(ctx), stream_alpha=recipe_alpha(ctx.loaded.recipe),
                             **{c.name: check_table.section_of(ctx.recipe, c) for c in check_table.CHECKS}),
     )
+
+
+CHECKPOINT_TIE = ("the checkpoint was given by the user (quantlab decide --checkpoint), copied in and hashed here; "
+                  "that the imported evidence was produced by serving these files is the user's statement, not "
+                  "checked by quantlab")
+
+
+def imported_evidence(evidence: Any, checkpoint: Any) -> dict[str, Any] | None:
+    """The manifest's record of evidence made elsewhere (None: quantlab produced it)."""
+    if not isinstance(evidence, EvidenceResult):
+        return None
+    return {"imported": evidence.imported, "files": [f.model_dump(mode="json") for f in evidence.files],
+            "checkpoint": CHECKPOINT_TIE if isinstance(checkpoint, CheckpointResult) else None}
 
 
 def _stream_of(ctx: StageContext) -> StreamDecision | None:

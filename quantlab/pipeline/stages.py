@@ -1,7 +1,8 @@
 """A run's stages, in order, and which of them an invocation runs (its todo) and why.
 
 A new stage goes in STAGES (and in VALIDATE_STAGES, the same list with the checkpoint
-stage in place of quantize): the single run, the dry run, a comparison's members and a
+stage in place of quantize; a check that can judge imported evidence has an imported stage
+in DECIDE_STAGES): the single run, the dry run, a comparison's members and a
 Ray task all read these lists as they are (pipeline/candidate_run.py).
 
 Resume: a stage is redone when it has no `ok` record, when the hash of its inputs
@@ -20,10 +21,13 @@ from quantlab.core.digest import inputs_hash
 from quantlab.core.errors import RecipeError
 from quantlab.core.stage_context import stage_hook
 from quantlab.pipeline.context import RunContext
+from quantlab.performance import imported_stage as imported_perf_stage
 from quantlab.performance import stage as perf_stage
+from quantlab.quality import imported_stage as imported_quality_stage
 from quantlab.quality import stage as quality_stage
 from quantlab.quantize import checkpoint_stage
 from quantlab.quantize import stage as quantize_stage
+from quantlab.release import evidence_stage
 from quantlab.release import stage as release_stage
 from quantlab.serving import stage as serve_stage
 from quantlab.stability import stage as stability_stage
@@ -34,11 +38,19 @@ STAGES: list[ModuleType] = [quantize_stage, serve_stage, quality_stage, perf_sta
 # quantlab validate: an existing checkpoint instead of quantizing
 VALIDATE_STAGES: list[ModuleType] = [checkpoint_stage, serve_stage, quality_stage, perf_stage, stability_stage,
                                      targets_stage, release_stage]
+# quantlab decide: evidence made elsewhere (lm-eval logs, benchmark files) judged by the same checks'
+# gates; the checkpoint taken in (and the release signed) only when the user names it
+DECIDE_STAGES: list[ModuleType] = [checkpoint_stage, evidence_stage, imported_quality_stage, imported_perf_stage,
+                                   release_stage]
+DECIDE_UNSIGNED_STAGES: list[ModuleType] = [evidence_stage, imported_quality_stage, imported_perf_stage, release_stage]
 CHECKPOINT_STAGES = (quantize_stage.NAME, checkpoint_stage.NAME)  # where the candidate's files are recorded
 
 
-def stages_for(checkpoint: Path | None) -> list[ModuleType]:
-    """The stages of a run that quantizes, or that validates an existing checkpoint."""
+def stages_for(checkpoint: Path | None, *, imported: bool = False) -> list[ModuleType]:
+    """The stages of a run that quantizes, that validates an existing checkpoint, or that decides
+    on imported evidence (`imported`: signed only with a checkpoint)."""
+    if imported:
+        return DECIDE_STAGES if checkpoint is not None else DECIDE_UNSIGNED_STAGES
     return VALIDATE_STAGES if checkpoint is not None else STAGES
 
 

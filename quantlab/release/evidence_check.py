@@ -33,7 +33,8 @@ def check_evidence(evidence: dict[str, Any] | None, paths: list[Path]) -> tuple[
     if not evidence:
         return ["--evidence: this release was not decided on imported evidence (its manifest records none): "
                 "quantlab produced its evidence by serving both models"], []
-    recorded = {f["sha256"]: f for f in evidence.get("files") or []}
+    files = evidence.get("files") or []
+    recorded = {f["sha256"]: f for f in files}
     problems, matched = [], set()
     for f in given_files(paths):
         if not f.is_file():
@@ -43,10 +44,11 @@ def check_evidence(evidence: dict[str, Any] | None, paths: list[Path]) -> tuple[
         if digest in recorded:
             matched.add(digest)
         else:
-            problems.append(f"--evidence {f}: sha256 {digest[:16]}... is none of the {len(recorded)} files the "
+            problems.append(f"--evidence {f}: sha256 {digest[:16]}... is none of the {len(files)} files the "
                             "decision was made on (changed since, or another run's)")
-    unmatched = [r for d, r in recorded.items() if d not in matched]
-    notes = [f"evidence: {len(matched)} of the {len(recorded)} recorded file(s) given and matched"]
+    unmatched = [r for r in files if r["sha256"] not in matched]
+    notes = [f"evidence: {len(files) - len(unmatched)} of the {len(files)} recorded file(s) matched by the files "
+             "given"]
     if unmatched:
         notes.append("not given: " + ", ".join(f"{r['role']} {r['kind']} {Path(r['source']).name}"
                                                for r in unmatched[:5]) + (" ..." if len(unmatched) > 5 else ""))

@@ -58,6 +58,7 @@ def inputs(ctx: StageContext) -> dict[str, Any]:
 
 def preflight(ctx: StageContext) -> None:
     ev = _evidence(ctx)
+    check_sections(ctx, ev)
     for role, given in ev.evals.items():
         eval_files(given, role)
     for role, files in ev.bench.items():
@@ -65,6 +66,28 @@ def preflight(ctx: StageContext) -> None:
             if p.is_symlink() or not p.is_file():
                 raise RecipeError(f"{p} is not a plain file: give the benchmark's result file itself",
                                   file=str(p), field=OPTION[BENCH].format(role=role))
+
+
+def check_sections(ctx: StageContext, ev: Evidence) -> None:
+    """Every check the recipe asks for is judged, or the decision is refused: a check that needs
+    a served model (stability, the serve targets) cannot be judged on imported files, and one
+    whose evidence was not given would be dropped silently."""
+    r, path = ctx.recipe, str(ctx.loaded.path)
+    served = [(field, name) for field, name, on in (("stability", "stability", r.stability is not None),
+                                                   ("serve.targets", "the serve targets", bool(r.serve.targets)))
+              if on]
+    if served:
+        field, name = served[0]
+        raise RecipeError(f"the recipe asks for {name}, which needs a model quantlab serves: imported files cannot "
+                          f"show it. Remove `{field}` for `quantlab decide` (the decision is then made without it, "
+                          "as the manifest's gates show), or run `quantlab validate` where both models can be "
+                          "served", file=path, field=field)
+    for section, kind, given in (("quality", EVALS, ev.evals), ("performance", BENCH, ev.bench)):
+        if getattr(r, section) is not None and not given:
+            raise RecipeError(f"the recipe has a {section} section but no {kind} evidence was given: its gates would "
+                              f"be dropped. Give {OPTION[kind].format(role='baseline')} and "
+                              f"{OPTION[kind].format(role='candidate')}, or remove `{section}` from the recipe",
+                              file=path, field=section)
 
 
 def run(ctx: StageContext) -> EvidenceResult:

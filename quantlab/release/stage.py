@@ -89,6 +89,8 @@ def decide_run(ctx: StageContext, *, fallback: str = "") -> Decided:
 
 def run(ctx: StageContext) -> ReleaseResult:
     ctx.close_engines()  # the checks are done; logs are final from here on
+    if getattr(ctx, "evidence", None) is not None and ctx.import_from is None:
+        return _decision_only(ctx)
     evaluated = checked_checkpoint(ctx)  # before anything is written: refused here if the folder changed
     try:
         return _release(ctx, evaluated)
@@ -139,7 +141,7 @@ def _make_room(folder: Path) -> None:
 def _release(ctx: StageContext, evaluated: dict[str, dict[str, Any]]) -> ReleaseResult:
     results = check_results(ctx)
     verdicts = all_verdicts(results)
-    decided = decide_run(ctx, fallback=_fallback(ctx, ctx.baseline_model()))
+    decided = decide_run(ctx, fallback=_fallback(ctx, _resolved_baseline(ctx)[0]))
     decision, targets = decided.record, decided.targets
     if targets:
         ctx.progress(f"release: {targets_line(targets)}")
@@ -182,6 +184,29 @@ def _release(ctx: StageContext, evaluated: dict[str, dict[str, Any]]) -> Release
                          local_development_key=local_key, attestation=attestation, gates=[])
 
 
+UNSIGNED = ("nothing signed: the decision was made on imported evidence without a checkpoint (quantlab decide "
+            "--checkpoint DIR hashes one and signs the release over it)")
+
+
+def _decision_only(ctx: StageContext) -> ReleaseResult:
+    """quantlab decide without a checkpoint: the decision, its ledger and the evidence's digests
+    in an unsigned manifest beside the run record; no folder is signed, since none was named."""
+    results = check_results(ctx)
+    verdicts = all_verdicts(results)
+    decided = decide_run(ctx, fallback=_fallback(ctx, _resolved_baseline(ctx)[0]))
+    decision = decided.record
+    manifest = build_manifest(ctx, results, verdicts, decision, decided.targets).model_copy(
+        update={"checkpoint_files": {}})
+    write_json_atomic(ctx.run.path / MANIFEST_FILE, manifest.model_dump(mode="json"))
+    ctx.add_artifact(MANIFEST_FILE, "manifest")
+    ctx.progress(f"release: {UNSIGNED}")
+    return ReleaseResult(decision=decision.decision, why=f"{decision.why}; {UNSIGNED}", fallback=decision.fallback,
+                         failed_gates=decision.failed_gates, not_shown_gates=decision.not_shown_gates,
+                         not_shown_policy=decision.not_shown_policy, rule_version=decision.rule_version,
+                         error_budget=manifest.error_budget, targets={}, manifest=MANIFEST_FILE, signed=False,
+                         signing_method="none", gates=[])
+
+
 def released_files(folder: Path, evaluated: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
     """What the manifest lists: the evaluated files as checked against their record, and the
     files this release added (registration, SBOMs), hashed now."""
@@ -194,13 +219,35 @@ def _fallback(ctx: StageContext, baseline) -> str:
     named = ctx.recipe.stability.fallback if ctx.recipe.stability else "baseline"
     if named != "baseline":
         return f"the previously released checkpoint {named} (stability.fallback)"
-    return f"the baseline: {ctx.recipe.model.source} ({baseline.path.name}), unquantized"
+    where = f" ({baseline.path.name})" if baseline is not None else ""
+    return f"the baseline: {ctx.recipe.model.source}{where}, unquantized"
+
+
+def _resolved_baseline(ctx: StageContext) -> tuple[Any, str | None]:
+    """(the baseline model, None), or (None, why) for a decision on imported evidence whose
+    baseline this machine does not hold (a hub id offline, a cluster's path)."""
+    try:
+        return ctx.baseline_model(), None
+    except RecipeError as err:
+        if getattr(ctx, "evidence", None) is None:
+            raise
+        return None, str(err)
+
+
+def _model_record(ctx: StageContext) -> dict[str, Any]:
+    """The unquantized source as the manifest records it; one not held here recorded as named,
+    its files unknown, rather than guessed."""
+    baseline, why = _resolved_baseline(ctx)
+    if baseline is None:
+        return {"kind": "named", "source": ctx.recipe.model.source, "provenance": {}, "files": None,
+                "note": f"not resolved on the machine that decided: {why}"}
+    return {"kind": baseline.kind, "source": baseline.source, "provenance": _without_files(baseline.provenance),
+            "files": _model_files(baseline)}
 
 
 def build_manifest(ctx: StageContext, results: dict[str, Any], verdicts, decision, targets=None) -> Manifest:
     record = ctx.run.record
     q = results.get("quantize")
-    baseline = ctx.baseline_model()
     runtime, hardware = _runtime_and_hardware(results.get("serve"))
     extra = results.get("targets")
     if isinstance(extra, TargetsResult):
@@ -213,8 +260,7 @@ def build_manifest(ctx: StageContext, results: dict[str, Any], verdicts, decisio
              "stages": {n: {"status": r.status, "started_at": r.started_at, "finished_at": r.finished_at,
                             "duration_s": r.duration_s} for n, r in record.stages.items() if n != NAME}},
         recipe={"name": record.recipe_name, "sha256": record.recipe_sha256, "content": record.recipe},
-        model={"kind": baseline.kind, "source": baseline.source, "provenance": _without_files(baseline.provenance),
-               "files": _model_files(baseline)},
+        model=_model_record(ctx),
         calibration=q.calibration if isinstance(q, QuantizeResult) else None,
         quantization=_quantization(q, results.get("checkpoint")),
         checkpoint_files={},  # the release sets it: the evaluated files and its own (released_files)

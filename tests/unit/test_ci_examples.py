@@ -21,6 +21,7 @@ REPO = Path(__file__).resolve().parents[2]
 CI = REPO / "docs" / "ci"
 PR = CI / "github-actions-pr-gate.yml"
 RELEASE = CI / "github-actions-release.yml"
+GPU_DECIDE = CI / "github-actions-gpu-decide.yml"
 
 
 def workflow(path: Path) -> dict:
@@ -37,11 +38,19 @@ def steps(data: dict) -> list[tuple[str, dict]]:
     return [(name, step) for name, job in data["jobs"].items() for step in job.get("steps", [])]
 
 
-def test_the_ci_folder_holds_the_two_workflows():
-    assert sorted(p.name for p in CI.glob("*.yml")) == [PR.name, RELEASE.name]
+def test_the_ci_folder_holds_the_three_workflows():
+    assert sorted(p.name for p in CI.glob("*.yml")) == sorted([GPU_DECIDE.name, PR.name, RELEASE.name])
 
 
-@pytest.mark.parametrize("path", [PR, RELEASE], ids=lambda p: p.name)
+def test_the_gpu_decide_workflow_signs_nothing_and_runs_no_pull_request():
+    code, data = uncommented(GPU_DECIDE), workflow(GPU_DECIDE)
+    assert set(data["on"]) == {"workflow_dispatch"}  # a persistent GPU runner: never a pull request's code
+    assert data["permissions"] == {"contents": "read"}
+    assert "secrets." not in code and "id-token" not in code and "--checkpoint" not in code
+    assert " decide " in code and " verify " not in code
+
+
+@pytest.mark.parametrize("path", [PR, RELEASE, GPU_DECIDE], ids=lambda p: p.name)
 def test_every_quantlab_command_line_parses(path):
     lines = [line for _, step in steps(workflow(path)) for line in str(step.get("run", "")).splitlines()]
     commands = command_lines(lines, 1)

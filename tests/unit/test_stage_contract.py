@@ -1,4 +1,4 @@
-"""Every stage of STAGES and VALIDATE_STAGES keeps the stage contract
+"""Every stage of STAGES, VALIDATE_STAGES and DECIDE_STAGES keeps the stage contract
 (core/stage_context.StageModule): its required names with the right arity, and its
 optional hooks only those declared (OPTIONAL_HOOKS), each a function of its own, so the
 run loop and the dry run find a hook by what the stage defines, never by a name it imports."""
@@ -11,9 +11,9 @@ from types import ModuleType
 import pytest
 
 from quantlab.core.stage_context import OPTIONAL_HOOKS, REQUIRED, stage_hook
-from quantlab.pipeline.stages import STAGES, VALIDATE_STAGES
+from quantlab.pipeline.stages import DECIDE_STAGES, STAGES, VALIDATE_STAGES
 
-ALL = list(dict.fromkeys([*STAGES, *VALIDATE_STAGES]))
+ALL = list(dict.fromkeys([*STAGES, *VALIDATE_STAGES, *DECIDE_STAGES]))
 
 
 @pytest.mark.parametrize("stage", ALL, ids=lambda s: s.NAME)
@@ -38,7 +38,7 @@ def test_a_name_a_stage_imports_is_not_its_hook(stage):
 
 
 def test_the_stages_offer_the_hooks_the_dry_run_shows():
-    by_name = {s.NAME: s for s in ALL}
+    by_name = {s.NAME: s for s in [*STAGES, *VALIDATE_STAGES]}  # decide has no dry run: its stages plan nothing
     assert stage_hook(by_name["quality"], "plan") is not None and stage_hook(by_name["performance"], "plan")
     assert stage_hook(by_name["serve"], "plan") and stage_hook(by_name["quantize"], "reuses")
     assert stage_hook(by_name["release"], "enabled") is None  # the release always runs

@@ -25,12 +25,28 @@ def _lm_eval_folder(root: Path, stamp: str = "2026-12-01T10-00-00.000001") -> Pa
     return root
 
 
-def _ctx(tmp_path: Path, evidence: Evidence) -> SimpleNamespace:
+def _ctx(tmp_path: Path, evidence: Evidence, **sections) -> SimpleNamespace:
     run = SimpleNamespace(path=tmp_path / "run")
     run.path.mkdir()
     artifacts: list[tuple[str, str]] = []
+    recipe = SimpleNamespace(**{"stability": None, "serve": SimpleNamespace(targets=[]), "quality": None,
+                                "performance": None, **sections})
     return SimpleNamespace(run=run, evidence=evidence, progress=lambda m: None, artifacts=artifacts,
-                           add_artifact=lambda rel, role: artifacts.append((rel, role)))
+                           add_artifact=lambda rel, role: artifacts.append((rel, role)), recipe=recipe,
+                           loaded=SimpleNamespace(path=tmp_path / "recipe.yaml"))
+
+
+@pytest.mark.parametrize("sections, field", [
+    ({"stability": object()}, "stability"),
+    ({"serve": SimpleNamespace(targets=["cpu-avx2"])}, "serve.targets"),
+    ({"performance": object()}, "performance"),  # a check whose evidence was not given: never dropped silently
+])
+def test_a_check_imported_files_cannot_judge_is_refused(tmp_path, sections, field):
+    base, cand = _lm_eval_folder(tmp_path / "b"), _lm_eval_folder(tmp_path / "c")
+    ctx = _ctx(tmp_path, Evidence.given(baseline_evals=base, candidate_evals=cand), quality=object(), **sections)
+    with pytest.raises(RecipeError) as err:
+        evidence_stage.preflight(ctx)
+    assert err.value.field == field and err.value.file == str(tmp_path / "recipe.yaml")
 
 
 def test_both_roles_of_a_kind_are_needed(tmp_path):
@@ -96,7 +112,7 @@ def test_verify_evidence_matches_files_by_digest(tmp_path):
         {"role": "candidate", "kind": "benchmark", "source": "/elsewhere/c1.json", "copied": "evidence/c/1-c1.json",
          "size": 2, "sha256": "0" * 64}]}
     problems, notes = check_evidence(record, [good])
-    assert problems == [] and "1 of the 2" in notes[0] and "candidate benchmark c1.json" in notes[1]
+    assert problems == [] and "1 of the 2 recorded" in notes[0] and "candidate benchmark c1.json" in notes[1]
     problems, _ = check_evidence(record, [other])
     assert len(problems) == 1 and "none of the 2 files" in problems[0]
     problems, _ = check_evidence(None, [good])

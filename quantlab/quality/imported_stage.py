@@ -1,0 +1,125 @@
+"""Quality on imported evidence (`quantlab decide`): the baseline's and the candidate's lm-eval
+sample logs, written by lm-eval on the user's own machines (`--log_samples`), read from the
+run's copies (release/evidence_stage.py), refused where they cannot be paired, put in quantlab's
+own sample form and judged exactly as the quality stage judges what it evaluated
+(quality/judging.py): the same pairing, intervals, pooling and gates.
+
+What a served run has and a log does not: next-token KL (the logs hold no distributions) and the
+user's own traffic (quantlab generates and scores it). A recipe gating either is refused before
+any work, as is `samples: auto` (the logs hold what they hold)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from quantlab.core.errors import CheckError, RecipeError
+from quantlab.core.evidence import EVALS, OPTION
+from quantlab.core.layout import QUALITY_DIR
+from quantlab.core.results import EvidenceResult, QualityResult
+from quantlab.core.roles import BASELINE, CANDIDATE
+from quantlab.core.stage_context import StageContext
+from quantlab.quality.judging import judge, sample_artifacts, write_flips
+from quantlab.quality.lmeval_logs import EvalLog, check_pairable, read_eval_log, write_quantlab_form
+from quantlab.quality.work import runnable, suites_of
+from quantlab.recipe.quality import QualitySpec
+
+NAME = "quality"
+IMPORTED_NOTE = ("judged on imported lm-eval sample logs (quantlab decide): both models were evaluated outside "
+                 "quantlab; their answers were paired here sample by sample")
+
+
+def enabled(ctx: StageContext) -> bool:
+    return ctx.recipe.quality is not None and bool(getattr(ctx, "evidence", None) and ctx.evidence.evals)
+
+
+def _tasks(ctx: StageContext) -> tuple[list[tuple[Any, Any]], list[str]]:
+    work, _ = runnable(suites_of(ctx), None)  # no served length: every task the recipe names is judged
+    return work, [t.task for _, t in work]
+
+
+def inputs(ctx: StageContext) -> dict[str, Any]:
+    return {"quality": ctx.recipe.quality.model_dump(mode="json"), "suites": [s.sha256 for s in suites_of(ctx)]}
+
+
+def preflight(ctx: StageContext) -> None:
+    spec: QualitySpec = ctx.recipe.quality
+    path = str(ctx.loaded.path)
+    if spec.kl.max_mean_kl is not None or spec.kl.min_same_top_rate is not None:
+        raise RecipeError("quality.kl gates need next-token distributions from both served models; lm-eval's sample "
+                          "logs hold none. Remove quality.kl.max_mean_kl and min_same_top_rate for `quantlab decide`, "
+                          "or run `quantlab run` / `validate`, which serve both", file=path, field="quality.kl")
+    if spec.traffic:
+        raise RecipeError("quality.traffic replays your own prompts through both served models and scores them in "
+                          "quantlab; imported lm-eval logs cannot carry it. Remove quality.traffic for `quantlab "
+                          "decide`", file=path, field="quality.traffic")
+    if spec.samples == "auto":
+        raise RecipeError("quality.samples: auto evaluates look by look until decided; imported logs hold the "
+                          "samples they hold. Set quality.samples: all for `quantlab decide`", file=path,
+                          field="quality.samples")
+    try:
+        _, tasks = _tasks(ctx)
+    except RecipeError as err:
+        raise RecipeError(str(err), file=err.file or path, field=err.field) from None
+    logs = {role: read_eval_log(Path(p), tasks) for role, p in ctx.evidence.evals.items()}
+    check_pairable(logs[BASELINE], logs[CANDIDATE], tasks)
+    check_baseline_model(ctx, logs[BASELINE])
+
+
+def baseline_names(ctx: StageContext) -> set[str]:
+    """What the baseline may be called in its log: the recipe's model source (or its last path
+    part), or the name it was served under (serve.served_model_name)."""
+    source = str(ctx.recipe.model.source)
+    names = {source, source.rstrip("/").rsplit("/", 1)[-1]}
+    served = ctx.recipe.serve.served_model_name
+    return names | ({served} if served else set())
+
+
+def check_baseline_model(ctx: StageContext, log: EvalLog) -> None:
+    """A baseline log of another model judges the candidate against the wrong answers: refused
+    when the log names a model the recipe does not (a log naming none is taken as it is, said
+    in the record)."""
+    named = log.model_name
+    if named is None:
+        return
+    known = baseline_names(ctx)
+    if named not in known and named.rstrip("/").rsplit("/", 1)[-1] not in known:
+        raise RecipeError(f"{log.results_file}: the baseline's lm-eval run names its model '{named}', but the recipe's "
+                          f"baseline is {ctx.recipe.model.source} (served as "
+                          f"{ctx.recipe.serve.served_model_name or 'its source'}): these answers are another "
+                          "model's. Give the baseline's own lm-eval output, or set model.source (or "
+                          "serve.served_model_name) to the model it evaluated", file=str(log.results_file),
+                          field="config.model_args")
+
+
+def run(ctx: StageContext) -> QualityResult:
+    spec: QualitySpec = ctx.recipe.quality
+    suites = suites_of(ctx)
+    work, tasks = _tasks(ctx)
+    evidence = ctx.run.record.result("evidence")
+    if not isinstance(evidence, EvidenceResult) or set(evidence.evals) != {BASELINE, CANDIDATE}:
+        raise CheckError("no imported lm-eval output in this run's evidence: run it from its first stage")
+    logs = {role: read_eval_log(ctx.run.path / evidence.evals[role], tasks) for role in (BASELINE, CANDIDATE)}
+    check_pairable(logs[BASELINE], logs[CANDIDATE], tasks)  # the copies, as judged
+    out = ctx.run.path / QUALITY_DIR
+    base_dir, cand_dir = out / BASELINE, out / CANDIDATE
+    for role, folder in ((BASELINE, base_dir), (CANDIDATE, cand_dir)):
+        write_quantlab_form(logs[role], folder, tasks)
+    judged = judge(spec, work, [], base_dir, cand_dir)
+    write_flips(out / "flips.jsonl", judged.flips)
+    ctx.add_artifact(f"{QUALITY_DIR}/flips.jsonl", "quality-flips")
+    raw = sample_artifacts(ctx, base_dir, cand_dir)
+    return QualityResult(
+        tasks=judged.comparisons, slices=judged.slice_comparisons, kl=None, baseline_cached=False,
+        skipped=[], seconds={}, lm_eval_version=judged.lm_eval_version,
+        suites=[{"name": s.name, "folder": str(s.folder) if s.folder else None, "sha256": s.sha256} for s in suites],
+        raw_files=raw, flips_file=f"{QUALITY_DIR}/flips.jsonl", plots=[], gates=judged.gates,
+        notes=[IMPORTED_NOTE] + [_said(role, logs[role]) for role in (BASELINE, CANDIDATE)],
+        traffic=judged.traffic, code_sandbox=None)
+
+
+def _said(role: str, log: EvalLog) -> str:
+    """What the role's log says it was: model, lm-eval version, seeds (unknown where it does not say)."""
+    seeds = ", ".join(f"{k} {v}" for k, v in sorted(log.seeds.items())) or "not recorded"
+    return (f"{role}: lm-eval {log.lm_eval_version or 'version unknown'}, model {log.model_name or 'unknown'}, "
+            f"seeds {seeds}, {OPTION[EVALS].format(role=role)} {log.results_file.name}")

@@ -103,6 +103,7 @@ def expected_but_missing(facts: dict[str, Any], *, quantized: bool, kv_cache_qua
 STARTUP_PHASES = (
     ("Initializing a V1 LLM engine", "initializing the engine"),
     ("Starting to load model", "loading weights"),
+    ("Loading model from scratch", "loading weights"),  # vLLM 0.33's CUDA model runner (V2, its default)
     ("Warming up model for the compilation", "compiling and warming up"),
     ("torch.compile", "compiling"),
     ("Compiling a graph", "compiling"),

@@ -256,8 +256,10 @@ def _cuda_rules(report: CompatReport, probe: dict[str, Any]) -> None:
             if cc_int >= 75:
                 report.warnings.append(
                     f"{name} (compute capability {cc[0]}.{cc[1]}) has no FP8 tensor cores: vLLM falls back "
-                    "to weight-only FP8 (Marlin). Memory shrinks, compute does not speed up, and the "
-                    "serve.kernel_path gate fails unless serve.allow_kernels names MarlinFP8ScaledMMLinearKernel")
+                    "to weight-only FP8 (Humming in vLLM 0.33's CUDA build, which logs no kernel line, so the "
+                    "serve.kernel_path gate cannot decide; Marlin where Humming is missing, which the gate fails "
+                    "unless serve.allow_kernels names MarlinFP8ScaledMMLinearKernel). Memory shrinks, compute "
+                    "does not speed up")
             else:
                 report.errors.append(f"{scheme} needs compute capability 7.5+ even as weight-only fallback")
         elif scheme.startswith("unknown"):

@@ -89,6 +89,8 @@ class EvidenceResult(_Result):
                                   "check reads (a folder or a results file), relative to the run directory.")
     bench: dict[str, list[str]] = Field(default_factory=dict, description="Per role: its benchmark files in the "
                                         "order given (its repeats), relative to the run directory.")
+    facts: dict[str, Any] = Field(default_factory=dict, description="Per role and kind, what the files say of how "
+                                  "they were made (model, versions, seeds, hardware; None where a file does not say).")
 
 
 class CompatRecord(_Result):

@@ -16,6 +16,7 @@ from typing import Any
 
 from quantlab.core.errors import CheckError, RecipeError
 from quantlab.core.evidence import BENCH, OPTION
+from quantlab.core.layout import PERF_DIR
 from quantlab.core.results import EvidenceResult, PerfResult
 from quantlab.core.roles import BASELINE, CANDIDATE, ROLES
 from quantlab.core.stage_context import StageContext
@@ -27,6 +28,8 @@ from quantlab.performance.result import Measured, headline_cost, load_points, po
 from quantlab.recipe.performance import PerformanceSpec
 
 NAME = "performance"
+MEMORY_KEYS = ("checkpoint_bytes_on_disk", "kv_cache_tokens", "kv_cache_dtype", "peak_bytes", "device_memory_bytes",
+               "headroom_bytes")
 NOT_INTERLEAVED = ("imported benchmark files: quantlab did not interleave the roles' repeats, so a drift of the "
                    "host between the baseline's and the candidate's sessions is inside the ratio; no calibrated host "
                    "noise is pooled (the files were measured elsewhere), so each interval rests on the files' own "
@@ -56,6 +59,8 @@ def placed(ctx: StageContext, runs: dict[str, list[BenchRun]]) -> dict[tuple[str
         for point, _, _ in load_points(w):
             where.setdefault(point, []).append(w.name)
     recipe_file = str(ctx.loaded.path)
+    served = ctx.recipe.serve.served_model_name
+    baseline_names = {str(ctx.recipe.model.source)} | ({served} if served else set())
     out: dict[tuple[str, str], dict[str, list[BenchRun]]] = {}
     for role in ROLES:
         for run in runs.get(role, []):
@@ -80,7 +85,46 @@ def placed(ctx: StageContext, runs: dict[str, list[BenchRun]]) -> dict[tuple[str
                               "the gates pair the roles' repeats, so each role needs the same number, at least 2 "
                               "(each repeat a separate benchmark run, alternating the roles if you can)",
                               file=recipe_file, field="--candidate-bench")
+        comparable(f"{w}/{p}", by_role, baseline_names)
     return out
+
+
+PROMPT_TOLERANCE = 0.10  # the roles' mean prompt lengths at a point may differ this much (same dataset, seed)
+
+
+def comparable(where: str, by_role: dict[str, list[BenchRun]], baseline_names: set[str]) -> None:
+    """The roles' files at one point measure the same load: one tool, the same number of requests
+    a repeat, prompts of the same length, and the baseline's files name the baseline. A ratio of
+    two tools, or of two workloads, shows neither model's speed."""
+    runs = [r for role in ROLES for r in by_role[role]]
+    tools = sorted({r.tool for r in runs})
+    if len(tools) > 1:
+        _refuse(runs[-1], f"{where} was measured by {' and '.join(tools)}: tools time requests differently, so a ratio "
+                "across them measures the tools. Measure both roles with one tool")
+    for b, c in zip(by_role[BASELINE], by_role[CANDIDATE], strict=True):
+        if len(b.records) != len(c.records):
+            _refuse(c, f"{where}: this candidate repeat sent {len(c.records)} requests, its baseline repeat "
+                    f"({b.file.name}) {len(b.records)}: give both roles the same --num-prompts")
+    means = {role: _mean_prompt(by_role[role]) for role in ROLES}
+    if all(means.values()) and abs(means[CANDIDATE] / means[BASELINE] - 1) > PROMPT_TOLERANCE:
+        _refuse(by_role[CANDIDATE][0], f"{where}: the candidate's prompts average {means[CANDIDATE]:.0f} tokens, the "
+                f"baseline's {means[BASELINE]:.0f}: another workload. Give both roles the same dataset, lengths "
+                "and seed")
+    for run in by_role[BASELINE]:
+        model = run.facts.get("model")
+        if model is not None and model not in baseline_names:
+            _refuse(run, f"{where}: this baseline benchmark names its model '{model}', the recipe's baseline is "
+                    f"{' or '.join(sorted(baseline_names))}: another model's. Give the baseline's own files, or set "
+                    "model.source (or serve.served_model_name) to the model it measured", role=BASELINE)
+
+
+def _mean_prompt(runs: list[BenchRun]) -> float | None:
+    tokens = [r.prompt_tokens for run in runs for r in run.records if r.prompt_tokens]
+    return sum(tokens) / len(tokens) if tokens else None
+
+
+def _refuse(run: BenchRun, why: str, role: str = CANDIDATE) -> None:
+    raise RecipeError(why, file=str(run.file), field=OPTION[BENCH].format(role=role))
 
 
 def run(ctx: StageContext) -> PerfResult:
@@ -94,11 +138,11 @@ def run(ctx: StageContext) -> PerfResult:
     notes = [NOT_INTERLEAVED]
     points = points_of(spec, measured, None, notes, looks=1)
     facts = {role: _facts(runs[role]) for role in ROLES}
+    (ctx.run.path / PERF_DIR).mkdir(parents=True, exist_ok=True)  # the plots' folder
     return PerfResult(
-        interleaved=False, order=[f"{role}#{i + 1}" for role in ROLES for i in range(max(
-            len(by[role]) for by in at.values()))],
+        interleaved=False, order=[],  # the files do not say in what order the roles' sessions ran
         points=points, client=None, client_cpu_share=0.0,
-        memory={role: {"peak_bytes": None, "peak_is": "not recorded by the benchmark files"} for role in ROLES},
+        memory={role: dict.fromkeys(MEMORY_KEYS) | {"peak_is": "not recorded by the benchmark files"} for role in ROLES},
         cost={role: headline_cost(points, role, spec.price_per_hour) for role in ROLES},
         gates=perf_gates.verdicts(points, spec.gates), plots=[], notes=notes,
         workload_context={"label": f"{ctx.recipe.name} on imported benchmark files", "recipe": ctx.recipe.name,

@@ -68,7 +68,12 @@ class CandidateRun:
     def open(cls, loaded: LoadedRecipe, runs_root: Path, resume: Path | None, progress: Progress = print,
              **kw: Any) -> CandidateRun:
         """A new run folder under `runs_root`, or the run `resume` names (open_run)."""
-        return cls(loaded, open_run(loaded, runs_root, resume), progress, **kw)
+        run = open_run(loaded, runs_root, resume)
+        if resume is not None and "evidence" in run.record.stages and kw.get("evidence") is None:
+            raise RecipeError(f"cannot resume {resume}: it is a decision on imported evidence (quantlab decide), which "
+                              "serves nothing and has no stages of a run to resume. Decide again, or start a new run "
+                              "(drop --resume)", file=str(loaded.path), field="--resume")
+        return cls(loaded, run, progress, **kw)
 
     @property
     def run(self) -> RunDir:

@@ -29,7 +29,7 @@ from quantlab.core import cache_secret
 from quantlab.core import checks as check_table
 from quantlab.core.digest import json_sha256
 from quantlab.core.errors import RecipeError
-from quantlab.core.fsutil import sha256_file, write_text_atomic
+from quantlab.core.fsutil import write_text_atomic
 from quantlab.core.layout import cache_dir
 from quantlab.recipe.stream import (CONTROLLED, DEFAULT_METHOD, METHOD, NO_STREAM, OFF, SHIPPED_GAMMAS, SHIPPED_W0,
                                     TOLERANCE, StreamDecision, next_share)
@@ -62,17 +62,14 @@ def stream_parts(ctx: Any) -> dict[str, Any] | None:
 
 
 def imported_parts(ctx: Any) -> dict[str, Any] | None:
-    """quantlab decide's stream: the decisions judged against the same imported baseline answers
-    (its lm-eval files, by digest) under the same suites and seed (None: no quality evidence)."""
-    from quantlab.quality.work import suites_of
-    from quantlab.release.evidence_stage import eval_files
+    """quantlab decide's stream (quality/imported_stage.stream_parts): one baseline's items,
+    never its bytes (None: no quality evidence)."""
+    from quantlab.quality.imported_stage import stream_parts as items_parts
+    from quantlab.quality.lmeval_logs import read_eval_log
+    from quantlab.release.evidence_stage import judged_tasks
 
     given = ctx.evidence.evals.get("baseline")
-    if given is None:
-        return None
-    files, _ = eval_files(given, "baseline")
-    return {"imported_baseline": sorted(sha256_file(p) for _, p in files),
-            "suites": {s.name: s.sha256 for s in suites_of(ctx)}, "seed": ctx.recipe.quality.seed, "format": 1}
+    return None if given is None else items_parts(ctx, read_eval_log(given, judged_tasks(ctx)))
 
 
 def _body(key: str, doc: dict[str, Any]) -> dict[str, Any]:

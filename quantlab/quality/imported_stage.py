@@ -13,6 +13,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from quantlab.core.digest import json_sha256
 from quantlab.core.errors import CheckError, RecipeError
 from quantlab.core.evidence import EVALS, OPTION
 from quantlab.core.layout import QUALITY_DIR
@@ -23,6 +24,7 @@ from quantlab.quality.judging import judge, sample_artifacts, write_flips
 from quantlab.quality.lmeval_logs import EvalLog, check_pairable, read_eval_log, write_quantlab_form
 from quantlab.quality.work import runnable, suites_of
 from quantlab.recipe.quality import QualitySpec
+from quantlab.recipe.stream import CONTROLLED
 
 NAME = "quality"
 IMPORTED_NOTE = ("judged on imported lm-eval sample logs (quantlab decide): both models were evaluated outside "
@@ -64,15 +66,37 @@ def preflight(ctx: StageContext) -> None:
     logs = {role: read_eval_log(Path(p), tasks) for role, p in ctx.evidence.evals.items()}
     check_pairable(logs[BASELINE], logs[CANDIDATE], tasks)
     check_baseline_model(ctx, logs[BASELINE])
+    work, _ = _tasks(ctx)
+    for suite, task in work:
+        for role in (BASELINE, CANDIDATE):
+            check_judged(suite, task, logs[role], role)
+
+
+def check_judged(suite: Any, task: Any, log: EvalLog, role: str) -> None:
+    """The recipe's metric, filter and direction for a task are in the log: refused before any work
+    (exit 2) rather than failing once the decision has started."""
+    got = log.tasks[task.task]
+    filters = sorted({str(r.get("filter")) for r in got.rows})
+    rows = [r for r in got.rows if task.filter is None or r.get("filter") == task.filter]
+    where = dict(file=str(got.samples_file), field=f"{OPTION[EVALS].format(role=role)}: {task.task}")
+    if not rows:
+        raise RecipeError(f"task '{task.task}': the recipe judges filter '{task.filter}', the {role}'s log has "
+                          f"{', '.join(filters)}: set the task's filter to one of them", **where)
+    metrics = sorted((rows[0].get("metrics") or {}))
+    if task.metric not in metrics:
+        raise RecipeError(f"task '{task.task}': the recipe judges metric '{task.metric}', the {role}'s log has "
+                          f"{', '.join(metrics) or 'none'}: set the task's metric to one of them", **where)
+    if suite.directions.get(task.task) is None and (got.summary.get("higher_is_better") or {}).get(task.metric) is None:
+        raise RecipeError(f"task '{task.task}': neither the suite nor the log says whether a higher "
+                          f"'{task.metric}' is better: set higher_is_better on the task", **where)
 
 
 def baseline_names(ctx: StageContext) -> set[str]:
-    """What the baseline may be called in its log: the recipe's model source (or its last path
-    part), or the name it was served under (serve.served_model_name)."""
-    source = str(ctx.recipe.model.source)
-    names = {source, source.rstrip("/").rsplit("/", 1)[-1]}
+    """What the baseline may be called in its evidence, exactly: the recipe's model source, or the
+    name it was served under (serve.served_model_name). Never a last path part alone: another
+    organisation's model of the same name is another model."""
     served = ctx.recipe.serve.served_model_name
-    return names | ({served} if served else set())
+    return {str(ctx.recipe.model.source)} | ({served} if served else set())
 
 
 def check_baseline_model(ctx: StageContext, log: EvalLog) -> None:
@@ -82,14 +106,35 @@ def check_baseline_model(ctx: StageContext, log: EvalLog) -> None:
     named = log.model_name
     if named is None:
         return
-    known = baseline_names(ctx)
-    if named not in known and named.rstrip("/").rsplit("/", 1)[-1] not in known:
+    if named not in baseline_names(ctx):
         raise RecipeError(f"{log.results_file}: the baseline's lm-eval run names its model '{named}', but the recipe's "
                           f"baseline is {ctx.recipe.model.source} (served as "
                           f"{ctx.recipe.serve.served_model_name or 'its source'}): these answers are another "
                           "model's. Give the baseline's own lm-eval output, or set model.source (or "
                           "serve.served_model_name) to the model it evaluated", file=str(log.results_file),
                           field="config.model_args")
+
+
+def stream_parts(ctx: StageContext, log: EvalLog) -> dict[str, Any]:
+    """What makes decisions on imported logs one stream (pipeline/streams.py): the baseline as its
+    log says it is (model, lm-eval version, seeds) and each task's items (lm-eval's doc, prompt
+    and target hashes), never the files' bytes: a re-run of the baseline on the same items, or a
+    file rewritten, stays in the same stream."""
+    items = {task: sorted([str(doc), h.get("doc_hash"), h.get("prompt_hash"), h.get("target_hash")]
+                          for doc, h in t.hashes.items()) for task, t in log.tasks.items()}
+    return {"imported_baseline": {"model": log.model_name, "lm_eval": log.lm_eval_version, "seeds": log.seeds,
+                                  "items": items},
+            "suites": {s.name: s.sha256 for s in suites_of(ctx)}, "seed": ctx.recipe.quality.seed, "format": 2}
+
+
+def _same_stream(ctx: StageContext, log: EvalLog) -> None:
+    """The copy judged is of the stream the run took its position in (the originals were read then)."""
+    stream = getattr(ctx, "stream", None)
+    if stream is None or stream.control != CONTROLLED or stream.key is None:
+        return
+    if json_sha256(stream_parts(ctx, log))[:32] != stream.key:
+        raise CheckError(f"the baseline's lm-eval output changed after this decision took its stream position "
+                         f"({log.results_file}): its items are not those it was placed by. Decide again")
 
 
 def run(ctx: StageContext) -> QualityResult:
@@ -101,6 +146,8 @@ def run(ctx: StageContext) -> QualityResult:
         raise CheckError("no imported lm-eval output in this run's evidence: run it from its first stage")
     logs = {role: read_eval_log(ctx.run.path / evidence.evals[role], tasks) for role in (BASELINE, CANDIDATE)}
     check_pairable(logs[BASELINE], logs[CANDIDATE], tasks)  # the copies, as judged
+    check_baseline_model(ctx, logs[BASELINE])
+    _same_stream(ctx, logs[BASELINE])
     out = ctx.run.path / QUALITY_DIR
     base_dir, cand_dir = out / BASELINE, out / CANDIDATE
     for role, folder in ((BASELINE, base_dir), (CANDIDATE, cand_dir)):

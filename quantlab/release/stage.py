@@ -224,14 +224,11 @@ def _fallback(ctx: StageContext, baseline) -> str:
 
 
 def _resolved_baseline(ctx: StageContext) -> tuple[Any, str | None]:
-    """(the baseline model, None), or (None, why) for a decision on imported evidence whose
-    baseline this machine does not hold (a hub id offline, a cluster's path)."""
-    try:
-        return ctx.baseline_model(), None
-    except RecipeError as err:
-        if getattr(ctx, "evidence", None) is None:
-            raise
-        return None, str(err)
+    """(the baseline model, None), or (None, why) for a decision on imported evidence: its
+    baseline may be a model this machine does not hold (a hub id, a cluster's path)."""
+    if getattr(ctx, "evidence", None) is not None:  # never fetched: a hub id would download the whole model
+        return None, "a decision on imported evidence records the baseline as its recipe names it"
+    return ctx.baseline_model(), None
 
 
 def _model_record(ctx: StageContext) -> dict[str, Any]:
@@ -239,8 +236,7 @@ def _model_record(ctx: StageContext) -> dict[str, Any]:
     its files unknown, rather than guessed."""
     baseline, why = _resolved_baseline(ctx)
     if baseline is None:
-        return {"kind": "named", "source": ctx.recipe.model.source, "provenance": {}, "files": None,
-                "note": f"not resolved on the machine that decided: {why}"}
+        return {"kind": "named", "source": ctx.recipe.model.source, "provenance": {}, "files": None, "note": why}
     return {"kind": baseline.kind, "source": baseline.source, "provenance": _without_files(baseline.provenance),
             "files": _model_files(baseline)}
 
@@ -249,6 +245,8 @@ def build_manifest(ctx: StageContext, results: dict[str, Any], verdicts, decisio
     record = ctx.run.record
     q = results.get("quantize")
     runtime, hardware = _runtime_and_hardware(results.get("serve"))
+    if isinstance(results.get("evidence"), EvidenceResult):  # what the imported files say, by role
+        runtime, hardware = _imported_runtime(results["evidence"])
     extra = results.get("targets")
     if isinstance(extra, TargetsResult):
         runtime["targets"] = {n: _target_summary(o) for n, o in extra.targets.items()}
@@ -332,6 +330,24 @@ def _runtime_and_hardware(serve: Any) -> tuple[dict[str, Any], dict[str, Any]]:
     }
     hardware = {"device": serve.device, "gpus": serve.probe.get("gpus"), "cpu": serve.probe.get("cpu"),
                 "driver": serve.probe.get("driver")}
+    return runtime, hardware
+
+
+HARDWARE_FACTS = ("gpus", "cpu_model", "nvidia_driver_version", "cuda_runtime_version", "cudnn_version", "os", "device",
+                  "hardware", "client_platform")
+
+
+def _imported_runtime(evidence: EvidenceResult) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The manifest's runtime and hardware of a decision on imported evidence: what each role's
+    files say (None where they do not), never this machine's."""
+    runtime, hardware = {"imported": True}, {"imported": True}
+    for role, kinds in evidence.facts.items():
+        for kind, facts in kinds.items():
+            rows = facts if isinstance(facts, list) else [facts]
+            runtime.setdefault(role, {})[kind] = [{k: v for k, v in row.items() if k not in HARDWARE_FACTS}
+                                                  for row in rows]
+            hardware.setdefault(role, {})[kind] = [{k: row.get(k) for k in HARDWARE_FACTS if k in row}
+                                                   for row in rows]
     return runtime, hardware
 
 

@@ -19,12 +19,15 @@ from quantlab.core.fsutil import sha256_file
 
 DATA = REPO / "tests" / "data" / "imported"
 BASE_EVALS, CAND_EVALS = DATA / "lmeval" / "baseline", DATA / "lmeval" / "candidate"
-BASE_BENCH, CAND_BENCH = DATA / "bench" / "vllm-bench-baseline.json", DATA / "bench" / "vllm-bench-candidate.json"
+BENCH = DATA / "bench"
+BASE_BENCH, CAND_BENCH = BENCH / "vllm-bench-baseline.json", BENCH / "vllm-bench-candidate.json"
+REPEATS = ((BASE_BENCH, BENCH / "vllm-bench-baseline-2.json"), (CAND_BENCH, BENCH / "vllm-bench-candidate-2.json"))
 TASKS = ["ql_knowledge_mc", "ql_lastword", "ql_arithmetic"]
 
 
 def recipe(tmp_path: Path, **changes) -> Path:
-    doc = {"name": "decide-test", "model": {"source": "tiny-llama-seed0"},
+    # the lm-eval logs name the baseline by its folder, the benchmark files by the name it was served under
+    doc = {"name": "decide-test", "model": {"source": "tiny-llama-seed0"}, "serve": {"served_model_name": "tiny-llama"},
            "quantization": {"method": "rtn", "scheme": "W4A16", "group_size": 64},
            "quality": {"tasks": TASKS, "limit": 12, "kl": {"enabled": False},
                        "gates": {"min_samples": 10}},
@@ -37,7 +40,7 @@ def recipe(tmp_path: Path, **changes) -> Path:
 
 
 def decide(tmp_path: Path, recipe_path: Path, *args, evals=(BASE_EVALS, CAND_EVALS),
-           bench=((BASE_BENCH, BASE_BENCH), (CAND_BENCH, CAND_BENCH))) -> subprocess.CompletedProcess:
+           bench=REPEATS) -> subprocess.CompletedProcess:
     cmd = [sys.executable, "-m", "quantlab", "decide", str(recipe_path), "--runs-dir", str(tmp_path / "runs")]
     if evals:
         cmd += ["--baseline-evals", str(evals[0]), "--candidate-evals", str(evals[1])]
@@ -75,8 +78,12 @@ def test_a_decision_on_imported_logs_and_benchmarks_is_recorded_unsigned(tmp_pat
     manifest = json.loads((run / "quantlab-manifest.json").read_text())
     assert manifest["checkpoint_files"] == {} and manifest["model"]["kind"] == "named"
     files = manifest["evidence"]["files"]
-    assert {f["sha256"] for f in files if f["kind"] == "benchmark"} == {sha256_file(BASE_BENCH), sha256_file(CAND_BENCH)}
-    assert {sha256_file(p) for p in BASE_EVALS.rglob("*.json*")} <= {f["sha256"] for f in files}
+    assert {f["sha256"] for f in files if f["kind"] == "benchmark"} == {sha256_file(p) for r in REPEATS for p in r}
+    assert len(files) == 12  # the results file and the 3 judged tasks' samples files a role (not ql_chat's), 4 repeats
+    assert {f["source"] for f in files if f["kind"] == "lm-eval" and f["role"] == "baseline"} == \
+        {str(p) for p in BASE_EVALS.rglob("*") if p.name.startswith("results_") or
+         any(p.name.startswith(f"samples_{t}_") for t in TASKS)}
+    assert manifest["hardware"]["imported"] and manifest["runtime"]["baseline"]["lm-eval"][0]["lm_eval"] == "0.4.13"
     assert not (run / "quantlab-manifest.sig").exists()
     assert record["stages"]["release"]["result"]["signed"] is False
 
@@ -98,15 +105,15 @@ def test_a_release_over_a_named_checkpoint_is_signed_and_verifies_with_its_evide
     ok = subprocess.run(verify + ["--evidence", str(CAND_BENCH), "--evidence", str(CAND_EVALS)],
                         capture_output=True, text=True, timeout=120)
     assert ok.returncode == 0, ok.stdout + ok.stderr
-    # every recorded file whose bytes were given: the candidate's 6 lm-eval files, its benchmark file (its 2
-    # repeats), and any baseline file with the same bytes (the two tiny models answer some tasks alike)
+    # the candidate's 4 recorded lm-eval files (given as its folder), one of its 2 benchmark repeats, and any
+    # baseline file with the same bytes (the two tiny models answer ql_arithmetic alike)
     given = {sha256_file(CAND_BENCH)} | {sha256_file(p) for p in CAND_EVALS.rglob("*.json*")}
     matched = sum(f["sha256"] in given for f in manifest["evidence"]["files"])
-    assert matched >= 8 and f"evidence: {matched} of the 16 recorded file(s) matched" in ok.stdout, ok.stdout
+    assert matched >= 5 and f"evidence: {matched} of the 12 recorded file(s) matched" in ok.stdout, ok.stdout
     other = tmp_path / "other.json"
     other.write_text(CAND_BENCH.read_text().replace('"completed"', '"completed" ', 1))
     bad = subprocess.run(verify + ["--evidence", str(other)], capture_output=True, text=True, timeout=120)
-    assert bad.returncode == 1 and "none of the 16 files" in bad.stderr
+    assert bad.returncode == 1 and "none of the 12 files" in bad.stderr
 
 
 @pytest.mark.parametrize("case, field", [
@@ -116,6 +123,10 @@ def test_a_release_over_a_named_checkpoint_is_signed_and_verifies_with_its_evide
     ("a task the logs lack", None),
     ("a point the recipe lacks", "--baseline-bench"),
     ("unequal repeats", "--candidate-bench"),
+    ("one file as two repeats", "--baseline-bench"),
+    ("the baseline's files as the candidate's", "--candidate-evals"),
+    ("two tools at one point", "--candidate-bench"),
+    ("another model's benchmark", "--baseline-bench"),
 ])
 def test_bad_input_is_refused_before_any_work(tmp_path, case, field):
     path, kw = recipe(tmp_path), {}
@@ -135,7 +146,15 @@ def test_bad_input_is_refused_before_any_work(tmp_path, case, field):
     elif case == "a point the recipe lacks":
         path = recipe(tmp_path, performance={"workloads": [{"name": "chat", "concurrency": [8]}]})
     elif case == "unequal repeats":
-        kw["bench"] = ((BASE_BENCH, BASE_BENCH), (CAND_BENCH,))
+        kw["bench"] = (REPEATS[0], REPEATS[1][:1])
+    elif case == "one file as two repeats":
+        kw["bench"] = ((BASE_BENCH, BASE_BENCH), REPEATS[1])
+    elif case == "the baseline's files as the candidate's":
+        kw["evals"] = (BASE_EVALS, BASE_EVALS)
+    elif case == "two tools at one point":
+        kw["bench"] = (REPEATS[0], (CAND_BENCH, BENCH / "guidellm-concurrent4.json"))
+    elif case == "another model's benchmark":
+        path = recipe(tmp_path, serve={"served_model_name": "another-model"})
     r = decide(tmp_path, path, **kw)
     assert r.returncode == 2, r.stderr[-2000:]
     assert field is None or field in r.stderr, r.stderr[-2000:]
@@ -144,3 +163,21 @@ def test_bad_input_is_refused_before_any_work(tmp_path, case, field):
     # refused in the preflight: no stage ran, nothing was judged
     for run in (tmp_path / "runs").glob("*/*"):
         assert not json.loads((run / "run.json").read_text())["stages"]
+
+
+def test_a_metric_the_logs_do_not_hold_is_refused_before_any_work(tmp_path):
+    path = recipe(tmp_path, quality={"suites": [], "hub_tasks": [
+        {"task": "ql_knowledge_mc", "metric": "exact_match", "slice": "knowledge", "higher_is_better": True}],
+        "kl": {"enabled": False}})
+    r = decide(tmp_path, path)
+    assert r.returncode == 2 and "metric 'exact_match'" in r.stderr and "acc" in r.stderr, r.stderr[-2000:]
+
+
+def test_the_shipped_decide_recipe_holds_only_what_imported_files_can_show():
+    """The recipe docs/decide.md and its GPU workflow use: no check that needs a served model."""
+    from quantlab.recipe.file import load_recipe
+
+    r = load_recipe(REPO / "recipes" / "decide-gpu-w4a16.yaml").recipe
+    assert r.stability is None and not r.serve.targets and not r.quality.traffic and r.quality.samples == "all"
+    assert r.quality.kl.max_mean_kl is None and r.quality.kl.min_same_top_rate is None
+    assert r.performance.repeats == 4 and [w.concurrency for w in r.performance.workloads] == [[8]]

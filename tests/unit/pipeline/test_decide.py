@@ -127,6 +127,9 @@ def test_a_release_over_a_named_checkpoint_is_signed_and_verifies_with_its_evide
     ("the baseline's files as the candidate's", "--candidate-evals"),
     ("two tools at one point", "--candidate-bench"),
     ("another model's benchmark", "--baseline-bench"),
+    ("a benchmark without per-request rows", "--save-detailed"),
+    ("an empty benchmark file", "empty"),
+    ("logs of another limit", "limit"),
 ])
 def test_bad_input_is_refused_before_any_work(tmp_path, case, field):
     path, kw = recipe(tmp_path), {}
@@ -155,6 +158,19 @@ def test_bad_input_is_refused_before_any_work(tmp_path, case, field):
         kw["bench"] = (REPEATS[0], (CAND_BENCH, BENCH / "guidellm-concurrent4.json"))
     elif case == "another model's benchmark":
         path = recipe(tmp_path, serve={"served_model_name": "another-model"})
+    elif case == "a benchmark without per-request rows":
+        kw["bench"] = (REPEATS[0], (CAND_BENCH, BENCH / "vllm-bench-without-detailed.json"))
+    elif case == "an empty benchmark file":
+        (tmp_path / "empty.json").write_text("")
+        kw["bench"] = (REPEATS[0], (CAND_BENCH, tmp_path / "empty.json"))
+    elif case == "logs of another limit":  # the candidate's log cut to fewer documents by its own --limit
+        cand = tmp_path / "cand"
+        shutil.copytree(CAND_EVALS, cand)
+        (results,) = cand.rglob("results_*.json")
+        doc = json.loads(results.read_text())
+        doc["config"]["limit"] = 10
+        results.write_text(json.dumps(doc))
+        kw["evals"] = (BASE_EVALS, cand)
     r = decide(tmp_path, path, **kw)
     assert r.returncode == 2, r.stderr[-2000:]
     assert field is None or field in r.stderr, r.stderr[-2000:]

@@ -17,11 +17,12 @@ from quantlab.cli.run_commands import run_with_summary
 def decide(
     recipe: Annotated[Path, typer.Argument(help="Recipe YAML file: its quality and performance sections are the "
                                            "gates (its quantization and serve sections are not used).")],
-    baseline_evals: Annotated[Optional[Path], typer.Option(
+    baseline_evals: Annotated[Optional[list[Path]], typer.Option(
         help="The baseline's lm-eval output (the --output_path folder of a run with --log_samples, or one "
-        "results_*.json in it).")] = None,
-    candidate_evals: Annotated[Optional[Path], typer.Option(
-        help="The candidate's lm-eval output, run with the same tasks, few-shot settings, seed and limit.")] = None,
+        "results_*.json in it); repeat it for a second run (lm-eval runs chat tasks apart: "
+        "local-chat-completions), each task in one of them.")] = None,
+    candidate_evals: Annotated[Optional[list[Path]], typer.Option(
+        help="The candidate's lm-eval output(s), run with the same tasks, few-shot settings, seed and limit.")] = None,
     baseline_bench: Annotated[Optional[list[Path]], typer.Option(
         help="A benchmark result of the baseline: `vllm bench serve --save-result --save-detailed` JSON or a "
         "GuideLLM report; repeat it, one file per repeat.")] = None,

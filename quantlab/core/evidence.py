@@ -25,20 +25,20 @@ IMPORTED_BY = ("imported: produced outside quantlab by the user's own lm-eval an
 
 @dataclass(frozen=True)
 class Evidence:
-    """The files a decision is made on, by role: lm-eval output folders (or results files) and
-    benchmark files, each role's benchmark files in the order given (its repeats)."""
+    """The files a decision is made on, by role: lm-eval outputs (folders or results files: one,
+    or a completions run and a chat run) and benchmark files, each role's benchmark files in
+    the order given (its repeats)."""
 
-    evals: dict[str, Path] = field(default_factory=dict)
+    evals: dict[str, list[Path]] = field(default_factory=dict)
     bench: dict[str, list[Path]] = field(default_factory=dict)
 
     @classmethod
-    def given(cls, *, baseline_evals: Path | None = None, candidate_evals: Path | None = None,
-              baseline_bench: list[Path] | None = None, candidate_bench: list[Path] | None = None) -> "Evidence":
+    def given(cls, *, baseline_evals: Paths = None, candidate_evals: Paths = None, baseline_bench: Paths = None,
+              candidate_bench: Paths = None) -> "Evidence":
         """From the command line: each role's evals together or neither, each role's benchmark
         files together or neither, at least one kind; every path exists."""
-        evals = {r: Path(p) for r, p in ((BASELINE, baseline_evals), (CANDIDATE, candidate_evals)) if p is not None}
-        bench = {r: [Path(p) for p in ps] for r, ps in ((BASELINE, baseline_bench), (CANDIDATE, candidate_bench))
-                 if ps}
+        evals = {r: _paths(p) for r, p in ((BASELINE, baseline_evals), (CANDIDATE, candidate_evals)) if p}
+        bench = {r: _paths(p) for r, p in ((BASELINE, baseline_bench), (CANDIDATE, candidate_bench)) if p}
         for kind, got in ((EVALS, evals), (BENCH, bench)):
             if len(got) == 1:
                 have = next(iter(got))
@@ -50,20 +50,29 @@ class Evidence:
             raise RecipeError("no evidence given: name the baseline's and the candidate's lm-eval outputs "
                               "(--baseline-evals, --candidate-evals) and/or their benchmark files "
                               "(--baseline-bench, --candidate-bench)", field="--baseline-evals")
-        for role, path in [(r, p) for r, p in evals.items()] + [(r, p) for r, ps in bench.items() for p in ps]:
-            if not path.exists():
-                kind = EVALS if evals.get(role) == path else BENCH
-                raise RecipeError(f"{path} does not exist", file=str(path), field=OPTION[kind].format(role=role))
+        for kind, got in ((EVALS, evals), (BENCH, bench)):
+            for role, paths in got.items():
+                for path in paths:
+                    if not path.exists():
+                        raise RecipeError(f"{path} does not exist", file=str(path),
+                                          field=OPTION[kind].format(role=role))
         return cls(evals=evals, bench=bench)
 
     def paths(self) -> list[tuple[str, str, Path]]:
         """(role, kind, path) of everything given, in a fixed order."""
-        out = [(role, EVALS, self.evals[role]) for role in (BASELINE, CANDIDATE) if role in self.evals]
-        return out + [(role, BENCH, p) for role in (BASELINE, CANDIDATE) for p in self.bench.get(role, [])]
+        return [(role, kind, p) for kind, got in ((EVALS, self.evals), (BENCH, self.bench))
+                for role in (BASELINE, CANDIDATE) for p in got.get(role, [])]
 
     def as_record(self) -> dict:
-        return {"evals": {r: str(p) for r, p in self.evals.items()},
+        return {"evals": {r: [str(p) for p in ps] for r, ps in self.evals.items()},
                 "bench": {r: [str(p) for p in ps] for r, ps in self.bench.items()}}
+
+
+Paths = Path | str | list[Path] | None
+
+
+def _paths(given: Paths) -> list[Path]:
+    return [Path(p) for p in given] if isinstance(given, list) else [Path(given)]
 
 
 def copy_folder(run_path: Path, role: str, kind: str) -> Path:

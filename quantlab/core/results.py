@@ -85,8 +85,9 @@ class EvidenceResult(_Result):
     stage: Literal["evidence"] = "evidence"
     imported: str = Field(description="What the evidence is and who produced it.")
     files: list[EvidenceFile]
-    evals: dict[str, str] = Field(default_factory=dict, description="Per role: the lm-eval output the quality "
-                                  "check reads (a folder or a results file), relative to the run directory.")
+    evals: dict[str, list[str]] = Field(default_factory=dict, description="Per role: the lm-eval outputs the "
+                                        "quality check reads (folders or results files), relative to the run "
+                                        "directory.")
     bench: dict[str, list[str]] = Field(default_factory=dict, description="Per role: its benchmark files in the "
                                         "order given (its repeats), relative to the run directory.")
     facts: dict[str, Any] = Field(default_factory=dict, description="Per role and kind, what the files say of how "

@@ -10,6 +10,7 @@ any work, as is `samples: auto` (the logs hold what they hold)."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -21,7 +22,7 @@ from quantlab.core.results import EvidenceResult, QualityResult
 from quantlab.core.roles import BASELINE, CANDIDATE
 from quantlab.core.stage_context import StageContext
 from quantlab.quality.judging import judge, sample_artifacts, write_flips
-from quantlab.quality.lmeval_logs import EvalLog, check_pairable, read_eval_log, write_quantlab_form
+from quantlab.quality.lmeval_logs import EvalLog, check_pairable, read_role_logs, write_quantlab_form
 from quantlab.quality.work import runnable, suites_of
 from quantlab.recipe.quality import QualitySpec
 from quantlab.recipe.stream import CONTROLLED
@@ -63,13 +64,31 @@ def preflight(ctx: StageContext) -> None:
         _, tasks = _tasks(ctx)
     except RecipeError as err:
         raise RecipeError(str(err), file=err.file or path, field=err.field) from None
-    logs = {role: read_eval_log(Path(p), tasks) for role, p in ctx.evidence.evals.items()}
-    check_pairable(logs[BASELINE], logs[CANDIDATE], tasks)
-    check_baseline_model(ctx, logs[BASELINE])
+    logs = role_logs({role: [Path(p) for p in paths] for role, paths in ctx.evidence.evals.items()}, tasks)
+    check_logs(ctx, logs, tasks)
+
+
+def role_logs(paths: dict[str, list[Path]], tasks: list[str]) -> dict[str, list[EvalLog]]:
+    """Each role's lm-eval outputs read for the recipe's tasks (each task in one output a role)."""
+    return {role: read_role_logs(paths[role], tasks, field=OPTION[EVALS].format(role=role))
+            for role in (BASELINE, CANDIDATE)}
+
+
+def log_of(logs: list[EvalLog], task: str) -> EvalLog:
+    return next(log for log in logs if task in log.tasks)
+
+
+def check_logs(ctx: StageContext, logs: dict[str, list[EvalLog]], tasks: list[str]) -> None:
+    """The roles' logs pair task by task, the baseline's are the baseline's, and each task's metric,
+    filter and direction are in them."""
+    for task in tasks:
+        check_pairable(log_of(logs[BASELINE], task), log_of(logs[CANDIDATE], task), [task])
+    for log in logs[BASELINE]:
+        check_baseline_model(ctx, log)
     work, _ = _tasks(ctx)
     for suite, task in work:
         for role in (BASELINE, CANDIDATE):
-            check_judged(suite, task, logs[role], role)
+            check_judged(suite, task, log_of(logs[role], task.task), role)
 
 
 def check_judged(suite: Any, task: Any, log: EvalLog, role: str) -> None:
@@ -115,26 +134,28 @@ def check_baseline_model(ctx: StageContext, log: EvalLog) -> None:
                           field="config.model_args")
 
 
-def stream_parts(ctx: StageContext, log: EvalLog) -> dict[str, Any]:
+def stream_parts(ctx: StageContext, logs: list[EvalLog]) -> dict[str, Any]:
     """What makes decisions on imported logs one stream (pipeline/streams.py): the baseline as its
     log says it is (model, lm-eval version, seeds) and each task's items (lm-eval's doc, prompt
     and target hashes), never the files' bytes: a re-run of the baseline on the same items, or a
     file rewritten, stays in the same stream."""
     items = {task: sorted([str(doc), h.get("doc_hash"), h.get("prompt_hash"), h.get("target_hash")]
-                          for doc, h in t.hashes.items()) for task, t in log.tasks.items()}
-    return {"imported_baseline": {"model": log.model_name, "lm_eval": log.lm_eval_version, "seeds": log.seeds,
-                                  "items": items},
+                          for doc, h in t.hashes.items()) for log in logs for task, t in log.tasks.items()}
+    said = sorted({(log.model_name or "", log.lm_eval_version or "", json.dumps(log.seeds, sort_keys=True))
+                   for log in logs})
+    return {"imported_baseline": {"runs": [list(s) for s in said], "items": dict(sorted(items.items()))},
             "suites": {s.name: s.sha256 for s in suites_of(ctx)}, "seed": ctx.recipe.quality.seed, "format": 2}
 
 
-def _same_stream(ctx: StageContext, log: EvalLog) -> None:
+def _same_stream(ctx: StageContext, logs: list[EvalLog]) -> None:
     """The copy judged is of the stream the run took its position in (the originals were read then)."""
     stream = getattr(ctx, "stream", None)
     if stream is None or stream.control != CONTROLLED or stream.key is None:
         return
-    if json_sha256(stream_parts(ctx, log))[:32] != stream.key:
-        raise CheckError(f"the baseline's lm-eval output changed after this decision took its stream position "
-                         f"({log.results_file}): its items are not those it was placed by. Decide again")
+    if json_sha256(stream_parts(ctx, logs))[:32] != stream.key:
+        raise CheckError("the baseline's lm-eval output changed after this decision took its stream position "
+                         f"({', '.join(str(log.results_file) for log in logs)}): its items are not those it was "
+                         "placed by. Decide again")
 
 
 def run(ctx: StageContext) -> QualityResult:
@@ -144,14 +165,15 @@ def run(ctx: StageContext) -> QualityResult:
     evidence = ctx.run.record.result("evidence")
     if not isinstance(evidence, EvidenceResult) or set(evidence.evals) != {BASELINE, CANDIDATE}:
         raise CheckError("no imported lm-eval output in this run's evidence: run it from its first stage")
-    logs = {role: read_eval_log(ctx.run.path / evidence.evals[role], tasks) for role in (BASELINE, CANDIDATE)}
-    check_pairable(logs[BASELINE], logs[CANDIDATE], tasks)  # the copies, as judged
-    check_baseline_model(ctx, logs[BASELINE])
+    logs = role_logs({role: [ctx.run.path / rel for rel in evidence.evals[role]] for role in (BASELINE, CANDIDATE)},
+                     tasks)
+    check_logs(ctx, logs, tasks)  # the copies, as judged
     _same_stream(ctx, logs[BASELINE])
     out = ctx.run.path / QUALITY_DIR
     base_dir, cand_dir = out / BASELINE, out / CANDIDATE
     for role, folder in ((BASELINE, base_dir), (CANDIDATE, cand_dir)):
-        write_quantlab_form(logs[role], folder, tasks)
+        for log in logs[role]:
+            write_quantlab_form(log, folder, list(log.tasks))
     judged = judge(spec, work, [], base_dir, cand_dir)
     write_flips(out / "flips.jsonl", judged.flips)
     ctx.add_artifact(f"{QUALITY_DIR}/flips.jsonl", "quality-flips")
@@ -161,7 +183,7 @@ def run(ctx: StageContext) -> QualityResult:
         skipped=[], seconds={}, lm_eval_version=judged.lm_eval_version,
         suites=[{"name": s.name, "folder": str(s.folder) if s.folder else None, "sha256": s.sha256} for s in suites],
         raw_files=raw, flips_file=f"{QUALITY_DIR}/flips.jsonl", plots=[], gates=judged.gates,
-        notes=[IMPORTED_NOTE] + [_said(role, logs[role]) for role in (BASELINE, CANDIDATE)],
+        notes=[IMPORTED_NOTE] + [_said(role, log) for role in (BASELINE, CANDIDATE) for log in logs[role]],
         traffic=judged.traffic, code_sandbox=None)
 
 
@@ -169,4 +191,5 @@ def _said(role: str, log: EvalLog) -> str:
     """What the role's log says it was: model, lm-eval version, seeds (unknown where it does not say)."""
     seeds = ", ".join(f"{k} {v}" for k, v in sorted(log.seeds.items())) or "not recorded"
     return (f"{role}: lm-eval {log.lm_eval_version or 'version unknown'}, model {log.model_name or 'unknown'}, "
-            f"seeds {seeds}, {OPTION[EVALS].format(role=role)} {log.results_file.name}")
+            f"seeds {seeds}, {OPTION[EVALS].format(role=role)} {log.results_file.name} "
+            f"({', '.join(sorted(log.tasks))})")

@@ -82,6 +82,30 @@ def read_eval_log(path: Path, tasks: list[str] | None = None) -> EvalLog:
         limit=config.get("limit"), facts=_facts(data, config, date), tasks=logs)
 
 
+def tasks_of(path: Path) -> list[str]:
+    """The tasks one lm-eval output holds (its results file's configs)."""
+    return list(_load_results(results_file_of(Path(path)))["configs"])
+
+
+def read_role_logs(paths: list[Path], tasks: list[str], *, field: str) -> list[EvalLog]:
+    """One role's lm-eval outputs (a completions run and a chat run: lm-eval needs one of each),
+    each read for the recipe's tasks it holds; every task in exactly one of them, and each
+    output holding one at least (RecipeError naming the output and `field` otherwise)."""
+    held = [(Path(p), [t for t in tasks if t in set(tasks_of(Path(p)))]) for p in paths]
+    for task in tasks:
+        where = [str(p) for p, ts in held if task in ts]
+        if len(where) != 1:
+            why = ("is in none of them: run lm-eval on it too, or leave it out of the recipe" if not where else
+                   f"is in {len(where)} of them ({', '.join(where)}): give one run a task")
+            raise RecipeError(f"task '{task}' of the recipe {why} (outputs given: {', '.join(str(p) for p, _ in held)})",
+                              file=str(held[0][0]), field=field)
+    for p, ts in held:
+        if not ts:
+            raise RecipeError(f"this lm-eval output holds none of the recipe's tasks ({', '.join(tasks)}): leave it "
+                              "out, or add its tasks to the recipe", file=str(p), field=field)
+    return [read_eval_log(p, ts) for p, ts in held]
+
+
 def results_file_of(path: Path) -> Path:
     """The one results file at `path` (a file, a folder, or a folder of model sub-folders)."""
     if path.is_file():

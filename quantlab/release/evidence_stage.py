@@ -22,7 +22,7 @@ from quantlab.core.fsutil import remove_tree, sha256_file
 from quantlab.core.results import EvidenceFile, EvidenceResult
 from quantlab.core.stage_context import StageContext
 from quantlab.performance.bench_files import read_bench_file
-from quantlab.quality.lmeval_logs import read_eval_log
+from quantlab.quality.lmeval_logs import EvalLog, read_role_logs
 from quantlab.quality.work import runnable, suites_of
 
 NAME = "evidence"
@@ -41,10 +41,9 @@ def judged_tasks(ctx: StageContext) -> list[str]:
     return [t.task for _, t in work]
 
 
-def eval_files(given: Path, role: str, tasks: list[str]) -> tuple[list[tuple[str, Path]], str]:
-    """(name in the copy, file) of what the decision reads of an lm-eval output (the results
-    file and the tasks' samples files), and where the reader is pointed in the copy."""
-    log = read_eval_log(given, tasks)
+def eval_files(given: Path, log: EvalLog, role: str) -> tuple[list[tuple[str, Path]], str]:
+    """(name in the copy, file) of what the decision reads of one lm-eval output (its results
+    file and the recipe's tasks' samples files), and where the reader is pointed in the copy."""
     base = given if given.is_dir() else given.parent
     files = [(str(p.relative_to(base)), p) for p in log.files]
     for _, p in files:
@@ -56,12 +55,15 @@ def eval_files(given: Path, role: str, tasks: list[str]) -> tuple[list[tuple[str
 
 
 def _given(ctx: StageContext, ev: Evidence) -> list[tuple[str, str, list[tuple[str, Path]], str]]:
-    """(role, kind, [(name in the copy, file)], reader path) of everything given."""
+    """(role, kind, [(name in the copy, file)], reader path) of everything given: one entry an
+    lm-eval output, one a role's benchmark files."""
     tasks = judged_tasks(ctx) if ev.evals else []
     out = []
-    for role, given in ev.evals.items():
-        files, reader = eval_files(given, role, tasks)
-        out.append((role, EVALS, files, reader))
+    for role, paths in ev.evals.items():
+        logs = read_role_logs(paths, tasks, field=OPTION[EVALS].format(role=role))
+        for given, log in zip(paths, logs, strict=True):
+            files, reader = eval_files(given, log, role)
+            out.append((role, EVALS, files, reader))
     for role, paths in ev.bench.items():
         for p in paths:
             if p.is_symlink() or not p.is_file():
@@ -137,15 +139,17 @@ def run(ctx: StageContext) -> EvidenceResult:
     given = _given(ctx, ev)
     refuse_repeated(given)
     files: list[EvidenceFile] = []
-    evals: dict[str, str] = {}
+    evals: dict[str, list[str]] = {}
     bench: dict[str, list[str]] = {}
     for role, kind, picked, reader in given:
         into = copy_folder(ctx.run.path, role, kind)
+        if kind == EVALS:  # each output in a folder of its own: lm-eval's names pair its files
+            into = into / str(len(evals.get(role, [])) + 1)
         copies = [_copied(ctx, role, kind, src, into / rel) for rel, src in picked]
         files += copies
         if kind == EVALS:
-            evals[role] = str((into / reader).relative_to(ctx.run.path)) if reader != "." else \
-                str(into.relative_to(ctx.run.path))
+            evals.setdefault(role, []).append(str((into / reader).relative_to(ctx.run.path)) if reader != "." else
+                                              str(into.relative_to(ctx.run.path)))
         else:
             bench[role] = [c.copied for c in copies]
     ctx.progress(f"evidence: {len(files)} file(s) copied into the run and hashed "
@@ -154,15 +158,16 @@ def run(ctx: StageContext) -> EvidenceResult:
                           facts=_facts(ctx, evals, bench))
 
 
-def _facts(ctx: StageContext, evals: dict[str, str], bench: dict[str, list[str]]) -> dict[str, Any]:
-    """What the copies say of how they were made, per role: the lm-eval run's model, versions,
+def _facts(ctx: StageContext, evals: dict[str, list[str]], bench: dict[str, list[str]]) -> dict[str, Any]:
+    """What the copies say of how they were made, per role: each lm-eval run's model, versions,
     seeds and environment; each benchmark file's facts and what it leaves unknown."""
     out: dict[str, Any] = {}
     tasks = judged_tasks(ctx) if evals else []
-    for role, rel in evals.items():
-        log = read_eval_log(ctx.run.path / rel, tasks)
-        out.setdefault(role, {})[EVALS] = {"model": log.model_name, "lm_eval": log.lm_eval_version,
-                                           "seeds": log.seeds, "limit": log.limit, **log.facts}
+    for role, rels in evals.items():
+        logs = read_role_logs([ctx.run.path / rel for rel in rels], tasks, field=OPTION[EVALS].format(role=role))
+        out.setdefault(role, {})[EVALS] = [{"model": log.model_name, "lm_eval": log.lm_eval_version,
+                                            "tasks": sorted(log.tasks), "seeds": log.seeds, "limit": log.limit,
+                                            **log.facts} for log in logs]
     for role, rels in bench.items():
         out.setdefault(role, {})[BENCH] = [{"file": Path(rel).name, "tool": r.tool, **r.facts, "unknown": r.unknown}
                                            for rel in rels for r in read_bench_file(ctx.run.path / rel)]

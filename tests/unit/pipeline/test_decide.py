@@ -197,3 +197,28 @@ def test_the_shipped_decide_recipe_holds_only_what_imported_files_can_show():
     assert r.stability is None and not r.serve.targets and not r.quality.traffic and r.quality.samples == "all"
     assert r.quality.kl.max_mean_kl is None and r.quality.kl.min_same_top_rate is None
     assert r.performance.repeats == 4 and [w.concurrency for w in r.performance.workloads] == [[8]]
+
+
+def test_one_roles_tasks_in_two_lm_eval_runs_are_judged_as_one(tmp_path):
+    """lm-eval runs chat tasks apart (local-chat-completions): a role may give two outputs."""
+    runs = DATA / "lmeval" / "baseline-two-runs"
+    cmd = ["--baseline-evals", str(runs / "run-1"), "--baseline-evals", str(runs / "run-2")]
+    r = decide(tmp_path, recipe(tmp_path), "--candidate-evals", str(CAND_EVALS), *cmd, evals=None)
+    assert r.returncode == 1, r.stderr[-3000:]
+    record = json.loads((only_run(tmp_path) / "run.json").read_text())
+    q = record["stages"]["quality"]["result"]
+    assert sorted(t["task"] for t in q["tasks"]) == sorted(TASKS) and all(t["n"] == 12 for t in q["tasks"])
+    # the same model's answers as its one-run log: the same scores
+    for sub in ("one", "both"):
+        (tmp_path / sub).mkdir()
+    one = decide(tmp_path / "one", recipe(tmp_path / "one"))
+    assert one.returncode == 1
+    (single,) = (tmp_path / "one" / "runs" / "decide-test").iterdir()
+    again = {t["task"]: t["baseline"] for t in
+             json.loads((single / "run.json").read_text())["stages"]["quality"]["result"]["tasks"]}
+    assert {t["task"]: t["baseline"] for t in q["tasks"]} == again
+    assert len(record["stages"]["evidence"]["result"]["evals"]["baseline"]) == 2
+    # a task in both runs of a role, or in neither, is refused
+    both = decide(tmp_path / "both", recipe(tmp_path / "both"), "--candidate-evals", str(CAND_EVALS),
+                  "--baseline-evals", str(BASE_EVALS), *cmd, evals=None)
+    assert both.returncode == 2 and "give one run a task" in both.stderr

@@ -82,7 +82,7 @@ def test_the_run_judges_copies_hashed_as_copied(tmp_path):
     result = evidence_stage.run(ctx)
     assert len(result.files) == 10  # a results file and the 2 judged tasks' samples a role; 4 benchmark repeats
     assert not [f for f in result.files if "ql_chat" in f.source]  # a task the recipe does not judge: not evidence
-    assert result.facts["candidate"]["lm-eval"]["model"] == "tiny-llama-seed1"
+    assert [f["model"] for f in result.facts["candidate"]["lm-eval"]] == ["tiny-llama-seed1"]
     assert [f["file"] for f in result.facts["baseline"]["benchmark"]] == ["1-vllm-bench-baseline.json",
                                                                          "2-vllm-bench-baseline-2.json"]
     for f in result.files:  # each digest is of the copy, which holds the original's bytes
@@ -91,7 +91,7 @@ def test_the_run_judges_copies_hashed_as_copied(tmp_path):
             hashlib.sha256(Path(f.source).read_bytes()).hexdigest()
     assert result.bench["candidate"] == ["evidence/candidate/benchmark/1-vllm-bench-candidate.json",
                                          "evidence/candidate/benchmark/2-vllm-bench-candidate-2.json"]  # the repeats
-    assert (ctx.run.path / result.evals["baseline"] / "tiny-llama-seed0").is_dir()
+    assert (ctx.run.path / result.evals["baseline"][0] / "tiny-llama-seed0").is_dir()
     assert len(ctx.artifacts) == 10
     evidence_stage.run(ctx)  # a resume imports anew over the earlier copies
     record = imported_evidence(result, None)

@@ -41,6 +41,7 @@ from quantlab.release.manifest import (
 )
 from quantlab.release.registration import copy_into
 from quantlab.release.environments import record_environments
+from quantlab.release.evidence_record import evidence_record, imported_runtime
 from quantlab.release.attestation import planned, write_attestation
 from quantlab.release.signing_key import signing_args, signing_key
 from quantlab.core.results import (
@@ -246,7 +247,7 @@ def build_manifest(ctx: StageContext, results: dict[str, Any], verdicts, decisio
     q = results.get("quantize")
     runtime, hardware = _runtime_and_hardware(results.get("serve"))
     if isinstance(results.get("evidence"), EvidenceResult):  # what the imported files say, by role
-        runtime, hardware = _imported_runtime(results["evidence"])
+        runtime, hardware = imported_runtime(results["evidence"])
     extra = results.get("targets")
     if isinstance(extra, TargetsResult):
         runtime["targets"] = {n: _target_summary(o) for n, o in extra.targets.items()}
@@ -270,26 +271,13 @@ def build_manifest(ctx: StageContext, results: dict[str, Any], verdicts, decisio
         decision=decision,
         targets=targets or {},
         comparison=ctx.comparison,
-        evidence=imported_evidence(results.get("evidence"), results.get("checkpoint")),
+        evidence=evidence_record(results.get("evidence"), results.get("checkpoint")),
         error_budget=ledger(verdicts, rule_version=decision.rule_version or 1, family=ctx.family,
                             judged_on_these_items=getattr(results.get("quality"), "judged_on_these_items", None),
                             warned=decision.warned_gates if decision.decision == "release" else (),
                             stream=_stream_of(ctx), stream_alpha=recipe_alpha(ctx.loaded.recipe),
                             **{c.name: check_table.section_of(ctx.recipe, c) for c in check_table.CHECKS}),
     )
-
-
-CHECKPOINT_TIE = ("the checkpoint was given by the user (quantlab decide --checkpoint), copied in and hashed here; "
-                  "that the imported evidence was produced by serving these files is the user's statement, not "
-                  "checked by quantlab")
-
-
-def imported_evidence(evidence: Any, checkpoint: Any) -> dict[str, Any] | None:
-    """The manifest's record of evidence made elsewhere (None: quantlab produced it)."""
-    if not isinstance(evidence, EvidenceResult):
-        return None
-    return {"imported": evidence.imported, "files": [f.model_dump(mode="json") for f in evidence.files],
-            "checkpoint": CHECKPOINT_TIE if isinstance(checkpoint, CheckpointResult) else None}
 
 
 def _stream_of(ctx: StageContext) -> StreamDecision | None:
@@ -330,24 +318,6 @@ def _runtime_and_hardware(serve: Any) -> tuple[dict[str, Any], dict[str, Any]]:
     }
     hardware = {"device": serve.device, "gpus": serve.probe.get("gpus"), "cpu": serve.probe.get("cpu"),
                 "driver": serve.probe.get("driver")}
-    return runtime, hardware
-
-
-HARDWARE_FACTS = ("gpus", "cpu_model", "nvidia_driver_version", "cuda_runtime_version", "cudnn_version", "os", "device",
-                  "hardware", "client_platform")
-
-
-def _imported_runtime(evidence: EvidenceResult) -> tuple[dict[str, Any], dict[str, Any]]:
-    """The manifest's runtime and hardware of a decision on imported evidence: what each role's
-    files say (None where they do not), never this machine's."""
-    runtime, hardware = {"imported": True}, {"imported": True}
-    for role, kinds in evidence.facts.items():
-        for kind, facts in kinds.items():
-            rows = facts if isinstance(facts, list) else [facts]
-            runtime.setdefault(role, {})[kind] = [{k: v for k, v in row.items() if k not in HARDWARE_FACTS}
-                                                  for row in rows]
-            hardware.setdefault(role, {})[kind] = [{k: row.get(k) for k in HARDWARE_FACTS if k in row}
-                                                   for row in rows]
     return runtime, hardware
 
 

@@ -15,7 +15,7 @@ from quantlab.core.errors import RecipeError
 from quantlab.core.evidence import Evidence
 from quantlab.release import evidence_stage
 from quantlab.release.evidence_check import check_evidence
-from quantlab.release.stage import imported_evidence
+from quantlab.release.evidence_record import evidence_record
 
 
 DATA = Path(__file__).resolve().parents[2] / "data" / "imported" / "lmeval"
@@ -94,7 +94,7 @@ def test_the_run_judges_copies_hashed_as_copied(tmp_path):
     assert (ctx.run.path / result.evals["baseline"][0] / "tiny-llama-seed0").is_dir()
     assert len(ctx.artifacts) == 10
     evidence_stage.run(ctx)  # a resume imports anew over the earlier copies
-    record = imported_evidence(result, None)
+    record = evidence_record(result, None)
     assert record["checkpoint"] is None and len(record["files"]) == 10
 
 

@@ -37,6 +37,7 @@ from quantlab.core.fsutil import sha256_file, write_text_atomic
 from quantlab.core.layout import REGISTRATION_FILE, REGISTRATION_SIG
 from quantlab.core.run import now_iso
 from quantlab.core.stage_context import StageContext
+from quantlab.recipe.stream import CONTROLLED
 from quantlab.release.decision import RULE_VERSION
 
 SCHEMA = "quantlab-registration/1"
@@ -98,12 +99,24 @@ def data_digests(ctx: StageContext) -> dict[str, Any]:
                       "performance": [w.seed for w in r.performance.workloads] if r.performance else []}}
 
 
+def stream_claim(stream: Any) -> dict[str, Any] | None:
+    """The run's place in its baseline's stream (pipeline/streams.py) as it is registered: signed
+    before any engine starts and, with Sigstore, in the public transparency log, so a register
+    reset in the cache shows as a second claim of one position for one key. None: no stream."""
+    if stream is None:
+        return None
+    if stream.control != CONTROLLED:
+        return {"control": stream.control}
+    return {"control": stream.control, "key": stream.key, "position": stream.position,
+            "register": stream.slot or stream.position, "method": stream.method, "share": round(stream.share, 12)}
+
+
 def statement(ctx: StageContext, *, trial_order: list[str] | None = None) -> dict[str, Any]:
     gates = gate_set(ctx)
     return {"schema": SCHEMA, "created_at": now_iso(),
             "recipe": {"name": ctx.recipe.name, "sha256": ctx.loaded.content_hash, "path": str(ctx.loaded.path)},
             "gates": gates, "gates_sha256": json_sha256(gates), "sections": section_digests(gates),
-            "data": data_digests(ctx), "trial_order": trial_order}
+            "data": data_digests(ctx), "trial_order": trial_order, "stream": stream_claim(ctx.stream)}
 
 
 def register(ctx: StageContext, *, trial_order: list[str] | None = None) -> dict[str, Any]:
@@ -113,7 +126,7 @@ def register(ctx: StageContext, *, trial_order: list[str] | None = None) -> dict
     held = ctx.run.record.registration
     current = statement(ctx, trial_order=trial_order)
     if held is not None:
-        if held["gates_sha256"] == current["gates_sha256"]:
+        if held["gates_sha256"] == current["gates_sha256"] and held.get("stream") == current["stream"]:
             return held
         _refuse_after_evidence(ctx, held, current)
         ctx.progress("registration: the gate set changed before its evidence was on file (or only performance's "
@@ -161,7 +174,7 @@ def _write_and_sign(ctx: StageContext, doc: dict[str, Any], *, previous: dict[st
     kept = {"file": f"{REGISTRATION_DIR}/{REGISTRATION_FILE}", "sha256": sha256_file(folder / REGISTRATION_FILE),
             "gates_sha256": doc["gates_sha256"], "sections": doc["sections"], "created_at": doc["created_at"],
             "signed": method != "none", "signing_method": method, "log_time": log_time,
-            "registrations": 1 + (previous or {}).get("registrations", 0)}
+            "registrations": 1 + (previous or {}).get("registrations", 0), "stream": doc.get("stream")}
     ctx.progress(f"registration: the gate set ({doc['gates_sha256'][:12]}) written and "
                  + (f"signed ({method}) before any engine starts" if method != "none" else "left unsigned "
                     "(signing.method none)"))

@@ -49,3 +49,32 @@ def stream_problems(manifest: Any) -> list[str]:
                         f"above the stream's level {level:.6g}" + (f" over a family of {size}" if size > 1 else "")
                         + ": the level the manifest records is not the one its gates were judged at")
     return problems
+
+
+CLAIMED = ("key", "position", "share")  # what the registered claim and the manifest's entry must agree on
+
+
+def claim_problems(manifest: Any, statement: Any) -> list[str]:
+    """The manifest's stream entry against the claim registered before any engine started
+    (release/registration.stream_claim): a position or level changed after the registration
+    is not the one the run was placed at. A statement without a claim (quantlab before the
+    claim was registered) has nothing to hold the entry to."""
+    claim = statement.get("stream") if isinstance(statement, dict) else None
+    budget = manifest.error_budget if isinstance(manifest.error_budget, dict) else {}
+    entry = budget.get("stream")
+    if not isinstance(claim, dict) or not isinstance(entry, dict):
+        return []
+    if claim.get("control") != entry.get("control"):
+        return [f"error_budget.stream: control '{entry.get('control')}', but the registration claimed "
+                f"'{claim.get('control')}' before any engine started"]
+    if claim.get("control") != CONTROLLED:
+        return []
+    return [f"error_budget.stream: {field} {entry.get(field)!r}, but the registration claimed {claim.get(field)!r} "
+            "before any engine started" for field in CLAIMED
+            if not _same(entry.get(field), claim.get(field))]
+
+
+def _same(a: Any, b: Any) -> bool:
+    if isinstance(a, (int, float)) and isinstance(b, (int, float)):
+        return abs(a - b) <= 1e-9
+    return a == b

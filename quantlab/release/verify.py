@@ -36,7 +36,7 @@ from quantlab.release.manifest import (
 from quantlab.release.registered_gates import gate_set_problems
 from quantlab.release.rule_history import legacy_note, rule_problems
 from quantlab.release.signing_key import local_public_key
-from quantlab.release.stream_consistency import stream_problems
+from quantlab.release.stream_consistency import claim_problems, stream_problems
 
 DEV_KEY_FIX = ("to ship, sign with a key of your own (`quantlab keygen`, then the recipe's signing.private_key), "
                "a certificate (signing.method: certificate) or Sigstore (signing.method: sigstore); pass "
@@ -71,6 +71,7 @@ def verify_release(folder: Path, *, require_attestation: bool = False, allow_dev
     problems += stream_problems(manifest)  # the level its stream position gives, from the history it records
     if isinstance(statement, dict):
         problems += gate_set_problems(manifest, statement)
+        problems += claim_problems(manifest, statement)  # its place in the stream, as registered
     problems += dev_key_problems(manifest, allow=allow_dev_key, public_key=signature_args.get("public_key"))
     if not (Path(folder) / SIGNATURE_FILE).is_file() and not require_attestation:  # unsigned: said already
         return Verified(problems, notes)

@@ -222,3 +222,16 @@ def test_one_roles_tasks_in_two_lm_eval_runs_are_judged_as_one(tmp_path):
     both = decide(tmp_path / "both", recipe(tmp_path / "both"), "--candidate-evals", str(CAND_EVALS),
                   "--baseline-evals", str(BASE_EVALS), *cmd, evals=None)
     assert both.returncode == 2 and "give one run a task" in both.stderr
+
+
+def test_a_decide_run_cannot_be_resumed_as_a_run(tmp_path):
+    """Its folder holds imported evidence and no stages of a run: resuming it would quantize and
+    serve into a decision's record."""
+    assert decide(tmp_path, recipe(tmp_path)).returncode == 1
+    run = only_run(tmp_path)
+    r = subprocess.run([sys.executable, "-m", "quantlab", "run", str(tmp_path / "recipe.yaml"), "--resume", str(run),
+                        "--runs-dir", str(tmp_path / "runs")], capture_output=True, text=True, timeout=120,
+                       env={**os.environ, "QUANTLAB_CACHE_DIR": str(tmp_path / "cache")})
+    assert r.returncode == 2 and "decision on imported evidence" in r.stderr, r.stderr[-2000:]
+    assert list(json.loads((run / "run.json").read_text())["stages"]) == ["evidence", "quality", "performance",
+                                                                          "release"]

@@ -36,31 +36,32 @@ def _number(value: Any) -> bool:
     return not isinstance(value, bool) and isinstance(value, (int, float)) and math.isfinite(value)
 
 
+def _finite(path: Path, field: str, value: Any, fix: str, expected: str, *, least: float | None = None,
+            above: float | None = None) -> float:
+    """A finite number, at least `least` or above `above` when given; refused (naming what was
+    expected) otherwise."""
+    if not _number(value) or (least is not None and value < least) or (above is not None and value <= above):
+        raise refuse(path, field, f"{value!r}", expected, fix)
+    return float(value)
+
+
 def seconds(path: Path, field: str, value: Any, fix: str) -> float:
     """A time in seconds, finite and not negative."""
-    if not _number(value) or value < 0:
-        raise refuse(path, field, f"{value!r}", "a time in seconds, finite and not negative", fix)
-    return float(value)
+    return _finite(path, field, value, fix, "a time in seconds, finite and not negative", least=0)
 
 
 def duration(path: Path, field: str, value: Any, fix: str) -> float:
     """A benchmark's duration: finite and above 0 (throughput divides by it)."""
-    if not _number(value) or value <= 0:
-        raise refuse(path, field, f"{value!r}", "the benchmark's duration in seconds, above 0", fix)
-    return float(value)
+    return _finite(path, field, value, fix, "the benchmark's duration in seconds, above 0", above=0)
 
 
 def clock(path: Path, field: str, value: Any, fix: str) -> float:
     """A clock reading (any origin), finite."""
-    if not _number(value):
-        raise refuse(path, field, f"{value!r}", "a finite clock reading in seconds", fix)
-    return float(value)
+    return _finite(path, field, value, fix, "a finite clock reading in seconds")
 
 
 def rate(path: Path, field: str, value: Any, fix: str) -> float:
-    if not _number(value) or value <= 0:
-        raise refuse(path, field, f"{value!r}", "a request rate in requests per second, above 0 (or \"inf\")", fix)
-    return float(value)
+    return _finite(path, field, value, fix, "a request rate in requests per second, above 0 (or \"inf\")", above=0)
 
 
 def count(path: Path, field: str, value: Any, fix: str, *, least: int = 0) -> int:

@@ -65,13 +65,13 @@ def imported_parts(ctx: Any) -> dict[str, Any] | None:
     """quantlab decide's stream (quality/imported_stage.stream_parts): one baseline's items,
     never its bytes (None: no quality evidence)."""
     from quantlab.quality.imported_stage import stream_parts as items_parts
-    from quantlab.quality.lmeval_logs import read_role_logs
+    from quantlab.quality.lmeval_logs import role_logs_once
     from quantlab.release.evidence_stage import judged_tasks
 
     given = ctx.evidence.evals.get("baseline")
     if not given:
         return None
-    return items_parts(ctx, read_role_logs(given, judged_tasks(ctx), field="--baseline-evals"))
+    return items_parts(ctx, role_logs_once(ctx, given, judged_tasks(ctx), field="--baseline-evals"))
 
 
 def _body(key: str, doc: dict[str, Any]) -> dict[str, Any]:

@@ -22,7 +22,7 @@ from quantlab.core.results import EvidenceResult, QualityResult
 from quantlab.core.roles import BASELINE, CANDIDATE
 from quantlab.core.stage_context import StageContext
 from quantlab.quality.judging import judge, sample_artifacts, write_flips
-from quantlab.quality.lmeval_logs import EvalLog, check_pairable, read_role_logs, write_quantlab_form
+from quantlab.quality.lmeval_logs import EvalLog, check_pairable, role_logs_once, write_quantlab_form
 from quantlab.quality.work import runnable, suites_of
 from quantlab.recipe.quality import QualitySpec
 from quantlab.recipe.stream import CONTROLLED
@@ -64,13 +64,13 @@ def preflight(ctx: StageContext) -> None:
         _, tasks = _tasks(ctx)
     except RecipeError as err:
         raise RecipeError(str(err), file=err.file or path, field=err.field) from None
-    logs = role_logs({role: [Path(p) for p in paths] for role, paths in ctx.evidence.evals.items()}, tasks)
+    logs = role_logs(ctx, {role: [Path(p) for p in paths] for role, paths in ctx.evidence.evals.items()}, tasks)
     check_logs(ctx, logs, tasks)
 
 
-def role_logs(paths: dict[str, list[Path]], tasks: list[str]) -> dict[str, list[EvalLog]]:
+def role_logs(ctx: StageContext, paths: dict[str, list[Path]], tasks: list[str]) -> dict[str, list[EvalLog]]:
     """Each role's lm-eval outputs read for the recipe's tasks (each task in one output a role)."""
-    return {role: read_role_logs(paths[role], tasks, field=OPTION[EVALS].format(role=role))
+    return {role: role_logs_once(ctx, paths[role], tasks, field=OPTION[EVALS].format(role=role))
             for role in (BASELINE, CANDIDATE)}
 
 
@@ -165,8 +165,8 @@ def run(ctx: StageContext) -> QualityResult:
     evidence = ctx.run.record.result("evidence")
     if not isinstance(evidence, EvidenceResult) or set(evidence.evals) != {BASELINE, CANDIDATE}:
         raise CheckError("no imported lm-eval output in this run's evidence: run it from its first stage")
-    logs = role_logs({role: [ctx.run.path / rel for rel in evidence.evals[role]] for role in (BASELINE, CANDIDATE)},
-                     tasks)
+    logs = role_logs(ctx, {role: [ctx.run.path / rel for rel in evidence.evals[role]]
+                           for role in (BASELINE, CANDIDATE)}, tasks)
     check_logs(ctx, logs, tasks)  # the copies, as judged
     _same_stream(ctx, logs[BASELINE])
     out = ctx.run.path / QUALITY_DIR

@@ -21,6 +21,7 @@ from typing import Any
 
 from quantlab.core import redact
 from quantlab.core.errors import RecipeError
+from quantlab.core.stage_context import once
 from quantlab.core.fsutil import write_json_atomic, write_text_atomic
 from quantlab.quality.lmeval_log_samples import HOW, OUTPUT_TYPES, read_samples_file
 from quantlab.quality.sample_format import compact_sample
@@ -104,6 +105,13 @@ def read_role_logs(paths: list[Path], tasks: list[str], *, field: str) -> list[E
             raise RecipeError(f"this lm-eval output holds none of the recipe's tasks ({', '.join(tasks)}): leave it "
                               "out, or add its tasks to the recipe", file=str(p), field=field)
     return [read_eval_log(p, ts) for p, ts in held]
+
+
+def role_logs_once(ctx: Any, paths: list[Path], tasks: list[str], *, field: str) -> list[EvalLog]:
+    """read_role_logs, once per run for the same files and tasks (core/stage_context.once): the
+    evidence stage, the stream and the quality stage of one decision read each output once."""
+    key = ("lm-eval logs", tuple(str(p) for p in paths), tuple(tasks))
+    return once(ctx, repr(key), lambda: read_role_logs(paths, tasks, field=field))
 
 
 def results_file_of(path: Path) -> Path:

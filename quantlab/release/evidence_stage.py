@@ -22,7 +22,7 @@ from quantlab.core.fsutil import remove_tree, sha256_file
 from quantlab.core.results import EvidenceFile, EvidenceResult
 from quantlab.core.stage_context import StageContext
 from quantlab.performance.bench_files import read_bench_file
-from quantlab.quality.lmeval_logs import EvalLog, read_role_logs
+from quantlab.quality.lmeval_logs import EvalLog, role_logs_once
 from quantlab.quality.work import runnable, suites_of
 
 NAME = "evidence"
@@ -60,7 +60,7 @@ def _given(ctx: StageContext, ev: Evidence) -> list[tuple[str, str, list[tuple[s
     tasks = judged_tasks(ctx) if ev.evals else []
     out = []
     for role, paths in ev.evals.items():
-        logs = read_role_logs(paths, tasks, field=OPTION[EVALS].format(role=role))
+        logs = role_logs_once(ctx, paths, tasks, field=OPTION[EVALS].format(role=role))
         for given, log in zip(paths, logs, strict=True):
             files, reader = eval_files(given, log, role)
             out.append((role, EVALS, files, reader))
@@ -164,7 +164,8 @@ def _facts(ctx: StageContext, evals: dict[str, list[str]], bench: dict[str, list
     out: dict[str, Any] = {}
     tasks = judged_tasks(ctx) if evals else []
     for role, rels in evals.items():
-        logs = read_role_logs([ctx.run.path / rel for rel in rels], tasks, field=OPTION[EVALS].format(role=role))
+        logs = role_logs_once(ctx, [ctx.run.path / rel for rel in rels], tasks,
+                              field=OPTION[EVALS].format(role=role))
         out.setdefault(role, {})[EVALS] = [{"model": log.model_name, "lm_eval": log.lm_eval_version,
                                             "tasks": sorted(log.tasks), "seeds": log.seeds, "limit": log.limit,
                                             **log.facts} for log in logs]

@@ -255,6 +255,63 @@ class StabilityResult(_Result):
     notes: list[str] = Field(default_factory=list)
 
 
+class LoadQualityLevel(_Result):
+    """One role's answers at one level (concurrency 1, or a point's load) over the slice."""
+
+    accuracy: float | None = Field(description="Right answers over the slice's documents (a document not answered "
+                                   "or not scored is not right); None with no document.")
+    correct: int
+    documents: int = Field(description="Documents sent (the slice).")
+    answered: int = Field(description="Documents with an answer, scored or not.")
+    unscored: int = Field(0, description="Answered documents whose scorer gave no pass/fail.")
+    seconds: float | None = Field(None, description="Wall time of this evaluation.")
+    goodput: dict[str, Any] | None = Field(None, description="Correct answers within every SLO per second, its "
+                                           "interval, the cost per correct answer (load_quality/goodput.Goodput).")
+
+
+class LoadQualityRole(_Result):
+    """One role at one point: its answers at load and at concurrency 1, and its flips between them."""
+
+    load: LoadQualityLevel
+    c1: LoadQualityLevel | None = Field(None, description="The same documents at concurrency 1 (None: not asked).")
+    flips: dict[str, Any] | None = Field(None, description="The batch noise floor measured here: documents scored "
+                                         "at both levels whose pass/fail changed (k, n, rate, low, high, "
+                                         "confidence: Clopper-Pearson); None without answers at c1.")
+
+
+class LoadQualityPoint(_Result):
+    name: str = Field(description="'<workload>/<point>', the gates' scope.")
+    workload: str
+    point: str = Field(description="'c8' (8 in flight) or 'r2' (2 requests/s, Poisson), as the performance stage "
+                       "names it.")
+    concurrency: int | None = None
+    rate: float | None = None
+    roles: dict[str, LoadQualityRole] = Field(description="Per role (baseline, candidate).")
+    raw_files: list[str] = Field(default_factory=list, description="Its samples and timed requests, relative to "
+                                 "the run directory.")
+
+
+class LoadQualityResult(_Result):
+    """Quality at load: the slice's answers per point and role, the gates, goodput counting
+    only correct answers, and the batch noise floor."""
+
+    stage: Literal["load_quality"] = "load_quality"
+    points: list[LoadQualityPoint]
+    tasks: list[str] = Field(default_factory=list, description="The quality tasks sliced.")
+    items: dict[str, int] = Field(default_factory=dict, description="Documents per task (its first ones).")
+    plan: list[str] = Field(default_factory=list, description="How many documents a point and what they can "
+                            "detect (load_quality/slice.planned_items), said before the run.")
+    discordance: float | None = Field(None, description="The discordance the plan assumed (its source in `plan`).")
+    floor: dict[str, dict[str, Any]] = Field(default_factory=dict, description="Per role: its batch noise floor "
+                                             "in the cache (this run's and earlier ones, every point pooled).")
+    seconds: dict[str, float] = Field(default_factory=dict, description="Wall time per role, every level.")
+    lm_eval_version: str | None = None
+    raw_files: list[str] = Field(default_factory=list)
+    plots: list[str] = Field(default_factory=list)
+    gates: list[GateVerdict] = Field(default_factory=list)
+    notes: list[str] = Field(default_factory=list)
+
+
 class TargetOutcome(_Result):
     """One of serve.targets: what served where, how its greedy outputs compare with the
     primary target's, and (set by the release stage's decision) its gates."""
@@ -322,5 +379,5 @@ class ReleaseResult(_Result):
 
 
 StageOutput = Annotated[Union[QuantizeResult, CheckpointResult, EvidenceResult, ServeResult, QualityResult, PerfResult,
-                              StabilityResult, TargetsResult, ReleaseResult],
+                              StabilityResult, LoadQualityResult, TargetsResult, ReleaseResult],
                         Field(discriminator="stage")]

@@ -30,6 +30,7 @@ from quantlab.core.errors import RecipeError
 from quantlab.recipe.quantize import CalibrationSpec, QuantizationSpec
 from quantlab.recipe.release import ReleaseSpec, SigningSpec
 from quantlab.recipe.serve import ServeSpec
+from quantlab.recipe.load_quality import LoadQualitySpec, selected_points
 from quantlab.recipe.performance import PerformanceSpec
 from quantlab.recipe.quality import QualitySpec
 from quantlab.recipe.stability import StabilitySpec
@@ -38,6 +39,14 @@ SCHEMA_VERSION = 1
 
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=False)
+
+
+class SectionError(ValueError):
+    """A recipe value that contradicts another section: the error names `field`, not the top."""
+
+    def __init__(self, field: str, message: str):
+        super().__init__(message)
+        self.field = field
 
 
 class ModelSpec(_Strict):
@@ -69,6 +78,10 @@ class Recipe(_Strict):
         None, description="Performance checks: load workloads on baseline and candidate, SLOs, gates.")
     stability: StabilitySpec | None = Field(
         None, description="Stability checks: batch and length sweeps, determinism, bad requests, soak, fallback.")
+    load_quality: LoadQualitySpec | None = Field(
+        None, description="Quality at load: a paired slice of the quality tasks at performance workload points "
+        "and at concurrency 1, on both servers; correct answers within the SLOs per second; the batch noise floor. "
+        "Needs the quality and performance sections.")
     release: ReleaseSpec = Field(default_factory=ReleaseSpec, description="What a gate that could not decide "
                                  "does to the decision (release.policy).")
     signing: SigningSpec = Field(default_factory=SigningSpec, description="How the release manifest is signed.")
@@ -84,6 +97,23 @@ class Recipe(_Strict):
                 f"{why} needs calibration data: add a 'calibration' section with 'datasets' "
                 "(e.g. [{path: ../calib_data/prose.jsonl}])"
             )
+        return self
+
+    @model_validator(mode="after")
+    def _load_quality_sections(self) -> "Recipe":
+        lq = self.load_quality
+        if lq is None:
+            return self
+        missing = [name for name in ("quality", "performance") if getattr(self, name) is None]
+        if missing:
+            raise SectionError("load_quality", f"needs the {' and '.join(missing)} section"
+                               f"{'s' if len(missing) > 1 else ''}: its slice is drawn from the quality tasks and "
+                               "sent at the performance section's workload points. Add them, or remove "
+                               "load_quality")
+        try:
+            selected_points(lq, self.performance)
+        except ValueError as err:
+            raise SectionError("load_quality.points", str(err)) from None
         return self
 
 
@@ -178,6 +208,8 @@ def _format_validation_error(err: ValidationError, file: str) -> RecipeError:
         loc = tuple(p for p in e["loc"] if not (isinstance(p, str) and p.startswith("function-")))
         # pydantic puts the union/literal branch in the location: keep only real keys
         dotted = ".".join(str(p) for p in loc if not _is_branch_tag(p))
+        if not dotted and isinstance((e.get("ctx") or {}).get("error"), SectionError):
+            dotted = e["ctx"]["error"].field
         if e["type"] == "extra_forbidden":
             allowed = _allowed_keys(Recipe, loc)
             key = str(loc[-1])

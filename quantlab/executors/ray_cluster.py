@@ -59,6 +59,39 @@ def check_storage_creatable(storage: Path) -> None:
                           "a mounted bucket)", field="--storage")
 
 
+SETUP_HOOK_ENV = "QUANTLAB_RAY_WORKER_SETUP_HOOK"  # "module.function": run in every Ray worker before its tasks
+
+
+def worker_setup(progress: Progress) -> dict[str, Any] | None:
+    """The job's runtime_env when SETUP_HOOK_ENV names a function ("module.function", the
+    string form of Ray's `worker_process_setup_hook`): every worker of this job calls it
+    before any task. Unset (every production run): None, Ray's default. It exists for
+    code that changes quantlab in the driver and must change it in each worker too (the
+    tests' stage lists: tests/data/stages/with_dummy_stage.py). The module must be found
+    here; a folder outside the installed packages that holds it goes first on the workers'
+    PYTHONPATH (the same path on every node, as Ray assumes of a driver's script). The
+    driver says which hook it installed: nothing runs in the workers unannounced."""
+    import importlib.util
+    import site
+
+    hook = os.environ.get(SETUP_HOOK_ENV, "").strip()
+    if not hook:
+        return None
+    module, _, function = hook.rpartition(".")
+    spec = importlib.util.find_spec(module.split(".")[0]) if module and function.isidentifier() else None
+    if spec is None or spec.origin is None:
+        raise RecipeError(f"{SETUP_HOOK_ENV}={hook}: expected module.function with the module importable here "
+                          "(it runs in every Ray worker before its tasks); unset it for a plain run",
+                          field=SETUP_HOOK_ENV)
+    found = Path(spec.origin).parent  # a module's folder, or a package's own folder
+    folder = found.parent if spec.submodule_search_locations else found
+    installed = {Path(p).resolve() for p in [*site.getsitepackages(), site.getusersitepackages()]}
+    env = {} if folder.resolve() in installed else {"PYTHONPATH": f"{folder}{os.pathsep}${{PYTHONPATH}}"}
+    progress(f"ray: every worker of this job runs {hook} before its tasks ({SETUP_HOOK_ENV}"
+             + (f"; {folder} first on its PYTHONPATH)" if env else ")"))
+    return {"worker_process_setup_hook": hook, "env_vars": env}
+
+
 def connect(address: str, *, progress: Progress) -> dict[str, Any]:
     """Join the cluster at `address` ('auto': the one `ray start` made here; 'local': start
     one in this process). Returns what the cluster has (its nodes and resources)."""
@@ -68,6 +101,9 @@ def connect(address: str, *, progress: Progress) -> dict[str, Any]:
         raise RecipeError("--ray needs the `ray` package in quantlab's environment: pip install ray==2.60.0 "
                           "(scripts/setup.sh installs it)", field="--ray") from None
     kwargs: dict[str, Any] = {"include_dashboard": False, "log_to_driver": False, "configure_logging": False}
+    setup = worker_setup(progress)
+    if setup is not None:
+        kwargs["runtime_env"] = setup
     if address == "local":
         kwargs.update(num_cpus=os.cpu_count() or 1, object_store_memory=LOCAL_OBJECT_STORE_BYTES)
     else:

@@ -5,7 +5,9 @@ its run folder (records, engine logs) in the storage folder; the driver decides,
 and signs. A node lost mid-task makes Ray run that candidate again on the free node; the
 decisions, every quality verdict by gate id and the choice are those of a local
 comparison of the same recipes; a candidate that fails a required gate with
-`samples: auto` is stopped after its quality stage. Ctrl-C stops every task."""
+`samples: auto` is stopped after its quality stage. Both comparisons run with one more
+stage in STAGES (tests/data/stages/with_dummy_stage.py, handed to the Ray workers as the
+job's setup hook), and each task runs it. Ctrl-C stops every task."""
 
 from __future__ import annotations
 
@@ -22,6 +24,8 @@ from conftest import COMPARISON_PERF as TINY_PERF, REPO, quiet, tiny_variant, wr
 from quantlab.core.errors import RecipeError
 from quantlab.core.layout import MANIFEST_FILE
 from quantlab.release.signing_key import local_public_key
+
+DUMMY_STAGE_DIR = REPO / "tests" / "data" / "stages"  # with_dummy_stage.py: one more stage in STAGES
 
 pytestmark = pytest.mark.slow
 ray = pytest.importorskip("ray", reason="ray is installed by scripts/setup.sh (pyproject's dependencies)")
@@ -145,14 +149,25 @@ def test_a_task_the_cluster_cannot_hold_is_refused_before_any_work(tmp_path, tin
 @pytest.fixture(scope="module")
 def local_and_ray(tmp_path_factory, tiny_model_dir, served_format, cluster):
     """The same two recipes (good, broken) compared here and on the cluster, where the
-    node of one candidate is removed while its task runs: (local, on_ray, lines, lost)."""
+    node of one candidate is removed while its task runs: (local, on_ray, lines, lost).
+    Both run under tests/data/stages/with_dummy_stage.py's stage lists: this process's,
+    and each Ray worker's through the job's setup hook."""
+    root = tmp_path_factory.mktemp("ray-compare")
+    recipes = [candidate(root / "recipes", "good", served_format.recipe, tiny_model_dir, max_mean_kl=50.0),
+               candidate(root / "recipes", "broken", served_format.recipe, tiny_model_dir, max_mean_kl=1e-9)]
+    with pytest.MonkeyPatch.context() as mp:
+        mp.syspath_prepend(str(DUMMY_STAGE_DIR))
+        from with_dummy_stage import dummy_stage_added
+
+        with dummy_stage_added():
+            return compare_here_and_on_ray(root, recipes, cluster)
+
+
+def compare_here_and_on_ray(root, recipes, cluster):
     from quantlab.executors.ray_cluster import check_storage, connect, disconnect
     from quantlab.executors.ray_driver import run_comparison_on_ray
     from quantlab.pipeline.candidates.run import run_comparison
 
-    root = tmp_path_factory.mktemp("ray-compare")
-    recipes = [candidate(root / "recipes", "good", served_format.recipe, tiny_model_dir, max_mean_kl=50.0),
-               candidate(root / "recipes", "broken", served_format.recipe, tiny_model_dir, max_mean_kl=1e-9)]
     local = run_comparison(recipes, root / "runs", progress=quiet)
     c, workers = cluster
     storage = check_storage(root / "storage")
@@ -241,3 +256,23 @@ def test_a_candidate_that_failed_a_required_gate_is_stopped_after_quality(local_
     good = {c.name: c.run for c in on_ray.candidates}["good"]
     assert good.record.stopped_early is None and "stability" in good.record.stages
     assert "performance" in {c.name: c.run for c in local.candidates}["broken"].record.stages
+
+
+def test_a_stage_added_to_stages_runs_in_each_task_as_in_the_driver(local_and_ray):
+    """The driver installed the wrapper's hook and said so; each Ray task ran the added
+    stage after quality, as the local comparison did, but where racing stopped the
+    candidate at quality (nothing after it runs there)."""
+    local, on_ray, lines, _ = local_and_ray
+    assert any("runs with_dummy_stage.add_dummy_stage before its tasks" in ln for ln in lines), lines
+    for comparison in (local, on_ray):
+        for c in comparison.candidates:
+            record = c.run.record
+            if record.stopped_early:
+                assert comparison is on_ray and "dummy" not in record.stages, (c.name, list(record.stages))
+                continue
+            assert record.stages["dummy"].status == "ok", (c.name, record.stages.get("dummy"))
+            order = list(record.stages)
+            assert order.index("quality") < order.index("dummy"), order
+            seen = (c.run.path / "dummy.txt").read_text().split()
+            assert seen[0] == c.name and seen[1], seen
+    assert {c.name for c in on_ray.candidates if "dummy" in c.run.record.stages} == {"good"}

@@ -97,3 +97,25 @@ def test_the_scheme_phase_hands_each_round_to_the_executor(tmp_path, trials):
                                            past_budget=lambda rounds: False)
     assert [c["members"] for c in executor.calls] == [[trials[0]]]  # the first round released one: the search stops
     assert chosen == trials[0].recipe.name and rounds[0]["schemes"] == ["s1"]
+
+
+def test_a_worker_setup_hook_is_given_to_ray_only_when_named_and_said(monkeypatch, tmp_path):
+    """Unset: no runtime_env (Ray's default). Named: Ray's string hook, its module's folder
+    on the workers' PYTHONPATH, and the driver's line saying so; a name not importable
+    here is refused before Ray starts."""
+    from quantlab.executors.ray_cluster import SETUP_HOOK_ENV, worker_setup
+
+    said: list[str] = []
+    monkeypatch.delenv(SETUP_HOOK_ENV, raising=False)
+    assert worker_setup(said.append) is None and not said
+    (tmp_path / "my_hooks.py").write_text("def setup():\n    pass\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setenv(SETUP_HOOK_ENV, "my_hooks.setup")
+    assert worker_setup(said.append) == {"worker_process_setup_hook": "my_hooks.setup",
+                                         "env_vars": {"PYTHONPATH": f"{tmp_path}:${{PYTHONPATH}}"}}
+    assert said == [f"ray: every worker of this job runs my_hooks.setup before its tasks ({SETUP_HOOK_ENV}; "
+                    f"{tmp_path} first on its PYTHONPATH)"]
+    for bad in ("my_hooks", "no_such_module.setup", "my_hooks.not-a-name"):
+        monkeypatch.setenv(SETUP_HOOK_ENV, bad)
+        with pytest.raises(RecipeError, match=f"{SETUP_HOOK_ENV}={bad}: expected module.function"):
+            worker_setup(said.append)

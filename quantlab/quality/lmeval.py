@@ -7,6 +7,7 @@ deadline. Usage of the child: python -m quantlab.quality.lmeval SPEC.json
 
 from __future__ import annotations
 
+import contextvars
 import json
 import os
 import signal
@@ -22,6 +23,7 @@ from quantlab.core.engine_time import engine_busy
 from quantlab.core.errors import EngineError
 from quantlab.core.process_death import die_with_parent
 from quantlab.core.together import Stopped
+from quantlab.quality.request_keys import PAYLOAD_FIELD, key_of, keys_of_arguments
 from quantlab.quality.sample_format import compact_sample
 from quantlab.quality.samples import Docs
 from quantlab.quality.sandbox import ENV_VAR as SANDBOX_ENV
@@ -48,6 +50,41 @@ def api_model(part: dict[str, Any]) -> Any:
     return lm if part["chat"] else batch_rolling_requests(lm)
 
 
+# the cache keys of the request being built, set per asyncio task by amodel_call
+_SENDING: contextvars.ContextVar[list | None] = contextvars.ContextVar("quantlab_sending_keys", default=None)
+
+
+def tag_payloads(lm: Any) -> Any:
+    """Make this lm-eval API model put the keys of each request it sends (quality/request_keys)
+    in the payload's PAYLOAD_FIELD. lm-eval's async path hands `amodel_call` the request's
+    cache keys and builds the payload inside it: the keys ride a context variable (each
+    request is its own asyncio task) from the one to `_create_payload`. The sync path
+    (num_concurrent 1) has no keys: tag_flag refuses tagging there."""
+    call, create = lm.amodel_call, lm._create_payload
+
+    async def amodel_call(*args: Any, cache_keys: list | None = None, **kwargs: Any) -> Any:
+        token = _SENDING.set(cache_keys)
+        try:
+            return await call(*args, cache_keys=cache_keys, **kwargs)
+        finally:
+            _SENDING.reset(token)
+
+    def create_payload(*args: Any, **kwargs: Any) -> dict:
+        payload = create(*args, **kwargs)
+        payload[PAYLOAD_FIELD] = [key_of(k) for k in _SENDING.get() or [] if k is not None]
+        return payload
+
+    lm.amodel_call, lm._create_payload = amodel_call, create_payload
+    return lm
+
+
+def sample_rows(samples: list[dict[str, Any]], tagged: bool) -> list[dict[str, Any]]:
+    """The rows written for one task's samples; tagged: each with its requests' keys."""
+    if not tagged:
+        return [compact_sample(s) for s in samples]
+    return [{**compact_sample(s), "request_keys": keys_of_arguments(s.get("arguments"))} for s in samples]
+
+
 def _child(spec_path: str) -> int:
     import lm_eval
     from lm_eval.tasks import TaskManager
@@ -62,6 +99,8 @@ def _child(spec_path: str) -> int:
     for i, (part, task) in enumerate(work, 1):
         if part["chat"] not in models:
             models[part["chat"]] = api_model(part)
+            if spec.get("tag_requests"):
+                tag_payloads(models[part["chat"]])
         lm = models[part["chat"]]
         print(f"{PROGRESS}start {i}/{len(work)} {task}", flush=True)
         t0 = time.monotonic()
@@ -80,7 +119,7 @@ def _child(spec_path: str) -> int:
                          "quality.allow_code_execution: true; a hub task would run it inside lm-eval's process)")
             (out / FAILED_FILE).write_text(json.dumps({"task": task, "error": said}))
             raise
-        rows = [compact_sample(s) for s in r["samples"][task]]
+        rows = sample_rows(r["samples"][task], bool(spec.get("tag_requests")))
         tmp = out / f".{task}.jsonl.tmp"
         tmp.write_text("".join(json.dumps(row, default=str) + "\n" for row in rows))
         tmp.replace(out / f"{task}.jsonl")
@@ -113,20 +152,34 @@ def lm_eval_docs(task: str, pair: list[int | None] | None) -> dict[str, Any]:
     return {"limit": None, "samples": {task: list(range(docs.start, docs.stop))}}
 
 
+def tag_flag(tag_requests: bool, num_concurrent: int) -> dict[str, Any]:
+    """The spec's flag for tagged requests: every payload carries its requests' keys and every
+    sample row its `request_keys` (quality/request_keys; the load shaper joins timings to
+    answers by them). Only lm-eval's async path hands over the keys: num_concurrent >= 2.
+    Untagged, the spec stays as it was."""
+    if not tag_requests:
+        return {}
+    if num_concurrent < 2:
+        raise ValueError("tagging requests needs lm-eval's concurrent path (num_concurrent >= 2), "
+                         f"got {num_concurrent}")
+    return {"tag_requests": True}
+
+
 def run_tasks(*, tasks: list[str], chat_tasks: list[str] | None = None, base_url: str, served_name: str,
               tokenizer: str | None, suite_dir: Path | None, out_dir: Path, log_path: Path, seed: int,
               docs: dict[str, Docs] | None = None, num_concurrent: int,
               request_timeout_s: float, max_retries: int,
               deadline_s: float, offline: bool, trust_remote_code: bool, progress: Callable[[str], None],
               is_alive: Callable[[], bool] = lambda: True, stop: threading.Event | None = None,
-              code_sandbox: str | None = None) -> None:
+              code_sandbox: str | None = None, tag_requests: bool = False) -> None:
     """Run `tasks` (completions API) then `chat_tasks` (chat completions API, the model's
     chat template) against a served model, in one lm-eval process; per-task sample files
     land in out_dir. `docs`: each task's documents (quality/samples.py; a task not in it:
     all of them). `stop` set (another role's evaluation failed, the run was
     interrupted): the child is killed within a second and `Stopped` raised. `code_sandbox`: the
     kind model code runs in (quality/sandbox.py), for a local suite only; None: lm-eval refuses
-    every task marked unsafe_code (a hub task's code would run inside lm-eval's own process)."""
+    every task marked unsafe_code (a hub task's code would run inside lm-eval's own process).
+    `tag_requests`: payloads and sample rows carry their requests' keys (`tag_flag`)."""
     # the child runs in the suite folder (task YAML name their data relative to it): absolute paths only
     out_dir, log_path = Path(out_dir).resolve(), Path(log_path).resolve()
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -146,7 +199,8 @@ def run_tasks(*, tasks: list[str], chat_tasks: list[str] | None = None, base_url
     spec = {"parts": [part(names, chat) for names, chat in ((tasks, False), (chat_tasks or [], True)) if names],
             "seed": seed, "docs": {task: d.to_json() for task, d in (docs or {}).items()}, "out_dir": str(out_dir),
             "code_sandbox": code_sandbox if suite_dir is not None else None,
-            "include_path": str(suite_dir) if suite_dir else None, "include_defaults": suite_dir is None}
+            "include_path": str(suite_dir) if suite_dir else None, "include_defaults": suite_dir is None,
+            **tag_flag(tag_requests, num_concurrent)}
     spec_path = out_dir / "lmeval-spec.json"
     spec_path.write_text(json.dumps(spec, indent=2))
     env = {**os.environ, "TOKENIZERS_PARALLELISM": "false"}

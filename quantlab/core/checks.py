@@ -71,6 +71,10 @@ CHECKS: tuple[Check, ...] = (
     Check("targets", "serve.targets", "Serve targets", report="quantlab.reports.sections:targets_section",
           summary="quantlab.targets.record:summary", registered="quantlab.targets.gates:registered",
           verify=f"{VERIFY}:targets_wants", report_place=3, manifest_place=1),
+    Check("load_quality", "load_quality", "Quality at load", report="quantlab.load_quality.record:report_section",
+          summary="quantlab.load_quality.record:summary", plots="quantlab.reports.stage_plots:load_quality_plots",
+          budget="quantlab.load_quality.record:budget", verify="quantlab.load_quality.record:wants",
+          report_place=5, manifest_place=4),
 )
 
 

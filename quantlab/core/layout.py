@@ -14,6 +14,7 @@ RECIPE_COPY_FILE = "quantlab-recipe.yaml"  # in a checkpoint
 QUALITY_DIR = "quality"  # samples per role, flips, KL, plots
 PERF_DIR = "perf"  # per-request rows, plots
 STABILITY_DIR = "stability"
+LOAD_QUALITY_DIR = "load-quality"  # per role and load: samples, timed requests
 RECORD_FILE = "run.json"  # the run record, rewritten after every stage
 MARKDOWN_FILE = "report.md"
 HTML_FILE = "report.html"

@@ -21,6 +21,7 @@ from quantlab.core.digest import inputs_hash
 from quantlab.core.errors import RecipeError
 from quantlab.core.stage_context import stage_hook
 from quantlab.pipeline.context import RunContext
+from quantlab.load_quality import stage as load_quality_stage
 from quantlab.performance import imported_stage as imported_perf_stage
 from quantlab.performance import stage as perf_stage
 from quantlab.quality import imported_stage as imported_quality_stage
@@ -33,11 +34,11 @@ from quantlab.serving import stage as serve_stage
 from quantlab.stability import stage as stability_stage
 from quantlab.targets import stage as targets_stage
 
-STAGES: list[ModuleType] = [quantize_stage, serve_stage, quality_stage, perf_stage, stability_stage, targets_stage,
-                            release_stage]
+STAGES: list[ModuleType] = [quantize_stage, serve_stage, quality_stage, perf_stage, load_quality_stage,
+                            stability_stage, targets_stage, release_stage]
 # quantlab validate: an existing checkpoint instead of quantizing
-VALIDATE_STAGES: list[ModuleType] = [checkpoint_stage, serve_stage, quality_stage, perf_stage, stability_stage,
-                                     targets_stage, release_stage]
+VALIDATE_STAGES: list[ModuleType] = [checkpoint_stage, serve_stage, quality_stage, perf_stage, load_quality_stage,
+                                     stability_stage, targets_stage, release_stage]
 # quantlab decide: evidence made elsewhere (lm-eval logs, benchmark files) judged by the same checks'
 # gates; the checkpoint taken in (and the release signed) only when the user names it
 DECIDE_STAGES: list[ModuleType] = [checkpoint_stage, evidence_stage, imported_quality_stage, imported_perf_stage,

@@ -68,6 +68,26 @@ def versus_concurrency(points: list[Any], out: Path, context: str) -> Path | Non
     return _finish(plt, fig, (ax_tp, ax_ttft), out, f"Throughput and tail latency - {context}")
 
 
+def accuracy_vs_load(points: list[Any], out: Path, context: str) -> Path | None:
+    """Accuracy on the load_quality slice at concurrency 1 and at each closed-loop point, per
+    role (open-loop points, which have no concurrency, are in the report's table only)."""
+    closed = sorted((p for p in points if p.concurrency is not None), key=lambda p: p.concurrency)
+    if not closed:
+        return None
+    plt = _pyplot()
+    fig, ax = plt.subplots(1, 1, figsize=(6, 3.6))
+    for role in ("baseline", "candidate"):
+        first = next((p.roles[role].c1 for p in closed if p.roles.get(role) and p.roles[role].c1), None)
+        xs = ([1] if first is not None else []) + [p.concurrency for p in closed if p.concurrency != 1]
+        ys = ([first.accuracy] if first is not None else []) + [p.roles[role].load.accuracy for p in closed
+                                                                if p.concurrency != 1]
+        ax.plot(xs, ys, marker="o", color=COLORS[role], label=role)
+    ax.set_xlabel("concurrency")
+    ax.set_ylabel("accuracy on the slice")
+    ax.set_xscale("log", base=2)
+    return _finish(plt, fig, (ax,), out, f"Accuracy against concurrency - {context}")
+
+
 def _finish(plt, fig, axes, out: Path, title: str) -> Path:
     for ax in axes:
         ax.grid(alpha=0.3)

@@ -9,7 +9,7 @@ from typing import Any
 
 from quantlab.core import checks as check_table
 from quantlab.release.check_hooks import hook
-from quantlab.core.layout import PERF_DIR, QUALITY_DIR  # noqa: F401 (also read from here)
+from quantlab.core.layout import LOAD_QUALITY_DIR, PERF_DIR, QUALITY_DIR  # noqa: F401 (also read from here)
 from quantlab.core.stage_context import StageContext
 
 
@@ -59,3 +59,15 @@ def performance_plots(ctx: StageContext, result: Any) -> list[str]:
     for rel in rels:
         ctx.add_artifact(rel, "perf-plot")
     return rels
+
+
+def load_quality_plots(ctx: StageContext, result: Any) -> list[str]:
+    from quantlab.reports.plots import accuracy_vs_load
+
+    made = accuracy_vs_load(result.points, ctx.run.path / LOAD_QUALITY_DIR / "accuracy-vs-concurrency.png",
+                            ctx.recipe.name)
+    if made is None:
+        return []
+    rel = str(made.relative_to(ctx.run.path))
+    ctx.add_artifact(rel, "load-quality-plot")
+    return [rel]

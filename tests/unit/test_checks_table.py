@@ -106,7 +106,9 @@ def test_the_places_are_distinct_and_the_sections_are_the_recipes():
     recipe = load_recipe(RECIPES / "gptq-w4a16.yaml").recipe
     for place in ("report_place", "manifest_place"):  # each order a permutation: no two rows share a place
         assert len({getattr(c, place) for c in check_table.CHECKS}) == len(check_table.CHECKS), place
-    assert all(check_table.section_of(recipe, c) is not None for c in check_table.CHECKS if c.name != "targets")
+    optional = {"targets", "load_quality"}  # sections this recipe does not have
+    assert all(check_table.section_of(recipe, c) is not None for c in check_table.CHECKS if c.name not in optional)
+    assert check_table.section_of(recipe, check_table.find("load_quality")) is None
     assert check_table.section_of(recipe, check_table.find("targets")) == []
 
 
@@ -131,14 +133,15 @@ def test_without_its_row_the_policy_refuses_the_name():
 
 
 def test_a_new_check_is_a_registered_section_and_evidence(with_echo):
-    assert registration.sections() == ("serve", "quality", "performance", "stability", "targets", "echo", "policy")
+    assert registration.sections() == ("serve", "quality", "performance", "stability", "targets", "load_quality",
+                                       "echo", "policy")
     recipe = load_recipe(RECIPES / "gptq-w4a16.yaml").recipe
     gates = registration.gate_set(SimpleNamespace(recipe=recipe, family=None))
     assert "echo" in gates and gates["echo"] is None  # this recipe has no echo section
     assert set(registration.section_digests(gates)) == set(registration.sections())
     assert "echo" in streams.rejudging()
     require_evidence(SimpleNamespace(enabled_stages={"serve", "echo"}))  # the echo check's gates are evidence
-    with pytest.raises(RecipeError, match=r"stability, serve.targets or echo\)"):
+    with pytest.raises(RecipeError, match=r"stability, serve.targets, load_quality or echo\)"):
         require_evidence(SimpleNamespace(enabled_stages={"serve"}, loaded=SimpleNamespace(path=Path("r.yaml"))))
 
 

@@ -320,7 +320,7 @@ def test_named_paths_exist(page: Path):
 
 def slug(heading: str) -> str:
     """The anchor GitHub gives a heading."""
-    text = re.sub(r"[`*_]", "", heading.strip().lower())
+    text = re.sub(r"[`*]", "", heading.strip().lower())  # GitHub keeps underscores (they are word characters)
     return re.sub(r"[^\w\- ]", "", text).replace(" ", "-")
 
 

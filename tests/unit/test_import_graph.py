@@ -43,13 +43,14 @@ ADAPTERS = {
     "quantlab.models.source", "quantlab.serving.vllm_server", "quantlab.serving.vllm_facts",
     "quantlab.serving.pool", "quantlab.quality.kl", "quantlab.performance.loadgen",
     "quantlab.performance.prompts", "quantlab.performance.monitor", "quantlab.performance.stream_stub",
-    "quantlab.stability.probe", "quantlab.performance.placement",
+    "quantlab.stability.probe", "quantlab.performance.placement", "quantlab.load_quality.shaper",
 }
 # modules a stage calls for its own work (they reach engine adapters as the stage does)
 STAGE_HELPERS = {"quantlab.quality.work", "quantlab.quality.gate_plan", "quantlab.quality.kl_run",
                  "quantlab.quality.pairing", "quantlab.quality.judging", "quantlab.performance.result", "quantlab.performance.noise_store",
                  "quantlab.performance.measure_loop",
                  "quantlab.stability.probe_run",
+                 "quantlab.load_quality.evaluate", "quantlab.load_quality.work", "quantlab.load_quality.judge",
                  "quantlab.release.registration",
                  # the release's SBOMs and vulnerability audit: external tools as subprocesses, the serving Python
                  "quantlab.release.environments", "quantlab.release.vulnerabilities"}
@@ -209,7 +210,7 @@ FLOORS = {
     "models": 2,  # where the baseline's weights come from
     "quantize": 3,  # calibrate, quantize, export (llm-compressor); a checkpoint's own config
     "serving": 4,  # plan, start and watch the engines (vLLM); the engine half of a run
-    "quality": 5, "performance": 5, "stability": 5,  # the checks
+    "quality": 5, "performance": 5, "stability": 5, "load_quality": 5,  # the checks
     "targets": 6,  # the checks again on other serve targets (with stability's probes)
     "release": 7,  # the decision, the error budget, the signed manifest
     "reports": 8,  # report files and plots, drawn from the records

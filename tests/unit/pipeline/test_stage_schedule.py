@@ -37,12 +37,13 @@ def test_a_stage_added_to_stages_runs_in_a_comparison_and_on_a_ray_node(monkeypa
 
 def test_a_group_runs_each_candidates_stages_in_turn_around_the_shared_load():
     """serve and quality per candidate (c1 serve, c1 quality, c2 ...), the one shared load, then
-    stability and targets per candidate: the order a comparison had before it read STAGES."""
+    quality at load, stability and targets per candidate: the order a comparison had before it
+    read STAGES, with the check added since in its place."""
     from quantlab.pipeline.candidates.run import segments
 
     stages = check_stages(stage_list.STAGES)
     cut = segments(stages)
     assert [s for segment in cut for s in segment] == stages
     assert [perf_stage] in cut and [s.NAME for s in cut[0]] == ["serve", "quality"]
-    assert [s.NAME for s in cut[-1]] == ["stability", "targets"]
+    assert [s.NAME for s in cut[-1]] == ["load_quality", "stability", "targets"]
     assert segments([perf_stage]) == [[perf_stage]] and segments([]) == []

@@ -1,0 +1,92 @@
+"""One role's slice evaluated at one load: lm-eval's child (the quality stage's own, so every
+answer is scored as the quality stage scores it) sends through the load shaper, which holds
+the point's discipline upstream and times each request; the rows and the records are kept
+in the run folder and joined (load_quality/answers.py)."""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from quantlab.core.errors import EngineError
+from quantlab.core.fsutil import write_text_atomic
+from quantlab.core.stage_context import StageContext
+from quantlab.load_quality.answers import RunAnswers, join
+from quantlab.quality.samples import Docs
+from quantlab.quality.suites import Suite
+from quantlab.quality.work import code_sandbox
+
+RECORDS_FILE = "requests.jsonl"
+
+
+@dataclass(frozen=True)
+class Load:
+    """Where one evaluation runs: a point's name and its discipline (closed loop at
+    `concurrency`, or Poisson arrivals at `rate` per second)."""
+
+    name: str
+    concurrency: int | None = None
+    rate: float | None = None
+
+    @property
+    def label(self) -> str:
+        return f"{self.concurrency} in flight" if self.concurrency else f"{self.rate:g}/s Poisson"
+
+
+def tokenizer_dir(ctx: StageContext, role: str) -> Path:
+    """The served checkpoint's tokenizer (the baseline's where the checkpoint has none): lm-eval
+    needs it for loglikelihood requests, absolute because its child runs in the suite folder."""
+    target = ctx.serving_plan().target(role)
+    if target.model_dir is not None and (Path(target.model_dir) / "tokenizer_config.json").is_file():
+        return Path(target.model_dir).resolve()
+    return ctx.baseline_model().path.resolve()
+
+
+def queued(load: Load, open_loop_queue: int) -> int:
+    """lm-eval's own requests in flight towards the shaper: enough that the shaper always has
+    one waiting (closed loop: twice the point's, at least 2 so lm-eval takes its tagged
+    concurrent path; open loop: the section's queue)."""
+    return max(2, 2 * load.concurrency) if load.concurrency else open_loop_queue
+
+
+def evaluate(ctx: StageContext, role: str, work: list[tuple[Suite, Any]], docs: dict[str, Docs], load: Load,
+             out: Path, *, tasks: dict[str, tuple[str, str | None]], log_path: Path) -> RunAnswers:
+    """`work` (suite, task) on `role`'s server at `load`: each task's `docs`; the samples and the
+    shaper's records under `out`. Raises EngineError when the server dies or lm-eval fails."""
+    from quantlab.load_quality.shaper import Discipline, Shaper
+    from quantlab.quality.lmeval import read_samples, run_tasks
+
+    spec = ctx.recipe.load_quality
+    quality = ctx.recipe.quality
+    server = ctx.engine(role)
+    out.mkdir(parents=True, exist_ok=True)
+    discipline = Discipline(concurrency=load.concurrency, rate=load.rate, seed=quality.seed)
+    groups: dict[str, dict[bool, list[str]]] = {}
+    folders: dict[str, Path | None] = {}
+    for suite, task in work:
+        groups.setdefault(suite.name, {False: [], True: []})[task.api == "chat"].append(task.task)
+        folders[suite.name] = suite.folder
+    records: list[Any] = []
+    started = time.monotonic()
+    for suite_name, by_api in groups.items():
+        left = spec.timeout_s - (time.monotonic() - started)
+        if left <= 0:
+            raise EngineError(f"load_quality: {role} at {load.name} did not finish within load_quality.timeout_s "
+                              f"({spec.timeout_s:g} s); raise it or lower load_quality.items")
+        with Shaper(server.base_url, discipline, timeout_s=quality.request_timeout_s) as shaper:
+            run_tasks(tasks=by_api[False], chat_tasks=by_api[True], base_url=shaper.base_url,
+                      served_name=server.served_name, tokenizer=str(tokenizer_dir(ctx, role)),
+                      suite_dir=folders[suite_name], out_dir=out, log_path=log_path, seed=quality.seed, docs=docs,
+                      num_concurrent=queued(load, spec.num_concurrent), request_timeout_s=quality.request_timeout_s,
+                      max_retries=quality.max_retries, deadline_s=left, offline=folders[suite_name] is not None,
+                      trust_remote_code=ctx.recipe.model.trust_remote_code, progress=lambda line: None,
+                      code_sandbox=code_sandbox(ctx), tag_requests=True,
+                      is_alive=lambda s=server: s.proc is None or s.proc.poll() is None)
+            records += shaper.records()
+        server.ensure_alive(f"during the load_quality evaluation at {load.name}")
+    write_text_atomic(out / RECORDS_FILE, "".join(json.dumps(r.as_row(), default=str) + "\n" for r in records))
+    rows = {task: read_samples(out, task)[0] for task in tasks}
+    return join(rows, tasks, records)

@@ -1,0 +1,134 @@
+"""The load_quality stage's plan and judgement (a stage helper): how many documents a point is
+judged on (sized with this host's measured batch noise floor where the cache has one), and
+the evaluations turned into gates, accuracies, correct-answer goodput and the floor, which is
+stored for later runs and the quality planner."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from quantlab.core.roles import BASELINE, ROLES
+from quantlab.core.results import LoadQualityLevel, LoadQualityPoint, LoadQualityResult, LoadQualityRole
+from quantlab.core.stage_context import StageContext
+from quantlab.load_quality import gates as lq_gates
+from quantlab.load_quality.answers import RunAnswers
+from quantlab.load_quality.evaluate import Load
+from quantlab.load_quality.goodput import correct_goodput
+from quantlab.load_quality.slice import planned_items
+from quantlab.load_quality.work import C1, sliced_tasks
+from quantlab.quality import batch_floor
+from quantlab.quality.planner import ASSUMED_DISCORDANCE
+from quantlab.quality.samples import Docs
+
+
+def floor_parts(ctx: StageContext, role: str) -> dict[str, Any] | None:
+    """The batch floor store's key parts for `role`'s model on this host (None: the
+    candidate's weights are not recorded yet, as in a dry run)."""
+    if role == BASELINE:
+        weights: Any = ctx.baseline_identity()
+    else:
+        made = ctx.run.record.result("quantize") or ctx.run.record.result("checkpoint")
+        weights = getattr(made, "weights_sha256", None)
+        if not weights:
+            return None
+    plan = ctx.serving_plan(predicted=not (ctx.checkpoint_dir / "config.json").is_file())
+    return batch_floor.model_parts(ctx.serving_probe(), plan.device, weights, ctx.recipe.serve.engine_args)
+
+
+def discordance(ctx: StageContext) -> tuple[float, str]:
+    """The discordance the plan sizes on: the upper 95% bound of the baseline's measured flips
+    between concurrency 1 and load on this host (every point, every earlier run), else the
+    planner's assumption."""
+    parts = floor_parts(ctx, BASELINE)
+    measured = batch_floor.floor_for(parts, exclude_run=ctx.run.record.run_id) if parts else None
+    if measured is None or measured.high is None:
+        return ASSUMED_DISCORDANCE, f"discordance {ASSUMED_DISCORDANCE:.0%} assumed (no batch floor measured here yet)"
+    return max(measured.high, 0.005), f"discordance from this host's batch floor: {measured.line()}"
+
+
+def planned(ctx: StageContext) -> tuple[int, str]:
+    sliced = sliced_tasks(ctx, max_len=ctx.served_max_model_len())
+    d, source = discordance(ctx)
+    n, line = planned_items(ctx.recipe.load_quality, d, available=sum(sliced.available.values()))
+    return n, f"{line}; {source}"
+
+
+def slice_keys(docs: dict[str, Docs]) -> tuple[tuple[str, int], ...]:
+    """Every document of the slice as (task, doc id): lm-eval numbers a task's documents from 0."""
+    return tuple((task, i) for task, d in docs.items() for i in range(d.start, d.stop or d.start))
+
+
+def _level(ctx: StageContext, keys: tuple, got: RunAnswers, seconds: float | None) -> LoadQualityLevel:
+    perf = ctx.recipe.performance
+    counts = lq_gates.level_counts(keys, got.correct)
+    timed = {doc: [r.as_request_record(i) for i, r in enumerate(recs)] for doc, recs in got.records.items()}
+    good = correct_goodput(got.correct, timed, perf.slo.model_dump(), got.busy_s, perf.price_per_hour,
+                           documents=len(keys))
+    return LoadQualityLevel(accuracy=counts.accuracy, correct=counts.correct, documents=counts.documents,
+                            answered=counts.answered, unscored=counts.unscored, seconds=seconds,
+                            goodput=good.as_dict())
+
+
+def result(ctx: StageContext, points: list[tuple[str, Load]], answers: dict[tuple[str, str], RunAnswers], *,
+           docs: dict[str, Docs], seconds: dict[str, float], plan_line: str, n: int,
+           evaluated: dict[tuple[str, str], float], raw: dict[str, list[str]]) -> LoadQualityResult:
+    spec = ctx.recipe.load_quality
+    keys = slice_keys(docs)
+    notes: list[str] = []
+    judged, shown = [], []
+    for workload, load in points:
+        at = C1.name if load.concurrency == 1 else load.name
+        judged.append(lq_gates.PointAnswers(
+            point=load.name, docs=keys, load={role: answers[(role, at)].correct for role in ROLES},
+            c1={role: answers[(role, C1.name)].correct for role in ROLES}, concurrency=load.concurrency,
+            rate=load.rate))
+        roles = {}
+        for role in ROLES:
+            got = answers[(role, at)]
+            flips = None if at == C1.name else lq_gates.flip_rate(answers[(role, C1.name)].correct, got.correct)
+            if flips is not None:
+                _store_floor(ctx, role, load, flips, notes)
+            roles[role] = LoadQualityRole(load=_level(ctx, keys, got, evaluated.get((role, at))),
+                                          c1=_level(ctx, keys, answers[(role, C1.name)],
+                                                    evaluated.get((role, C1.name))),
+                                          flips=flips.as_dict() if flips is not None else None)
+        shown.append(LoadQualityPoint(name=load.name, workload=workload, point=load.name.split("/", 1)[1],
+                                      concurrency=load.concurrency, rate=load.rate, roles=roles,
+                                      raw_files=raw.get(at, [])))
+    notes += _join_notes(answers)
+    floors = {}
+    for role in ROLES:
+        parts = floor_parts(ctx, role)
+        pooled = batch_floor.floor_for(parts) if parts else None
+        if pooled is not None:
+            floors[role] = pooled.as_dict()
+    d, _ = discordance(ctx)
+    return LoadQualityResult(points=shown, tasks=sorted(docs), items={t: d_.size or 0 for t, d_ in docs.items()},
+                             plan=[plan_line], discordance=d, floor=floors, seconds=seconds,
+                             raw_files=sorted({f for files in raw.values() for f in files}),
+                             gates=lq_gates.verdicts(spec, judged), notes=notes)
+
+
+def _store_floor(ctx: StageContext, role: str, load: Load, flips: Any, notes: list[str]) -> None:
+    parts = floor_parts(ctx, role)
+    if parts is None or not flips.n:
+        return
+    try:
+        batch_floor.record(parts, batch_floor.point_label(load.concurrency, load.rate), run_id=ctx.run.record.run_id,
+                           role=role, k=flips.k, n=flips.n)
+    except OSError as err:
+        notes.append(f"batch floor: {role} at {load.name} could not be stored ({err})")
+
+
+def _join_notes(answers: dict[tuple[str, str], RunAnswers]) -> list[str]:
+    """What did not join cleanly between lm-eval's rows and the shaper's records (each should be 0)."""
+    notes = []
+    for (role, level), got in sorted(answers.items()):
+        if got.unmatched_records or got.untimed:
+            notes.append(f"{role} at {level}: {got.unmatched_records} request(s) matched no document and "
+                         f"{got.untimed} document(s) had no timed request (they count as outside the SLOs)")
+        for task, k in sorted(got.not_binary.items()):
+            notes.append(f"{role} at {level}: {k} answer(s) of {task} scored neither 0 nor 1 (unscored: wrong for "
+                         "the candidate, left out for a reference)")
+    return notes
+

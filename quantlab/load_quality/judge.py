@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from quantlab.core.roles import BASELINE, ROLES
+from quantlab.core.roles import ROLES
 from quantlab.core.results import LoadQualityLevel, LoadQualityPoint, LoadQualityResult, LoadQualityRole
 from quantlab.core.stage_context import StageContext
 from quantlab.load_quality import gates as lq_gates
@@ -18,32 +18,17 @@ from quantlab.load_quality.slice import planned_items
 from quantlab.load_quality.work import C1, sliced_tasks
 from quantlab.quality import batch_floor
 from quantlab.quality.planner import ASSUMED_DISCORDANCE
+from quantlab.quality.work import floor_parts, measured_discordance
 from quantlab.quality.samples import Docs
 
 
-def floor_parts(ctx: StageContext, role: str) -> dict[str, Any] | None:
-    """The batch floor store's key parts for `role`'s model on this host (None: the
-    candidate's weights are not recorded yet, as in a dry run)."""
-    if role == BASELINE:
-        weights: Any = ctx.baseline_identity()
-    else:
-        made = ctx.run.record.result("quantize") or ctx.run.record.result("checkpoint")
-        weights = getattr(made, "weights_sha256", None)
-        if not weights:
-            return None
-    plan = ctx.serving_plan(predicted=not (ctx.checkpoint_dir / "config.json").is_file())
-    return batch_floor.model_parts(ctx.serving_probe(), plan.device, weights, ctx.recipe.serve.engine_args)
-
-
 def discordance(ctx: StageContext) -> tuple[float, str]:
-    """The discordance the plan sizes on: the upper 95% bound of the baseline's measured flips
-    between concurrency 1 and load on this host (every point, every earlier run), else the
-    planner's assumption."""
-    parts = floor_parts(ctx, BASELINE)
-    measured = batch_floor.floor_for(parts, exclude_run=ctx.run.record.run_id) if parts else None
-    if measured is None or measured.high is None:
-        return ASSUMED_DISCORDANCE, f"discordance {ASSUMED_DISCORDANCE:.0%} assumed (no batch floor measured here yet)"
-    return max(measured.high, 0.005), f"discordance from this host's batch floor: {measured.line()}"
+    """The discordance the plan sizes on: this host's measured batch noise floor for the baseline
+    (quality/work.measured_discordance), else the planner's assumption."""
+    measured, why = measured_discordance(ctx)
+    if measured is None:
+        return ASSUMED_DISCORDANCE, f"discordance {ASSUMED_DISCORDANCE:.0%} assumed ({why})"
+    return max(measured, 0.005), f"discordance from {why}"
 
 
 def planned(ctx: StageContext) -> tuple[int, str]:

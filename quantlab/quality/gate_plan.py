@@ -13,7 +13,7 @@ from quantlab.quality import gates as quality_gates
 from quantlab.quality.compare import POOLED_SCOPE, TRANSFORMS, paired_values
 from quantlab.recipe.quality import QualitySpec
 from quantlab.quality.samples import look_rule, task_samples
-from quantlab.quality.work import baseline_folder, cache_parts, runnable, suites_of
+from quantlab.quality.work import baseline_folder, cache_parts, measured_discordance, runnable, suites_of
 
 
 def plan(ctx: StageContext) -> list[str]:
@@ -30,9 +30,12 @@ def plan(ctx: StageContext) -> list[str]:
     looks = (f"; evaluated until decided (samples: auto, looks from {spec.sequential.first} samples x "
              f"{spec.sequential.growth:g}): each task's chances over its looks at the boundary's levels, slices and "
              "the pooled gate at a Bonferroni share of the looks" if spec.samples == "auto" else "")
-    lines = [f"quality gates, planned: {len(plans)} gated pass/fail comparisons; {source}, and "
-             f"{ASSUMED_DISCORDANCE:.0%} of answers changing between two servers of the same model (drops are "
-             f"shares of all items){looks}"]
+    measured, why = measured_discordance(ctx)
+    discord = (f"{measured:.1%} of answers changing between two servers of the same model ({why})" if measured
+               is not None else f"{ASSUMED_DISCORDANCE:.0%} of answers changing between two servers of the same "
+               f"model, assumed ({why})")
+    lines = [f"quality gates, planned: {len(plans)} gated pass/fail comparisons; {source}, and {discord} (drops "
+             f"are shares of all items){looks}"]
     lines += [p.line() for p in plans]
     required, chance, weak = _run_chance(plans)
     if required:
@@ -67,7 +70,7 @@ def plan_summary(plans: list[Any]) -> str:
 def gate_plans(ctx: StageContext) -> tuple[list[Any], bool]:
     """The planner's view of every gated pass/fail comparison (tasks, then pooled slices),
     and whether the baseline's scores came from its cache."""
-    from quantlab.quality.planner import ASSUMED_SCORE, plan_gate
+    from quantlab.quality.planner import ASSUMED_DISCORDANCE, ASSUMED_SCORE, plan_gate
     from quantlab.core.verdicts import not_shown_rule
 
     spec: QualitySpec = ctx.recipe.quality
@@ -97,18 +100,21 @@ def gate_plans(ctx: StageContext) -> tuple[list[Any], bool]:
                               checks=rules.checks, gates=rules.gates) == "block"
 
     looks, looked = _looks(spec)
+    measured, _ = measured_discordance(ctx)  # this host's batch floor, where enough is measured
+    d = measured if measured is not None else ASSUMED_DISCORDANCE
     plans = [plan_gate(task.task, n, quality_gates.task_gates(spec, task.task, task.slice), family,
-                       score=scores.get(task.task, ASSUMED_SCORE), required=required(task.task), looks=looks)
+                       score=scores.get(task.task, ASSUMED_SCORE), required=required(task.task), looks=looks,
+                       discordance=d)
              for task, n in sized if task.task not in ungated]
     for name, n in sorted(pooled_slices.items()):
         members = [(t, m) for t, m in sized if t.slice == name]
         score = sum(scores.get(t.task, ASSUMED_SCORE) * m for t, m in members) / max(1, sum(m for _, m in members))
         plans.append(plan_gate(f"slice:{name}", n, looked(quality_gates.slice_gates(spec, name), members), family,
-                               score=score, required=required(f"slice:{name}")))
+                               score=score, required=required(f"slice:{name}"), discordance=d))
     if everything:
         score = sum(scores.get(t.task, ASSUMED_SCORE) * m for t, m in sized) / everything
         plans.append(plan_gate(POOLED_SCOPE, everything, looked(quality_gates.pooled_gates(spec), sized), family,
-                               score=score, required=required(POOLED_SCOPE)))
+                               score=score, required=required(POOLED_SCOPE), discordance=d))
     return plans, bool(scores)
 
 

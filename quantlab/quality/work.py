@@ -182,3 +182,42 @@ def mark_judged(ctx: StageContext, key: str, notes: list[str]) -> int | None:
                         "this one was judged alone") + ": a choice among runs judged separately reuses the items "
                      "(quantlab run --family NAME --family-size N judges them as one family)")
     return n
+
+
+FLOOR_MIN_DOCUMENTS = 100  # fewer pooled documents: the assumed discordance, not a wide bound from a few
+
+
+def floor_parts(ctx: StageContext, role: str) -> dict[str, Any] | None:
+    """The batch floor store's key parts for `role`'s model on this host (quality/batch_floor;
+    None: the candidate's weights are not recorded yet, as in a dry run)."""
+    from quantlab.quality import batch_floor
+
+    if role == "baseline":
+        weights: Any = ctx.baseline_identity()
+    else:
+        made = ctx.run.record.result("quantize") or ctx.run.record.result("checkpoint")
+        weights = getattr(made, "weights_sha256", None)
+        if not weights:
+            return None
+    plan = ctx.serving_plan(predicted=not (ctx.checkpoint_dir / "config.json").is_file())
+    return batch_floor.model_parts(ctx.serving_probe(), plan.device, weights, ctx.recipe.serve.engine_args)
+
+
+def measured_discordance(ctx: StageContext) -> tuple[float | None, str]:
+    """The discordance a plan may assume from this host's measured batch noise floor: the upper
+    95% bound of the baseline's flips between concurrency 1 and load (every point and earlier run
+    pooled, load_quality's measure), once at least FLOOR_MIN_DOCUMENTS documents are pooled;
+    else None, and why."""
+    from quantlab.quality import batch_floor
+
+    try:
+        parts = floor_parts(ctx, "baseline")
+    except (RecipeError, OSError) as err:
+        return None, f"no batch floor read ({err})"
+    floor = batch_floor.floor_for(parts, exclude_run=ctx.run.record.run_id) if parts else None
+    if floor is None or floor.high is None:
+        return None, "no batch floor measured on this host for this baseline yet"
+    if floor.n < FLOOR_MIN_DOCUMENTS:
+        return None, f"the batch floor here has {floor.n} documents, fewer than {FLOOR_MIN_DOCUMENTS}: {floor.line()}"
+    return floor.high, f"this host's batch floor: {floor.line()}"
+

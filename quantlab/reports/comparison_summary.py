@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from quantlab.core.results import PerfResult, QualityResult, ReleaseResult
+from quantlab.core.results import LoadQualityResult, PerfResult, QualityResult, ReleaseResult
 from quantlab.core.run import RunRecord
 from quantlab.reports.comparison_records import CandidateSummary
 
@@ -47,8 +47,23 @@ def summarize(name: str, record: RunRecord, role: str = "candidate",
            "cost_per_successful_request": cost, "peak_memory_bytes": mem, "kv_cache_tokens": kv,
            "output_tokens_per_s": tps, "at": at, "p95_ttft_ms": p95_ttft, "p99_ttft_ms": p99_ttft,
            "p95_tpot_ms": p95_tpot, "p99_tpot_ms": p99_tpot, "max_error_rate": errors, "goodput_at_slo": goodput,
-           "worst_recovery": worst, "worst_recovery_at": worst_scope, "run_id": record.run_id}
+           "worst_recovery": worst, "worst_recovery_at": worst_scope, "run_id": record.run_id,
+           **correct_answers(record.result("load_quality"), role)}
     return summary, row
+
+
+def correct_answers(lq: Any, role: str) -> dict[str, Any]:
+    """Quality at load: the most right answers within every SLO per second over its points, and
+    the lowest cost per correct answer (the seed's cost per successful answer, counting only
+    right ones); none without a load_quality result."""
+    if not isinstance(lq, LoadQualityResult):
+        return {}
+    goods = [(p.name, p.roles[role].load.goodput or {}) for p in lq.points if role in p.roles]
+    rates = [(g.get("rate"), name) for name, g in goods if g.get("rate") is not None]
+    costs = [g.get("cost_per_correct_answer") for _, g in goods if g.get("cost_per_correct_answer") is not None]
+    best = max(rates, default=(None, None))
+    return {"correct_answers_per_s": best[0], "correct_answers_at": best[1],
+            "cost_per_correct_answer": min(costs, default=None)}
 
 
 def _decision(record: RunRecord, release) -> tuple[str, list[str], list[str]]:

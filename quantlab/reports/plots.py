@@ -137,12 +137,20 @@ def quality_deltas(comparisons: list[Any], out: Path, context: str) -> Path | No
 DECISION_COLORS = {"release": "#55a868", "blocked": "#c44e52", "not_shown": "#8c8c8c", "baseline": "#4c72b0"}
 
 
+def pareto_axis(rows: list[dict[str, Any]]) -> str:
+    """The Pareto plot's x figure: the first of cost per correct answer, cost per successful
+    answer and output tokens/s that some candidate has."""
+    keys = ("cost_per_correct_answer", "cost_per_successful_request")
+    return next((k for k in keys if any(r.get(k) for r in rows)), "output_tokens_per_s")
+
+
 def pareto(rows: list[dict[str, Any]], out: Path, context: str) -> Path | None:
     """The candidates of a comparison: worst quality recovery (up = better) against cost
-    per successful answer, or output tokens/s where no price is set (right = better for
+    per correct answer (quality at load: right and within every SLO), else cost per
+    successful answer, or output tokens/s where no price is set (right = better for
     throughput, left for cost); marker size is peak memory. Colour is the decision."""
-    use_cost = any(r.get("cost_per_successful_request") for r in rows)
-    key = "cost_per_successful_request" if use_cost else "output_tokens_per_s"
+    key = pareto_axis(rows)
+    use_cost = key != "output_tokens_per_s"
     pts = [r for r in rows if r.get(key) is not None and r.get("worst_recovery") is not None]
     if not pts:
         return None
@@ -155,8 +163,9 @@ def pareto(rows: list[dict[str, Any]], out: Path, context: str) -> Path | None:
                    edgecolors="black", linewidths=0.6)
         ax.annotate(f"{r['name']} ({r['decision']})", (r[key], r["worst_recovery"]), fontsize=8,
                     xytext=(6, 6), textcoords="offset points")
-    ax.set_xlabel("cost per successful answer (lower is better)" if use_cost else
-                  "output tokens/s at the best point (higher is better)")
+    ax.set_xlabel({"cost_per_correct_answer": "cost per correct answer within the SLOs (lower is better)",
+                   "cost_per_successful_request": "cost per successful answer (lower is better)"}.get(
+                       key, "output tokens/s at the best point (higher is better)"))
     ax.set_ylabel("worst quality recovery, candidate / baseline")
     ax.grid(alpha=0.3)
     return _save(plt, fig, out, f"Candidates - {context}\n(marker size: peak memory)")

@@ -149,6 +149,10 @@ class ServeSpec(_Strict):
         "variable holding the API key of the server quantlab does not start itself; its value is read when the "
         "run starts and never recorded. Unset: an endpoint is sent no key, a command's server gets quantlab's own "
         "random key in VLLM_API_KEY (pass it on, e.g. docker run -e VLLM_API_KEY).")
+    candidate_api_key_env: str | None = Field(
+        None, pattern=r"^[A-Za-z_][A-Za-z0-9_]*$", description="Mode endpoint: the environment variable holding "
+        "the candidate endpoint's key where it is not the baseline's (two deployments, two keys); unset: "
+        "api_key_env serves both.")
     port: int | None = Field(None, ge=1, le=65535, description="Port for a launched server (default: a free one).")
     startup_timeout_s: float = Field(900, gt=0, le=7200, description="Deadline for /health to answer 200.")
     shutdown_timeout_s: float = Field(30, gt=0, le=600, description="Grace period after SIGTERM before SIGKILL.")
@@ -199,6 +203,9 @@ class ServeSpec(_Strict):
         for name, why in QUANTLAB_ENV.items():
             if name in self.env:
                 raise ValueError(f"serve.env.{name}: {why}")
+        if self.candidate_api_key_env is not None and self.mode != "endpoint":
+            raise ValueError("serve.candidate_api_key_env names the candidate endpoint's key: it is only used with "
+                             "mode 'endpoint'")
         if self.api_key_env is not None and self.mode == "launch":
             raise ValueError("serve.api_key_env names the key of a server quantlab does not start (mode endpoint or "
                              "command); a launched server gets a random key of quantlab's own: remove it")

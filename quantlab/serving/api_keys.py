@@ -60,13 +60,16 @@ def headers(base_url: str) -> dict[str, str]:
     return {"Authorization": f"Bearer {key}"} if key else {}
 
 
-def user_key(spec: ServeSpec) -> str | None:
-    """The key of a server the user names (serve.api_key_env), read now, never recorded."""
-    if spec.api_key_env is None:
+def user_key(spec: ServeSpec, role: str = "baseline") -> str | None:
+    """The key of a server the user names (serve.api_key_env; the candidate endpoint's
+    serve.candidate_api_key_env where set), read now, never recorded."""
+    own = getattr(spec, "candidate_api_key_env", None) if role == "candidate" else None
+    field = "serve.candidate_api_key_env" if own else "serve.api_key_env"
+    name = own or spec.api_key_env
+    if name is None:
         return None
-    key = os.environ.get(spec.api_key_env)
+    key = os.environ.get(name)
     if not key:
-        raise RecipeError(f"serve.api_key_env names {spec.api_key_env}, which is not set in this environment: "
-                          "export it with the server's API key, or remove serve.api_key_env",
-                          field="serve.api_key_env")
+        raise RecipeError(f"{field} names {name}, which is not set in this environment: "
+                          f"export it with the server's API key, or remove {field}", field=field)
     return key

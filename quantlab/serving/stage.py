@@ -38,6 +38,8 @@ def plan(ctx: StageContext) -> list[str]:
     spec = ctx.recipe.serve
     if spec.mode == "endpoint":
         key = f"the key in ${spec.api_key_env}" if spec.api_key_env else "no API key (serve.api_key_env unset)"
+        if spec.candidate_api_key_env:
+            key += f" (the candidate the key in ${spec.candidate_api_key_env})"
         return [f"external servers: quantlab sends them {key}"]
     lines = ["each server quantlab starts gets a random API key for the run (asked on every path but /health) "
              "and a random served-model name"]

@@ -321,7 +321,7 @@ def prepare_engine(plan: ServingPlan, role: str, *, log_dir: Path, progress: Pro
         progress(f"using the external {label} server at {redact.url(plan.endpoint_for(role))}")
         return VLLMServer(None, log_path=log_path, startup_timeout_s=spec.startup_timeout_s,
                           endpoint=plan.endpoint_for(role), served_name=target.served_name, role=label,
-                          api_key=api_keys.user_key(spec))
+                          api_key=api_keys.user_key(spec, role))
     assert target.model_dir is not None and plan.engine_args is not None
     launch = plan_launch(spec, target.model_dir, target.served_name, plan.device, plan.engine_args, port=spec.port,
                          cpu_bind=cpu_bind)

@@ -67,6 +67,30 @@ def test_an_endpoint_key_comes_from_the_named_variable(monkeypatch, tmp_path):
     assert server.headers == {"Authorization": "Bearer user-key"}
 
 
+def test_two_endpoints_may_have_two_keys(monkeypatch, tmp_path):
+    """serve.candidate_api_key_env: the candidate endpoint's own key (two deployments, two keys);
+    the baseline keeps api_key_env's. Only for endpoints."""
+    from quantlab.serving.vllm_server import prepare_engine
+
+    base = {"name": "x", "quantization": {"method": "rtn", "scheme": "W4A16"}}
+    with pytest.raises(RecipeError, match="candidate_api_key_env names the candidate endpoint's key"):
+        parse_recipe({**base, "serve": {"candidate_api_key_env": "MY_KEY"}})
+    spec = ServeSpec(mode="endpoint", endpoint="http://127.0.0.1:9", candidate_endpoint="http://127.0.0.1:10",
+                     api_key_env="QUANTLAB_TEST_KEY", candidate_api_key_env="QUANTLAB_TEST_CANDIDATE_KEY")
+    plan = plan_serving(spec, [EngineTarget("baseline", None, "b"), EngineTarget("candidate", None, "c")],
+                        dtype="bfloat16", probe=CPU_PROBE)
+    monkeypatch.setenv("QUANTLAB_TEST_KEY", "baseline-key")
+    monkeypatch.delenv("QUANTLAB_TEST_CANDIDATE_KEY", raising=False)
+    with pytest.raises(RecipeError, match="QUANTLAB_TEST_CANDIDATE_KEY, which is not set") as err:
+        prepare_engine(plan, "candidate", log_dir=tmp_path, progress=lambda m: None)
+    assert err.value.field == "serve.candidate_api_key_env"
+    monkeypatch.setenv("QUANTLAB_TEST_CANDIDATE_KEY", "candidate-key")
+    assert prepare_engine(plan, "candidate", log_dir=tmp_path, progress=lambda m: None).headers == \
+        {"Authorization": "Bearer candidate-key"}
+    assert prepare_engine(plan, "baseline", log_dir=tmp_path, progress=lambda m: None).headers == \
+        {"Authorization": "Bearer baseline-key"}
+
+
 def test_clients_find_a_servers_key_by_its_url_while_it_runs():
     url = "http://127.0.0.1:1"
     server = VLLMServer(None, log_path=Path("/nonexistent/log"), startup_timeout_s=1, endpoint=url + "/",

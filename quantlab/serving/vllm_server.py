@@ -96,7 +96,12 @@ def plan_launch(spec: ServeSpec, model: Path, served_name: str, device: str, eng
         env.setdefault("VLLM_CACHE_ROOT", str(cache_dir() / (f"vllm-emulated-{emulated}" if emulated else "vllm")))
         if cpu_bind:
             env.setdefault("VLLM_CPU_OMP_THREADS_BIND", cpu_bind)
+    inherited_path = env.get("PYTHONPATH", "")
     env.update(spec.env)
+    if spec.env.get("PYTHONPATH") and inherited_path:
+        # serve.env's folders first, then what quantlab put there (the CPU emulation's sitecustomize):
+        # replacing it would silently serve the host's own CPU kind
+        env["PYTHONPATH"] = os.pathsep.join((spec.env["PYTHONPATH"], inherited_path))
     # the run's key: the user's for a command whose server expects one, else a random one
     key = (api_keys.user_key(spec) if spec.mode == "command" else None) or api_keys.new_key()
     env["VLLM_API_KEY"] = key

@@ -41,6 +41,20 @@ def test_a_launched_server_gets_a_random_key_in_its_environment_not_its_argv():
     assert a.env["PYTHONPATH"].split(os.pathsep)[0].endswith("engine_guard") and a.check_listener
 
 
+def test_a_pythonpath_in_serve_env_goes_first_and_keeps_the_cpu_emulation(monkeypatch):
+    from quantlab.core.cpu_emulation import SITE_DIR
+
+    monkeypatch.setenv("QUANTLAB_EMULATE_CPU", "avx2")
+    monkeypatch.delenv("PYTHONPATH", raising=False)
+    launch = plan_launch(ServeSpec(env={"PYTHONPATH": "/mine"}), Path("/m"), "c", "cpu", {}, port=1,
+                         python=Path("/py"))
+    folders = launch.env["PYTHONPATH"].split(os.pathsep)
+    assert folders.index("/mine") < folders.index(str(SITE_DIR))  # the recipe's, then the emulation's
+    monkeypatch.delenv("QUANTLAB_EMULATE_CPU")
+    plain = plan_launch(ServeSpec(env={"PYTHONPATH": "/mine"}), Path("/m"), "c", "cpu", {}, port=1, python=Path("/py"))
+    assert str(SITE_DIR) not in plain.env["PYTHONPATH"] and "/mine" in plain.env["PYTHONPATH"].split(os.pathsep)
+
+
 def test_serve_env_cannot_set_the_key_and_api_key_env_is_for_servers_quantlab_does_not_start():
     base = {"name": "x", "quantization": {"method": "rtn", "scheme": "W4A16"}}
     with pytest.raises(RecipeError, match="serve.env.VLLM_API_KEY: quantlab gives every server"):

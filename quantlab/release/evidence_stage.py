@@ -109,11 +109,13 @@ def preflight(ctx: StageContext) -> None:
 
 def check_sections(ctx: StageContext, ev: Evidence) -> None:
     """Every check the recipe asks for is judged, or the decision is refused: a check that needs
-    a served model (stability, the serve targets) cannot be judged on imported files, one whose
+    a served model (stability, the serve targets, quality at load) cannot be judged on imported files, one whose
     evidence was not given would be dropped silently, and evidence no check reads is refused."""
     r, path = ctx.recipe, str(ctx.loaded.path)
     served = [(field, name) for field, name, on in (("stability", "stability", r.stability is not None),
-                                                   ("serve.targets", "the serve targets", bool(r.serve.targets)))
+                                                   ("serve.targets", "the serve targets", bool(r.serve.targets)),
+                                                   ("load_quality", "quality at load",
+                                                    getattr(r, "load_quality", None) is not None))
               if on]
     if served:
         field, name = served[0]

@@ -130,6 +130,7 @@ def test_a_release_over_a_named_checkpoint_is_signed_and_verifies_with_its_evide
     ("a benchmark without per-request rows", "--save-detailed"),
     ("an empty benchmark file", "empty"),
     ("logs of another limit", "limit"),
+    ("quality at load", "load_quality"),
 ])
 def test_bad_input_is_refused_before_any_work(tmp_path, case, field):
     path, kw = recipe(tmp_path), {}
@@ -163,6 +164,8 @@ def test_bad_input_is_refused_before_any_work(tmp_path, case, field):
     elif case == "an empty benchmark file":
         (tmp_path / "empty.json").write_text("")
         kw["bench"] = (REPEATS[0], (CAND_BENCH, tmp_path / "empty.json"))
+    elif case == "quality at load":  # answers at a load need a served model
+        path = recipe(tmp_path, load_quality={"items": 40})
     elif case == "logs of another limit":  # the candidate's log cut to fewer documents by its own --limit
         cand = tmp_path / "cand"
         shutil.copytree(CAND_EVALS, cand)

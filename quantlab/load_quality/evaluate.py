@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -53,9 +54,11 @@ def queued(load: Load, open_loop_queue: int) -> int:
 
 
 def evaluate(ctx: StageContext, role: str, work: list[tuple[Suite, Any]], docs: dict[str, Docs], load: Load,
-             out: Path, *, tasks: dict[str, tuple[str, str | None]], log_path: Path) -> RunAnswers:
+             out: Path, *, tasks: dict[str, tuple[str, str | None]], log_path: Path,
+             said: Callable[[str], None] = lambda line: None) -> RunAnswers:
     """`work` (suite, task) on `role`'s server at `load`: each task's `docs`; the samples and the
-    shaper's records under `out`. Raises EngineError when the server dies or lm-eval fails."""
+    shaper's records under `out`; `said`: lm-eval's progress lines (a task started, done).
+    Raises EngineError when the server dies or lm-eval fails."""
     from quantlab.load_quality.shaper import Discipline, Shaper
     from quantlab.quality.lmeval import read_samples, run_tasks
 
@@ -82,7 +85,7 @@ def evaluate(ctx: StageContext, role: str, work: list[tuple[Suite, Any]], docs: 
                       suite_dir=folders[suite_name], out_dir=out, log_path=log_path, seed=quality.seed, docs=docs,
                       num_concurrent=queued(load, spec.num_concurrent), request_timeout_s=quality.request_timeout_s,
                       max_retries=quality.max_retries, deadline_s=left, offline=folders[suite_name] is not None,
-                      trust_remote_code=ctx.recipe.model.trust_remote_code, progress=lambda line: None,
+                      trust_remote_code=ctx.recipe.model.trust_remote_code, progress=said,
                       code_sandbox=code_sandbox(ctx), tag_requests=True,
                       is_alive=lambda s=server: s.proc is None or s.proc.poll() is None)
             records += shaper.records()

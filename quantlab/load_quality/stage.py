@@ -103,8 +103,9 @@ def run(ctx: StageContext):
             bar.detail(f"load_quality {role}: {load.name} ({load.label})", done=i)
             started = time.monotonic()
             folder = out / role / load.name.replace("/", "_")
-            answers[(role, load.name)] = evaluate(ctx, role, sliced.work, docs, load, folder, tasks=sliced.tasks,
-                                                  log_path=out / f"{role}-lmeval.log")
+            answers[(role, load.name)] = evaluate(
+                ctx, role, sliced.work, docs, load, folder, tasks=sliced.tasks, log_path=out / f"{role}-lmeval.log",
+                said=lambda line, _r=role, _l=load.name: bar.detail(f"load_quality {_r} at {_l}: {line}"))
             evaluated[(role, load.name)] = time.monotonic() - started
             seconds[role] += evaluated[(role, load.name)]
             raw.setdefault(load.name, []).extend(_artifacts(ctx, folder, role))

@@ -6,6 +6,7 @@ in the run folder and joined (load_quality/answers.py)."""
 from __future__ import annotations
 
 import json
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -55,9 +56,10 @@ def queued(load: Load, open_loop_queue: int) -> int:
 
 def evaluate(ctx: StageContext, role: str, work: list[tuple[Suite, Any]], docs: dict[str, Docs], load: Load,
              out: Path, *, tasks: dict[str, tuple[str, str | None]], log_path: Path,
-             said: Callable[[str], None] = lambda line: None) -> RunAnswers:
+             said: Callable[[str], None] = lambda line: None, stop: threading.Event | None = None) -> RunAnswers:
     """`work` (suite, task) on `role`'s server at `load`: each task's `docs`; the samples and the
-    shaper's records under `out`; `said`: lm-eval's progress lines (a task started, done).
+    shaper's records under `out`; `said`: lm-eval's progress lines (a task started, done); `stop`:
+    give up (the other role's evaluation at the same time failed: core/together).
     Raises EngineError when the server dies or lm-eval fails."""
     from quantlab.load_quality.shaper import Discipline, Shaper
     from quantlab.quality.lmeval import read_samples, run_tasks
@@ -87,7 +89,7 @@ def evaluate(ctx: StageContext, role: str, work: list[tuple[Suite, Any]], docs: 
                       max_retries=quality.max_retries, deadline_s=left, offline=folders[suite_name] is not None,
                       trust_remote_code=ctx.recipe.model.trust_remote_code, progress=said,
                       code_sandbox=code_sandbox(ctx), tag_requests=True,
-                      is_alive=lambda s=server: s.proc is None or s.proc.poll() is None)
+                      is_alive=lambda s=server: s.proc is None or s.proc.poll() is None, stop=stop)
             records += shaper.records()
         server.ensure_alive(f"during the load_quality evaluation at {load.name}")
     write_text_atomic(out / RECORDS_FILE, "".join(json.dumps(r.as_row(), default=str) + "\n" for r in records))

@@ -4,9 +4,10 @@ concurrency 1, scored as the quality stage scores them, each request timed; gate
 candidate at load against the baseline at load, and against itself at concurrency 1), with
 correct-answer goodput and the batch noise floor (each role's flips between c1 and load).
 
-The evaluations go one at a time (a load on one server while the other is idle, as the
-performance stage measures), the baseline and the candidate alternating who goes first at
-each point so drift cancels over the points."""
+The points' evaluations go one at a time (a load on one server while the other is idle, as
+the performance stage measures), the baseline and the candidate alternating who goes first at
+each point so drift cancels over the points; the two at concurrency 1 go together where both
+servers run side by side on cores of their own."""
 
 from __future__ import annotations
 
@@ -83,35 +84,57 @@ def _order(points: list[Load]) -> list[tuple[Load, str]]:
     return order
 
 
+def _side_by_side(ctx: StageContext) -> bool:
+    """Both servers launched by quantlab and up, each on cores of its own, and the recipe lets
+    both be asked at once (quality.concurrent_roles): the two evaluations at concurrency 1 then
+    go together, since they judge answers (a load at c1 is one request per server) and their
+    time is not gated. Not for endpoints: two roles may be one server, and c1 would be two."""
+    serve = ctx.recipe.serve
+    return serve.mode == "launch" and serve.side_by_side and ctx.recipe.quality.concurrent_roles
+
+
 def run(ctx: StageContext):
-    spec = ctx.recipe.load_quality
+    from quantlab.core.together import run_together
+
     out = ctx.run.path / OUT_DIR
     out.mkdir(parents=True, exist_ok=True)
     sliced = sliced_tasks(ctx, max_len=ctx.served_max_model_len())
     n, plan_line = judge.planned(ctx)
     docs = documents(sliced.available, n)
-    points = [load for _, load in loads(ctx)]
-    order = _order(points)
+    order = _order([load for _, load in loads(ctx)])
     answers: dict[tuple[str, str], RunAnswers] = {}
     evaluated: dict[tuple[str, str], float] = {}
     raw: dict[str, list[str]] = {}
-    seconds: dict[str, float] = {role: 0.0 for role in ROLES}
+    notes: list[str] = []
     total_docs = sum(d.size or 0 for d in docs.values())
     with step(ctx.progress, f"load_quality: {total_docs} documents at {len(order) // 2} load(s) on both models",
               total=len(order), unit="evaluations") as bar:
-        for i, (load, role) in enumerate(order):
-            bar.detail(f"load_quality {role}: {load.name} ({load.label})", done=i)
+        def one(load: Load, role: str, stop=None) -> None:
+            bar.detail(f"load_quality {role}: {load.name} ({load.label})")
             started = time.monotonic()
             folder = out / role / load.name.replace("/", "_")
             answers[(role, load.name)] = evaluate(
                 ctx, role, sliced.work, docs, load, folder, tasks=sliced.tasks, log_path=out / f"{role}-lmeval.log",
-                said=lambda line, _r=role, _l=load.name: bar.detail(f"load_quality {_r} at {_l}: {line}"))
+                said=lambda line: bar.detail(f"load_quality {role} at {load.name}: {line}"), stop=stop)
             evaluated[(role, load.name)] = time.monotonic() - started
-            seconds[role] += evaluated[(role, load.name)]
             raw.setdefault(load.name, []).extend(_artifacts(ctx, folder, role))
-        bar.update(done=len(order))
-    return judge.result(ctx, loads(ctx), answers, docs=docs, seconds=seconds, plan_line=plan_line, n=n,
-                        evaluated=evaluated, raw=raw)
+            bar.advance()
+
+        rest = order
+        if _side_by_side(ctx):
+            for role in ROLES:  # both got here, not from two threads at once
+                ctx.engine(role)
+            run_together({role: (lambda stop, _r=role: one(C1, _r, stop)) for role in ROLES})
+            rest = order[len(ROLES):]
+            notes.append("concurrency 1: baseline and candidate were asked at the same time, each server on its own "
+                         "cores (serve.side_by_side); the points' loads went one server at a time")
+        for load, role in rest:
+            one(load, role)
+    seconds = {role: sum(t for (r, _), t in evaluated.items() if r == role) for role in ROLES}
+    result = judge.result(ctx, loads(ctx), answers, docs=docs, seconds=seconds, plan_line=plan_line, n=n,
+                          evaluated=evaluated, raw=raw)
+    result.notes[:0] = notes
+    return result
 
 
 def _artifacts(ctx: StageContext, folder, role: str) -> list[str]:

@@ -40,6 +40,9 @@ class Check:
     # (verdict, sections, manifest) -> [core.verdicts.Want], or why the gate is not registered: what `quantlab
     # verify` holds each of its gates to (sections: release/registered_gates.Sections; a check's own: sections.raw)
     verify: str | None = None
+    # (sections, manifest) -> [gate ids]: every gate its registered section calls for, so `quantlab verify`
+    # finds one a manifest dropped (None: only the five first checks', known to release/registered_gates)
+    wanted: str | None = None
     report_place: int = LAST  # its place among the report's check sections
     manifest_place: int = LAST  # its place among the manifest's `results`
 
@@ -74,6 +77,7 @@ CHECKS: tuple[Check, ...] = (
     Check("load_quality", "load_quality", "Quality at load", report="quantlab.load_quality.record:report_section",
           summary="quantlab.load_quality.record:summary", plots="quantlab.reports.stage_plots:load_quality_plots",
           budget="quantlab.load_quality.record:budget", verify="quantlab.load_quality.record:wants",
+          wanted="quantlab.load_quality.record:wanted",
           report_place=5, manifest_place=4),
 )
 

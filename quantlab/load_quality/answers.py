@@ -27,7 +27,9 @@ class RunAnswers:
     not_binary: dict[str, int] = field(default_factory=dict)  # task -> answered documents whose value is not 0/1
     unmatched_records: int = 0  # requests whose keys no document carries (should be 0)
     untimed: int = 0  # answered documents none of whose requests the shaper saw (should be 0)
+    failed: int = 0  # answered documents one of whose requests failed, timed out or was asked again
     busy_s: float = 0.0  # the time some request of this evaluation was in flight
+    lm_eval: str | None = None  # the lm-eval version that scored it
 
     @property
     def answered(self) -> int:
@@ -66,9 +68,13 @@ def busy_seconds(spans: list[tuple[float, float]]) -> float:
 
 
 def join(rows_by_task: dict[str, list[dict[str, Any]]], tasks: dict[str, tuple[str, str | None]],
-         records: list[Any]) -> RunAnswers:
+         records: list[Any], *, busy_s: float | None = None) -> RunAnswers:
     """Every task's rows (`tasks`: task -> (metric, filter)) joined to the shaper's records
-    (each with `keys`, `sent_at`, `e2e`)."""
+    (each with `keys`, `sent_at`, `e2e`, `outcome`). A document one of whose requests did not
+    end ok (an error, a timeout, given up by lm-eval and asked again) has its answer from a
+    retry the user at this load would not have had: it is unscored (None), which the gates
+    count wrong for the candidate. `busy_s`: the busy time when the records come from several
+    shapers, whose clocks each start at 0 (else it is computed from the records)."""
     out = RunAnswers()
     by_key: dict[str, list[Any]] = {}
     for rec in records:
@@ -81,11 +87,14 @@ def join(rows_by_task: dict[str, list[dict[str, Any]]], tasks: dict[str, tuple[s
             out.not_binary[task] = not_binary
         for doc, passed in correct.items():
             recs = {id(r): r for k in keys[doc] for r in by_key.get(k, [])}
-            out.correct[doc] = passed
+            retried = any(r.outcome != "ok" for r in recs.values())
+            out.correct[doc] = None if retried else passed
+            out.failed += retried
             out.records[doc] = list(recs.values())
             claimed.update(recs)
             if not recs:
                 out.untimed += 1
     out.unmatched_records = sum(1 for r in records if id(r) not in claimed)
-    out.busy_s = busy_seconds([(r.sent_at, r.sent_at + r.e2e) for r in records if r.e2e is not None])
+    out.busy_s = busy_s if busy_s is not None else busy_seconds(
+        [(r.sent_at, r.sent_at + r.e2e) for r in records if r.e2e is not None])
     return out

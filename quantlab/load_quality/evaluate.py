@@ -16,7 +16,7 @@ from typing import Any
 from quantlab.core.errors import EngineError
 from quantlab.core.fsutil import write_text_atomic
 from quantlab.core.stage_context import StageContext
-from quantlab.load_quality.answers import RunAnswers, join
+from quantlab.load_quality.answers import RunAnswers, busy_seconds, join
 from quantlab.quality.samples import Docs
 from quantlab.quality.suites import Suite
 from quantlab.quality.work import code_sandbox
@@ -61,7 +61,8 @@ def evaluate(ctx: StageContext, role: str, work: list[tuple[Suite, Any]], docs: 
     shaper's records under `out`; `said`: lm-eval's progress lines (a task started, done); `stop`:
     give up (the other role's evaluation at the same time failed: core/together).
     Raises EngineError when the server dies or lm-eval fails."""
-    from quantlab.load_quality.shaper import Discipline, Shaper
+    from quantlab.load_quality.discipline import Discipline
+    from quantlab.load_quality.shaper import Shaper
     from quantlab.quality.lmeval import read_samples, run_tasks
 
     spec = ctx.recipe.load_quality
@@ -75,6 +76,7 @@ def evaluate(ctx: StageContext, role: str, work: list[tuple[Suite, Any]], docs: 
         groups.setdefault(suite.name, {False: [], True: []})[task.api == "chat"].append(task.task)
         folders[suite.name] = suite.folder
     records: list[Any] = []
+    busy = 0.0  # summed per shaper: each one's clock starts at 0
     started = time.monotonic()
     for suite_name, by_api in groups.items():
         left = spec.timeout_s - (time.monotonic() - started)
@@ -90,8 +92,12 @@ def evaluate(ctx: StageContext, role: str, work: list[tuple[Suite, Any]], docs: 
                       trust_remote_code=ctx.recipe.model.trust_remote_code, progress=said,
                       code_sandbox=code_sandbox(ctx), tag_requests=True,
                       is_alive=lambda s=server: s.proc is None or s.proc.poll() is None, stop=stop)
-            records += shaper.records()
+            mine = shaper.records()
+            busy += busy_seconds([(r.sent_at, r.sent_at + r.e2e) for r in mine if r.e2e is not None])
+            records += mine
         server.ensure_alive(f"during the load_quality evaluation at {load.name}")
     write_text_atomic(out / RECORDS_FILE, "".join(json.dumps(r.as_row(), default=str) + "\n" for r in records))
-    rows = {task: read_samples(out, task)[0] for task in tasks}
-    return join(rows, tasks, records)
+    read = {task: read_samples(out, task) for task in tasks}
+    got = join({task: rows for task, (rows, _) in read.items()}, tasks, records, busy_s=busy)
+    got.lm_eval = next((summary.get("lm_eval") for _, summary in read.values() if summary.get("lm_eval")), None)
+    return got

@@ -91,6 +91,7 @@ def result(ctx: StageContext, points: list[tuple[str, Load]], answers: dict[tupl
     return LoadQualityResult(points=shown, tasks=sorted(docs), items={t: d_.size or 0 for t, d_ in docs.items()},
                              plan=[plan_line], discordance=d, floor=floors, seconds=seconds,
                              raw_files=sorted({f for files in raw.values() for f in files}),
+                             lm_eval_version=next((a.lm_eval for a in answers.values() if a.lm_eval), None),
                              gates=lq_gates.verdicts(spec, judged), notes=notes)
 
 
@@ -109,6 +110,10 @@ def _join_notes(answers: dict[tuple[str, str], RunAnswers]) -> list[str]:
     """What did not join cleanly between lm-eval's rows and the shaper's records (each should be 0)."""
     notes = []
     for (role, level), got in sorted(answers.items()):
+        if got.failed:
+            notes.append(f"{role} at {level}: {got.failed} document(s) had a request that failed, timed out or was "
+                         "asked again (lm-eval retried): unscored, so wrong for the candidate and left out for a "
+                         f"reference; see its requests.jsonl")
         if got.unmatched_records or got.untimed:
             notes.append(f"{role} at {level}: {got.unmatched_records} request(s) matched no document and "
                          f"{got.untimed} document(s) had no timed request (they count as outside the SLOs)")

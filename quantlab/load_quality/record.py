@@ -9,7 +9,7 @@ from typing import Any
 from quantlab.core.results import LoadQualityLevel, LoadQualityResult
 from quantlab.core.verdicts import GateVerdict, Want
 from quantlab.load_quality.gates import AT_LOAD, METRIC, VERSUS_C1
-from quantlab.recipe.load_quality import LoadQualitySpec, point_names
+from quantlab.recipe.load_quality import LoadQualitySpec, selected_points
 from quantlab.recipe.performance import PerformanceSpec
 
 
@@ -45,23 +45,50 @@ def budget(vs: list[GateVerdict], spec: LoadQualitySpec | None) -> dict[str, Any
 
 def wants(v: GateVerdict, sections: Any, manifest: Any) -> list[Want] | str:
     """A load_quality gate against the registered section (sections.raw['load_quality'])."""
-    raw = (sections.raw or {}).get("load_quality")
-    perf_raw = (sections.raw or {}).get("performance")
-    if raw is None:
-        return "the registration has no load_quality section"
-    spec = LoadQualitySpec.model_validate(raw)
+    spec, perf = _registered(sections)
+    if spec is None:
+        return "the registration has no load_quality section (or one that does not read)"
     if v.gate not in (AT_LOAD, VERSUS_C1):
         return f"'{v.gate}' is not a load_quality gate"
     if v.gate == VERSUS_C1 and not spec.versus_c1:
         return "load_quality.versus_c1 is false in the registration"
-    if perf_raw is not None:
-        names = point_names(PerformanceSpec.model_validate(perf_raw))
-        chosen = names if spec.points == "all" else [p for p in names if p in spec.points]
-        if v.scope not in chosen:
-            return f"'{v.scope}' is not a registered load_quality point ({', '.join(chosen)})"
+    if perf is not None:
+        gates = wanted(sections, manifest)
+        if f"load_quality.{v.gate}@{v.scope}" not in gates:
+            return f"'{v.gate}@{v.scope}' is not a gate the registered load_quality section calls for"
+    if v.verdict != "inconclusive" and (v.samples or 0) < spec.min_items:
+        return f"judged on {v.samples} paired documents, fewer than the registered load_quality.min_items"
     return [Want("margin", spec.margin, "load_quality.margin"), Want("limit", -spec.margin, "load_quality.margin"),
             Want("confidence", spec.confidence, "load_quality.confidence"),
             Want("comparator", "non_inferior", "every load_quality gate"), Want("metric", METRIC, "its figure")]
+
+
+def _registered(sections: Any) -> tuple[LoadQualitySpec | None, PerformanceSpec | None]:
+    raw = (sections.raw or {}).get("load_quality")
+    perf = (sections.raw or {}).get("performance")
+    try:
+        return (LoadQualitySpec.model_validate(raw) if raw is not None else None,
+                PerformanceSpec.model_validate(perf) if perf is not None else None)
+    except ValueError:
+        return None, None
+
+
+def wanted(sections: Any, manifest: Any) -> list[str]:
+    """Every gate the registered section calls for: at_load at each registered point, and
+    versus_c1 at each point not at concurrency 1 when the section asks for it."""
+    spec, perf = _registered(sections)
+    if spec is None or perf is None:
+        return []
+    out = []
+    try:
+        points = selected_points(spec, perf)
+    except ValueError:  # a point the registered performance section lacks: wants() says so per gate
+        return []
+    for name, _, concurrency, _ in points:
+        out.append(f"load_quality.{AT_LOAD}@{name}")
+        if spec.versus_c1 and concurrency != 1:
+            out.append(f"load_quality.{VERSUS_C1}@{name}")
+    return out
 
 
 def _pct(v: float | None) -> str:

@@ -44,11 +44,13 @@ def inputs(ctx: StageContext) -> dict[str, Any]:
     return {
         "load_quality": recipe.load_quality.model_dump(mode="json") if recipe.load_quality else None,
         "quality": recipe.quality.model_dump(mode="json", include={"suites", "tasks", "limit", "seed",
-                                                                   "request_timeout_s", "max_retries"})
+                                                                   "request_timeout_s", "max_retries",
+                                                                   "allow_code_execution", "code_sandbox"})
         if recipe.quality else None,
         "suites": [s.sha256 for s in suites_of(ctx)] if recipe.quality else [],
         "workloads": [w.model_dump(mode="json") for w in recipe.performance.workloads] if recipe.performance else [],
         "slo": recipe.performance.slo.model_dump(mode="json") if recipe.performance else None,
+        "price_per_hour": recipe.performance.price_per_hour if recipe.performance else None,
         "serving": serve_stage.inputs(ctx),
     }
 

@@ -54,8 +54,8 @@ def family_confidence(confidence: float, size: int) -> float:
 
 def for_family(recipe: Recipe, size: int) -> Recipe:
     """The recipe its candidate is judged by in a family of `size`: every interval gate's
-    confidence (quality's gates, task and slice overrides, the pooled gate; performance's)
-    adjusted. A family of one is the recipe itself."""
+    confidence (quality's gates, task and slice overrides, the pooled gate; performance's;
+    load_quality's) adjusted. A family of one is the recipe itself."""
     return recipe if size <= 1 else judged_at(recipe, 1.0 / size)
 
 
@@ -85,4 +85,7 @@ def judged_at(recipe: Recipe, share: float) -> Recipe:
     p = recipe.performance
     if p is not None:
         update["performance"] = p.model_copy(update={"confidence": scaled(p.confidence)})
+    lq = getattr(recipe, "load_quality", None)
+    if lq is not None:
+        update["load_quality"] = lq.model_copy(update={"confidence": scaled(lq.confidence)})
     return recipe.model_copy(update=update)

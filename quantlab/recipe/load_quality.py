@@ -52,7 +52,7 @@ class LoadQualitySpec(_Strict):
                               "fail side's is adjusted for the number of gates).")
     versus_c1: bool = Field(True, description="Also judge the candidate at load against its own answers at "
                             "concurrency 1 (a batch-dependent regression that is the candidate's alone).")
-    num_concurrent: int = Field(64, ge=1, le=4096, description="Requests lm-eval queues at once for an open-loop "
+    num_concurrent: int = Field(64, ge=2, le=4096, description="Requests lm-eval queues at once for an open-loop "
                                 "(rate) point, which are then released at the point's Poisson arrival times; a "
                                 "closed-loop point keeps its own concurrency in flight.")
     timeout_s: float = Field(1800, gt=0, description="Deadline for the whole check of one role at one point.")

@@ -345,6 +345,9 @@ def _missing(seen: dict[str, GateVerdict], s: Sections, manifest: Any, data: dic
                    if on[probe] and getattr(st.gates, g) is not None]
     if s.quality is not None and _stage_ran(manifest, "quality"):
         wanted += _quality_wanted(s.quality, seen, manifest, data)
+    for check in check_table.CHECKS:  # a check whose row says which gates its registered section calls for
+        if check.wanted and s.raw.get(check.name) is not None and _stage_ran(manifest, check.name):
+            wanted += hook(check.wanted)(s, manifest)
     if s.targets and _stage_ran(manifest, "targets"):
         for t in s.targets:
             if not any(v.check == "targets" and v.scope == t.name for v in seen.values()):

@@ -36,7 +36,7 @@ HERE = "tests.unit.test_checks_table"
 DUMMY = Check("echo", "echo", "Echo probe", report=f"{HERE}:echo_section", summary=f"{HERE}:echo_summary",
               plots=f"{HERE}:echo_plots", budget=f"{HERE}:echo_budget", verify=f"{HERE}:echo_wants")
 # the floor each hook is called from: release/ (summary, budget, registered), reports/ (report, plots)
-CALLERS = {"summary": "release", "budget": "release", "registered": "release", "verify": "release",
+CALLERS = {"summary": "release", "budget": "release", "registered": "release", "verify": "release", "wanted": "release",
            "report": "reports", "plots": "reports"}
 
 

@@ -8,7 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from quantlab.load_quality.shaper import Discipline, Shaper
+from quantlab.load_quality.discipline import Discipline
+from quantlab.load_quality.shaper import Shaper
 from quantlab.performance import metrics
 from quantlab.quality.lmeval import read_samples, run_tasks
 from quantlab.quality.samples import Docs

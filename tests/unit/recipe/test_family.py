@@ -27,6 +27,13 @@ def test_every_interval_gate_confidence_is_divided_by_the_family():
     assert loaded.recipe.quality.gates.confidence == 0.95  # the file's recipe is not touched
 
 
+def test_load_quality_is_judged_at_the_familys_share_too():
+    recipe = load_recipe(RECIPES / "gptq-w4a16-at-load.yaml").recipe
+    four = for_family(recipe, 4)
+    assert four.load_quality.confidence == pytest.approx(1 - (1 - recipe.load_quality.confidence) / 4)
+    assert four.load_quality.margin == recipe.load_quality.margin
+
+
 def test_a_family_has_a_member_and_says_its_rule():
     with pytest.raises(ValueError):
         Family(size=0)

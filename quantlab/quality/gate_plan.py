@@ -55,15 +55,18 @@ def _run_chance(plans: list[Any]) -> tuple[int, float, list[str]]:
             [p.scope for p in required if p.underpowered])
 
 
-def plan_summary(plans: list[Any]) -> str:
-    """One line: how likely an unchanged model passes every required comparison, and which cannot decide."""
+def plan_summary(plans: list[Any], discordance: float | None = None) -> str:
+    """One line: how likely an unchanged model passes every required comparison (at the
+    discordance the plans were made at: the host's measured one, else the assumed 5%), and
+    which cannot decide."""
     from quantlab.quality.planner import ASSUMED_DISCORDANCE
 
     required, chance, weak = _run_chance(plans)
     if not required:
         return "no required pass/fail comparison"
+    measured = "measured" if discordance is not None else "assumed"
     line = (f"{required} required pass/fail comparisons; an unchanged model passes all of them about "
-            f"{chance:.0%} of the time at {ASSUMED_DISCORDANCE:.0%} discordance")
+            f"{chance:.0%} of the time at {discordance or ASSUMED_DISCORDANCE:.1%} discordance ({measured})")
     return line + (f"; cannot decide with their items: {', '.join(weak)}" if weak else "")
 
 

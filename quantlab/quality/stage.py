@@ -24,8 +24,8 @@ from quantlab.quality import gates as quality_gates
 from quantlab.recipe.quality import QualitySpec
 from quantlab.core.results import QualityResult
 from quantlab.serving import stage as serve_stage
-from quantlab.quality.work import (baseline_entry, baseline_folder, cache_parts, code_sandbox, mark_judged, runnable,
-                                   suites_of)
+from quantlab.quality.work import (baseline_entry, baseline_folder, cache_parts, code_sandbox, mark_judged,
+                                   measured_discordance, runnable, suites_of)
 from quantlab.quality.samples import Docs, evaluated_docs, task_samples
 from quantlab.quality import gate_plan
 from quantlab.quality.gate_plan import gate_plans, plan_summary
@@ -59,7 +59,7 @@ def preflight(ctx: StageContext) -> None:
                           field="quality.kl.texts")
     plans = gate_plans(ctx)[0]
     ctx.progress("quality plan (before any engine starts; --dry-run shows each comparison): "
-                 + plan_summary(plans))
+                 + plan_summary(plans, measured_discordance(ctx)[0]))
     if ctx.recipe.release.policy.underpowered == "error":
         weak = [p for p in plans if p.underpowered]
         if weak:

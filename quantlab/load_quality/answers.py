@@ -30,6 +30,7 @@ class RunAnswers:
     failed: int = 0  # answered documents one of whose requests failed, timed out or was asked again
     busy_s: float = 0.0  # the time some request of this evaluation was in flight
     lm_eval: str | None = None  # the lm-eval version that scored it
+    in_flight: float | None = None  # the median of the requests in flight upstream as each was sent
 
     @property
     def answered(self) -> int:
@@ -95,6 +96,8 @@ def join(rows_by_task: dict[str, list[dict[str, Any]]], tasks: dict[str, tuple[s
             if not recs:
                 out.untimed += 1
     out.unmatched_records = sum(1 for r in records if id(r) not in claimed)
+    sent = sorted(r.in_flight_at_send for r in records if r.outcome != "abandoned")
+    out.in_flight = (sent[(len(sent) - 1) // 2] + sent[len(sent) // 2]) / 2 if sent else None
     out.busy_s = busy_s if busy_s is not None else busy_seconds(
         [(r.sent_at, r.sent_at + r.e2e) for r in records if r.e2e is not None])
     return out

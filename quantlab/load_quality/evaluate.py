@@ -47,11 +47,15 @@ def tokenizer_dir(ctx: StageContext, role: str) -> Path:
     return ctx.baseline_model().path.resolve()
 
 
-def queued(load: Load, open_loop_queue: int) -> int:
+def queued(load: Load, open_loop_queue: int, timeout_s: float) -> int:
     """lm-eval's own requests in flight towards the shaper: enough that the shaper always has
-    one waiting (closed loop: twice the point's, at least 2 so lm-eval takes its tagged
-    concurrent path; open loop: the section's queue)."""
-    return max(2, 2 * load.concurrency) if load.concurrency else open_loop_queue
+    one waiting. Closed loop: twice the point's, at least 2 so lm-eval takes its tagged
+    concurrent path. Open loop: the section's queue, but no more than arrive in half of
+    lm-eval's request timeout, which counts the wait at the shaper (a longer queue would time
+    requests out while they wait for their arrival time, and lm-eval would ask them again)."""
+    if load.concurrency:
+        return max(2, 2 * load.concurrency)
+    return max(2, min(open_loop_queue, int(load.rate * timeout_s / 2)))
 
 
 def evaluate(ctx: StageContext, role: str, work: list[tuple[Suite, Any]], docs: dict[str, Docs], load: Load,
@@ -87,8 +91,9 @@ def evaluate(ctx: StageContext, role: str, work: list[tuple[Suite, Any]], docs: 
             run_tasks(tasks=by_api[False], chat_tasks=by_api[True], base_url=shaper.base_url,
                       served_name=server.served_name, tokenizer=str(tokenizer_dir(ctx, role)),
                       suite_dir=folders[suite_name], out_dir=out, log_path=log_path, seed=quality.seed, docs=docs,
-                      num_concurrent=queued(load, spec.num_concurrent), request_timeout_s=quality.request_timeout_s,
-                      max_retries=quality.max_retries, deadline_s=left, offline=folders[suite_name] is not None,
+                      num_concurrent=queued(load, spec.num_concurrent, quality.request_timeout_s),
+                      request_timeout_s=quality.request_timeout_s, max_retries=quality.max_retries,
+                      deadline_s=left, offline=folders[suite_name] is not None,
                       trust_remote_code=ctx.recipe.model.trust_remote_code, progress=said,
                       code_sandbox=code_sandbox(ctx), tag_requests=True,
                       is_alive=lambda s=server: s.proc is None or s.proc.poll() is None, stop=stop)

@@ -80,7 +80,7 @@ def result(ctx: StageContext, points: list[tuple[str, Load]], answers: dict[tupl
         shown.append(LoadQualityPoint(name=load.name, workload=workload, point=load.name.split("/", 1)[1],
                                       concurrency=load.concurrency, rate=load.rate, roles=roles,
                                       raw_files=raw.get(at, [])))
-    notes += _join_notes(answers)
+    notes += _join_notes(answers) + _load_notes(points, answers)
     floors = {}
     for role in ROLES:
         parts = floor_parts(ctx, role)
@@ -104,6 +104,19 @@ def _store_floor(ctx: StageContext, role: str, load: Load, flips: Any, notes: li
                            role=role, k=flips.k, n=flips.n)
     except OSError as err:
         notes.append(f"batch floor: {role} at {load.name} could not be stored ({err})")
+
+
+def _load_notes(points: list[tuple[str, Load]], answers: dict[tuple[str, str], RunAnswers]) -> list[str]:
+    """The load each closed-loop point reached: the median of the requests in flight as each was
+    sent (lm-eval runs one task at a time, so each task's last requests go at less)."""
+    notes = []
+    for _, load in points:
+        if load.concurrency and load.concurrency > 1:
+            reached = {role: answers[(role, load.name)].in_flight for role in ROLES}
+            notes.append(f"{load.name}: a median of " + ", ".join(
+                f"{'-' if v is None else f'{v:g}'} ({role})" for role, v in reached.items())
+                + f" requests in flight as each was sent, of {load.concurrency}")
+    return notes
 
 
 def _join_notes(answers: dict[tuple[str, str], RunAnswers]) -> list[str]:

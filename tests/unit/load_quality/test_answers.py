@@ -27,6 +27,7 @@ def test_each_document_gets_its_own_requests_and_a_retry_makes_it_unscored():
     assert got.correct == {("t", 0): True, ("t", 1): None, ("t", 2): False, ("t", 3): None}
     assert len(got.records[("t", 0)]) == 2 and len(got.records[("t", 1)]) == 2
     assert got.failed == 1 and got.not_binary == {"t": 1} and got.unmatched_records == 1 and got.untimed == 0
+    assert got.in_flight == 1  # every record was sent alone; the abandoned one was never sent
     # the retried document is not right for the candidate: 1 right of 4
     assert level_counts(tuple(("t", i) for i in range(4)), got.correct).correct == 1
     # spans 0-1.5, 2-3 (two overlapping), 3-3.2, 3.5-3.6

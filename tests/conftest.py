@@ -252,3 +252,17 @@ def serving_env_processes() -> set[int]:
         if cmd and ".venv-vllm" in cmd[0] and p.info["status"] != psutil.STATUS_ZOMBIE:
             out.add(p.info["pid"])
     return out
+
+
+@pytest.fixture
+def own_cache(tmp_path, monkeypatch):
+    """A config folder (so a cache secret) and a cache folder of the test's own, no shared
+    cache: what the authenticated cache stores are tested in."""
+    from quantlab.core import cache_secret
+
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "config"))
+    monkeypatch.setenv("QUANTLAB_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.delenv("QUANTLAB_SHARED_CACHE", raising=False)
+    cache_secret.use(None)
+    yield
+    cache_secret.use(None)

@@ -32,14 +32,13 @@ from __future__ import annotations
 
 import json
 import re
-import warnings
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from quantlab.core import cache_secret, cpu_emulation, redact, result_cache
-from quantlab.core.fsutil import sha256_file, write_text_atomic
+from quantlab.core import cpu_emulation, redact, result_cache, signed_entries
+from quantlab.core.fsutil import sha256_file
 from quantlab.core.roles import BASELINE, CANDIDATE
 from quantlab.core.run import now_iso
 from quantlab.core.stage_context import StageContext
@@ -107,10 +106,6 @@ def _file_name(kind: str, run_id: str) -> str:
     return f"{kind}-{safe}.json"
 
 
-def _signed(key: str, name: str, body: dict[str, Any]) -> dict[str, Any]:
-    return {"store": KIND, "key": key, "file": name, "body": body}
-
-
 def add(parts: dict[str, Any], kind: str, run_id: str, figures: dict[str, list[float]], *,
         recipe: str | None = None, origin: str | None = None) -> Path | None:
     """Store one run's contribution of `kind` for the point these parts key (figures: metric ->
@@ -122,47 +117,22 @@ def add(parts: dict[str, Any], kind: str, run_id: str, figures: dict[str, list[f
     kept = {m: vs for m, vs in kept.items() if ss_df(kind, vs)[1] > 0}
     if not kept:
         return None
-    key = key_of(parts)
-    name = _file_name(kind, run_id)
-    path = store_root() / key / name
-    if path.exists():
-        return None
     body = {"format": FORMAT, "kind": kind, "run": run_id, "recipe": recipe, "origin": origin,
             "date": now_iso(), "figures": kept, "parts": json.loads(json.dumps(parts, default=str))}
-    write_text_atomic(path, json.dumps({"body": body, "hmac": cache_secret.sign(_signed(key, name, body))},
-                                       sort_keys=True))
-    return path
+    return signed_entries.write_once(KIND, key_of(parts), _file_name(kind, run_id), body)
 
 
 def contributions(parts: dict[str, Any], *, exclude_run: str | None = None) -> list[dict[str, Any]]:
     """The authenticated contributions for the point these parts key (bodies, oldest first);
     one that does not authenticate is skipped with a warning."""
-    key = key_of(parts)
-    folder = store_root() / key
-    out = []
-    for path in sorted(folder.glob("*.json")) if folder.is_dir() else []:
-        body = _read(key, path)
-        if body is not None and body.get("run") != exclude_run:
-            out.append(body)
+    out = [body for body in signed_entries.read_all(KIND, key_of(parts), what="performance noise",
+                                                    remedy="`quantlab calibrate` stores new ones")
+           if _usable(body) and body.get("run") != exclude_run]
     return sorted(out, key=lambda b: (b["date"], b["run"]))
 
 
-def _read(key: str, path: Path) -> dict[str, Any] | None:
-    try:
-        doc = json.loads(path.read_text())
-        body = doc["body"]
-        ok = isinstance(body, dict) and cache_secret.holds(_signed(key, path.name, body), doc.get("hmac"))
-    except (OSError, ValueError, TypeError, KeyError):
-        ok, body = False, None
-    if not ok:
-        warnings.warn(f"performance noise entry {path} is not used: it is not authenticated by this user's cache "
-                      "secret (written by someone without it, or edited since). Remove it; `quantlab calibrate` "
-                      "stores new ones", result_cache.CacheEntryWarning, stacklevel=3)
-        return None
-    if body.get("format") != FORMAT or body.get("kind") not in CONTRIBUTIONS or not isinstance(body.get("figures"),
-                                                                                                 dict):
-        return None
-    return body
+def _usable(body: dict[str, Any]) -> bool:
+    return body.get("format") == FORMAT and body.get("kind") in CONTRIBUTIONS and isinstance(body.get("figures"), dict)
 
 
 def host_noise(parts: dict[str, Any], metric: str, *, exclude_run: str | None = None) -> HostNoise | None:

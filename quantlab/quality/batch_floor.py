@@ -23,13 +23,12 @@ from __future__ import annotations
 
 import json
 import re
-import warnings
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from quantlab.core import cache_secret, cpu_emulation, redact, result_cache
-from quantlab.core.fsutil import write_text_atomic
+from quantlab.core import cpu_emulation, redact, result_cache, signed_entries
+from quantlab.core.signed_entries import safe_name
 from quantlab.core.run import now_iso
 
 KIND = "batch-floor"  # the cache folder
@@ -103,14 +102,6 @@ def store_root() -> Path:
     return result_cache.cache_root(KIND)
 
 
-def _safe(text: str) -> str:
-    return text if re.fullmatch(r"[A-Za-z0-9._-]{1,80}", text) else result_cache.cache_key({"id": text})[:32]
-
-
-def _signed(key: str, name: str, body: dict[str, Any]) -> dict[str, Any]:
-    return {"store": KIND, "key": key, "file": name, "body": body}
-
-
 def record(parts: dict[str, Any], point: str, *, run_id: str, role: str, k: int, n: int,
            tasks: list[str] | None = None) -> Path | None:
     """Store one run's flips for one role at one point (k of n documents answered at both
@@ -122,49 +113,26 @@ def record(parts: dict[str, Any], point: str, *, run_id: str, role: str, k: int,
         raise ValueError(f"flips k ({k}) must be within 0 .. n ({n})")
     if n == 0:
         return None
-    key = key_of(parts)
-    name = f"{point}-{_safe(role)}-{_safe(run_id)}.json"
-    path = store_root() / key / name
-    if path.exists():
-        return None
     body = {"format": FORMAT, "point": point, "role": role, "run": run_id, "k": int(k), "n": int(n),
             "tasks": sorted(tasks) if tasks else None, "date": now_iso(),
             "parts": json.loads(json.dumps(parts, default=str))}
-    write_text_atomic(path, json.dumps({"body": body, "hmac": cache_secret.sign(_signed(key, name, body))},
-                                       sort_keys=True))
-    return path
+    return signed_entries.write_once(KIND, key_of(parts), f"{point}-{safe_name(role)}-{safe_name(run_id)}.json",
+                                     body)
 
 
 def contributions(parts: dict[str, Any], point: str | None = None, *, exclude_run: str | None = None
                   ) -> list[dict[str, Any]]:
     """The authenticated contributions for this model (at one point; None: every point),
     oldest first; one that does not authenticate is skipped with a warning."""
-    key = key_of(parts)
-    folder = store_root() / key
-    out = []
-    for path in sorted(folder.glob("*.json")) if folder.is_dir() else []:
-        body = _read(key, path)
-        if body is not None and body["run"] != exclude_run and point in (None, body["point"]):
-            out.append(body)
+    out = [body for body in signed_entries.read_all(KIND, key_of(parts), what="batch noise floor",
+                                                    remedy="the load_quality check stores new ones")
+           if _usable(body) and body["run"] != exclude_run and point in (None, body["point"])]
     return sorted(out, key=lambda b: (str(b.get("date")), str(b["run"]), b["point"], str(b.get("role"))))
 
 
-def _read(key: str, path: Path) -> dict[str, Any] | None:
-    try:
-        doc = json.loads(path.read_text())
-        body = doc["body"]
-        ok = isinstance(body, dict) and cache_secret.holds(_signed(key, path.name, body), doc.get("hmac"))
-    except (OSError, ValueError, TypeError, KeyError):
-        ok, body = False, None
-    if not ok:
-        warnings.warn(f"batch noise floor entry {path} is not used: it is not authenticated by this user's cache "
-                      "secret (written by someone without it, or edited since). Remove it; the load_quality check "
-                      "stores new ones", result_cache.CacheEntryWarning, stacklevel=3)
-        return None
+def _usable(body: dict[str, Any]) -> bool:
     counts_ok = all(isinstance(body.get(f), int) for f in ("k", "n")) and 0 <= body["k"] <= body["n"]
-    if body.get("format") != FORMAT or not counts_ok or not isinstance(body.get("point"), str) or "run" not in body:
-        return None
-    return body
+    return body.get("format") == FORMAT and counts_ok and isinstance(body.get("point"), str) and "run" in body
 
 
 def floor_for(parts: dict[str, Any], point: str | None = None, *, exclude_run: str | None = None,

@@ -15,14 +15,7 @@ from quantlab.core import cache_secret, result_cache
 from quantlab.core.errors import IntegrityError, RecipeError
 
 
-@pytest.fixture(autouse=True)
-def own_config_and_cache(tmp_path, monkeypatch):
-    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "config"))
-    monkeypatch.setenv("QUANTLAB_CACHE_DIR", str(tmp_path / "cache"))
-    monkeypatch.delenv("QUANTLAB_SHARED_CACHE", raising=False)
-    cache_secret.use(None)
-    yield
-    cache_secret.use(None)
+pytestmark = pytest.mark.usefixtures("own_cache")  # tests/conftest.py: a cache and secret of its own
 
 
 def answers(folder, text="baseline answers"):

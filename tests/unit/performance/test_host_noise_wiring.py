@@ -5,6 +5,7 @@ line per point, and the report's line per point."""
 from __future__ import annotations
 
 import numpy as np
+import pytest
 
 from quantlab.core.results import PerfPoint, PerfResult
 from quantlab.performance import noise_store, stage
@@ -13,7 +14,9 @@ from quantlab.performance.noise import HostNoise, RepeatSample
 from quantlab.performance.result import crossover_orders, intervals
 from quantlab.recipe.performance import PerformanceSpec
 from quantlab.reports.sections import _noise_lines
-from tests.unit.performance.test_noise_store import SPEC, fake_ctx, own_config_and_cache  # noqa: F401 (the fixture: a cache of its own)
+from tests.unit.performance.test_noise_store import SPEC, fake_ctx
+
+pytestmark = pytest.mark.usefixtures("own_cache")  # tests/conftest.py: a cache and secret of its own
 
 
 def test_orders_follow_the_measuring_order():

@@ -21,13 +21,7 @@ from quantlab.performance.noise import RepeatSample, per_repeat_figures
 from quantlab.recipe.performance import PerformanceSpec
 
 
-@pytest.fixture(autouse=True)
-def own_config_and_cache(tmp_path, monkeypatch):
-    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "config"))
-    monkeypatch.setenv("QUANTLAB_CACHE_DIR", str(tmp_path / "cache"))
-    cache_secret.use(None)
-    yield
-    cache_secret.use(None)
+pytestmark = pytest.mark.usefixtures("own_cache")  # tests/conftest.py: a cache and secret of its own
 
 
 BASE = {"files": {"model.safetensors": "a" * 64, "config.json": "c" * 64}}

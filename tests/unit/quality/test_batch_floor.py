@@ -16,13 +16,7 @@ from quantlab.core.result_cache import CacheEntryWarning
 from quantlab.quality import batch_floor as store
 
 
-@pytest.fixture(autouse=True)
-def own_config_and_cache(tmp_path, monkeypatch):
-    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "config"))
-    monkeypatch.setenv("QUANTLAB_CACHE_DIR", str(tmp_path / "cache"))
-    cache_secret.use(None)
-    yield
-    cache_secret.use(None)
+pytestmark = pytest.mark.usefixtures("own_cache")  # tests/conftest.py: a cache and secret of its own
 
 
 PROBE = {"versions": {"vllm": "0.32.0"}, "cpu": {"model": "EPYC"}, "gpus": []}

@@ -10,7 +10,6 @@ from types import SimpleNamespace
 
 import pytest
 
-from quantlab.core import cache_secret
 from quantlab.quality import batch_floor
 from quantlab.quality.work import FLOOR_MIN_DOCUMENTS, floor_parts, measured_discordance
 
@@ -18,13 +17,7 @@ PROBE = {"versions": {"vllm": "0.32.0"}, "cpu": {"model": "Xeon"}, "gpus": []}
 BASELINE = {"model.safetensors": "b" * 64}
 
 
-@pytest.fixture(autouse=True)
-def own_config_and_cache(tmp_path, monkeypatch):
-    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "config"))
-    monkeypatch.setenv("QUANTLAB_CACHE_DIR", str(tmp_path / "cache"))
-    cache_secret.use(None)
-    yield
-    cache_secret.use(None)
+pytestmark = pytest.mark.usefixtures("own_cache")  # tests/conftest.py: a cache and secret of its own
 
 
 def ctx(tmp_path: Path, run_id: str = "run-now") -> SimpleNamespace:

@@ -19,7 +19,7 @@ from quantlab.core.stage_context import StageContext
 from quantlab.load_quality.answers import RunAnswers, busy_seconds, join
 from quantlab.quality.samples import Docs
 from quantlab.quality.suites import Suite
-from quantlab.quality.work import code_sandbox
+from quantlab.quality.work import code_sandbox, tokenizer_dir
 
 RECORDS_FILE = "requests.jsonl"
 
@@ -36,15 +36,6 @@ class Load:
     @property
     def label(self) -> str:
         return f"{self.concurrency} in flight" if self.concurrency else f"{self.rate:g}/s Poisson"
-
-
-def tokenizer_dir(ctx: StageContext, role: str) -> Path:
-    """The served checkpoint's tokenizer (the baseline's where the checkpoint has none): lm-eval
-    needs it for loglikelihood requests, absolute because its child runs in the suite folder."""
-    target = ctx.serving_plan().target(role)
-    if target.model_dir is not None and (Path(target.model_dir) / "tokenizer_config.json").is_file():
-        return Path(target.model_dir).resolve()
-    return ctx.baseline_model().path.resolve()
 
 
 def queued(load: Load, open_loop_queue: int, timeout_s: float) -> int:

@@ -15,7 +15,7 @@ from quantlab.load_quality.answers import RunAnswers
 from quantlab.load_quality.evaluate import Load
 from quantlab.load_quality.goodput import correct_goodput
 from quantlab.load_quality.slice import planned_items
-from quantlab.load_quality.work import C1, sliced_tasks
+from quantlab.load_quality.work import C1, SliceWork
 from quantlab.quality import batch_floor
 from quantlab.quality.planner import ASSUMED_DISCORDANCE
 from quantlab.quality.work import floor_parts, measured_discordance
@@ -31,8 +31,8 @@ def discordance(ctx: StageContext) -> tuple[float, str]:
     return max(measured, 0.005), f"discordance from {why}"
 
 
-def planned(ctx: StageContext) -> tuple[int, str]:
-    sliced = sliced_tasks(ctx, max_len=ctx.served_max_model_len())
+def planned(ctx: StageContext, sliced: SliceWork) -> tuple[int, str]:
+    """How many paired documents a point is judged on, out of what `sliced` has, and why."""
     d, source = discordance(ctx)
     n, line = planned_items(ctx.recipe.load_quality, d, available=sum(sliced.available.values()))
     return n, f"{line}; {source}"

@@ -64,7 +64,7 @@ def preflight(ctx: StageContext) -> None:
     if not loads(ctx):
         raise RecipeError("load_quality.points names no performance point", file=str(ctx.loaded.path),
                           field="load_quality.points")
-    n, line = judge.planned(ctx)
+    n, line = judge.planned(ctx, sliced)
     ctx.progress(f"load_quality plan: {n} paired documents a point over {len(sliced.tasks)} task(s); {line}")
 
 
@@ -72,7 +72,7 @@ def plan(ctx: StageContext) -> list[str]:
     """The dry run's hook: the slice's size, what it can detect, and where its discordance
     comes from (this host's measured batch noise floor, else the planner's assumption)."""
     sliced = sliced_tasks(ctx, max_len=ctx.recipe_max_model_len())
-    n, line = judge.planned(ctx)
+    n, line = judge.planned(ctx, sliced)
     points = [load.name for _, load in loads(ctx)]
     return [f"{n} paired documents a point over {len(sliced.tasks)} task(s), at {', '.join(points)} and at "
             f"concurrency 1: {line}"]
@@ -101,7 +101,7 @@ def run(ctx: StageContext):
     out = ctx.run.path / OUT_DIR
     out.mkdir(parents=True, exist_ok=True)
     sliced = sliced_tasks(ctx, max_len=ctx.served_max_model_len())
-    n, plan_line = judge.planned(ctx)
+    n, plan_line = judge.planned(ctx, sliced)
     docs = documents(sliced.available, n)
     order = _order([load for _, load in loads(ctx)])
     answers: dict[tuple[str, str], RunAnswers] = {}

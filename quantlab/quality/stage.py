@@ -25,7 +25,7 @@ from quantlab.recipe.quality import QualitySpec
 from quantlab.core.results import QualityResult
 from quantlab.serving import stage as serve_stage
 from quantlab.quality.work import (baseline_entry, baseline_folder, cache_parts, code_sandbox, mark_judged,
-                                   measured_discordance, runnable, suites_of)
+                                   measured_discordance, runnable, suites_of, tokenizer_dir)
 from quantlab.quality.samples import Docs, evaluated_docs, task_samples
 from quantlab.quality import gate_plan
 from quantlab.quality.gate_plan import gate_plans, plan_summary
@@ -69,13 +69,6 @@ def preflight(ctx: StageContext) -> None:
                                           for p in weak)
                               + ". Give them more items (quality.limit), a wider margin, or let them warn "
                               "(release.policy.gates)", file=str(ctx.loaded.path), field="release.policy.underpowered")
-
-
-def _tokenizer_dir(ctx: StageContext, role: str) -> Path:
-    target = ctx.serving_plan().target(role)
-    if target.model_dir is not None and (Path(target.model_dir) / "tokenizer_config.json").is_file():
-        return Path(target.model_dir).resolve()  # absolute: lm-eval runs in the suite folder
-    return ctx.baseline_model().path.resolve()
 
 
 def check_same_tokenizer(base_dir: Path, cand_dir: Path, *, trust_remote_code: bool) -> None:
@@ -129,7 +122,7 @@ def _evaluate(ctx: StageContext, role: str, work: list[tuple[Suite, Any]], out: 
             tasks = by_api[False] + by_api[True]
             run_tasks(tasks=by_api[False], chat_tasks=by_api[True], base_url=server.base_url,
                       served_name=server.served_name,
-                      tokenizer=str(_tokenizer_dir(ctx, role)), suite_dir=folders[suite_name], out_dir=out,
+                      tokenizer=str(tokenizer_dir(ctx, role)), suite_dir=folders[suite_name], out_dir=out,
                       log_path=ctx.run.path / OUT_DIR / f"{role}-lmeval.log", seed=spec.seed,
                       docs=docs,
                       num_concurrent=spec.num_concurrent, request_timeout_s=spec.request_timeout_s,
@@ -159,7 +152,7 @@ def run(ctx: StageContext) -> QualityResult:
     work, skipped = runnable(suites, ctx.served_max_model_len())
     if not work:
         raise CheckError("no quality task can run: " + "; ".join(f"{t.task}: {why}" for t, why in skipped))
-    base_tok, cand_tok = _tokenizer_dir(ctx, "baseline"), _tokenizer_dir(ctx, "candidate")
+    base_tok, cand_tok = tokenizer_dir(ctx, "baseline"), tokenizer_dir(ctx, "candidate")
     check_same_tokenizer(base_tok, cand_tok, trust_remote_code=ctx.recipe.model.trust_remote_code)
     kl_token_ids = kl_prompt_ids(ctx, suites, cand_tok)
     base_dir, cand_dir = out / "baseline", out / "candidate"

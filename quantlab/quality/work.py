@@ -221,3 +221,11 @@ def measured_discordance(ctx: StageContext) -> tuple[float | None, str]:
         return None, f"the batch floor here has {floor.n} documents, fewer than {FLOOR_MIN_DOCUMENTS}: {floor.line()}"
     return floor.high, f"this host's batch floor: {floor.line()}"
 
+
+def tokenizer_dir(ctx: StageContext, role: str) -> Path:
+    """The served checkpoint's tokenizer (the baseline's where the checkpoint has none), for
+    lm-eval's loglikelihood requests: absolute, because lm-eval's child runs in the suite folder."""
+    target = ctx.serving_plan().target(role)
+    if target.model_dir is not None and (Path(target.model_dir) / "tokenizer_config.json").is_file():
+        return Path(target.model_dir).resolve()
+    return ctx.baseline_model().path.resolve()

@@ -11,8 +11,8 @@ Two errors, two rules:
   released by release.policy's `warn` carries no test at all: the run's false-release
   bound is then 1.0, and the ledger names those gates (`warned_gates`) and says why.
 Fixed thresholds (stability, KL, a critical row, a count, the serve kernel path) are not
-judged on an interval: they are listed, spending no alpha, with their false-block rate not
-controlled by the ledger.
+judged on an interval: they are listed, spending no alpha, each with the false-block rate
+A/A runs measured for it where there is one (release/threshold_rates.py), or why not.
 Several candidates judged on the same items (a comparison, a search) are one family
 (recipe/family.py): each candidate's alphas above are already divided by its size, and
 the `family` entry says so, with the family's bounds (the size times the candidate's).
@@ -27,9 +27,11 @@ from typing import Any
 
 from quantlab.core import checks as check_table
 from quantlab.release.check_hooks import hook
+from quantlab.release.threshold_rates import measured_for
 from quantlab.core.verdicts import GateVerdict, gate_id
 
-LEDGER_VERSION = 2  # 2: a release through warned gates bounds nothing (1.0), and names them
+LEDGER_VERSION = 3  # 2: a release through warned gates bounds nothing (1.0), and names them;
+#                    3: each fixed threshold with its measured A/A false-block rate, or why none
 INTERVAL_TESTS = ("tango-score", "bca-bootstrap", "hierarchical-bootstrap")
 FIXED_TESTS = ("threshold", "count")
 
@@ -49,12 +51,17 @@ def ledger(verdicts: list[GateVerdict], *, rule_version: int, family: Any = None
         judged = [v for v in verdicts if v.check == check.name and v.test in INTERVAL_TESTS]
         if check.budget and judged:
             checks[check.name] = hook(check.budget)(judged, sections.get(check.name))
-    fixed = sorted(gate_id(v) for v in verdicts if v.test in FIXED_TESTS)
+    fixed_verdicts = [v for v in verdicts if v.test in FIXED_TESTS]
+    measured, not_measured = measured_for(fixed_verdicts)
     out = {
         "ledger_version": LEDGER_VERSION,
         "rule_version": rule_version,
         "checks": checks,
-        "fixed_thresholds": {"gates": fixed, "false_block_rate": "not controlled (a fixed threshold, no interval)"},
+        "fixed_thresholds": {
+            "gates": sorted(gate_id(v) for v in fixed_verdicts),
+            "false_block_rate": "not controlled by an interval; measured on A/A runs where listed (upper_bound: "
+                                "one-sided Clopper-Pearson per run, on the host kind named), spending no alpha",
+            "measured": measured, "not_measured": not_measured},
         "run": {
             "false_block_bound": round(sum(c["fail_alpha_family"] for c in checks.values()), 6),
             "false_block_rule": "union bound over the checks' fail sides (interval-judged gates only)",

@@ -16,6 +16,7 @@ from quantlab.core.layout import HTML_FILE, JUNIT_FILE, MARKDOWN_FILE  # noqa: F
 from quantlab.core import checks as check_table
 from quantlab.core.verdicts import all_verdicts, gate_id
 from quantlab.recipe.stream import report_line
+from quantlab.release import threshold_rates
 from quantlab.release.decision import (TargetDecision, targets_line)
 from quantlab.core.results import (
     ReleaseResult,
@@ -56,6 +57,16 @@ def stream_line(record: RunRecord) -> str | None:
     return report_line(budget["stream"], release.decision == "release")
 
 
+def fixed_thresholds_line(record: RunRecord) -> str | None:
+    """The fixed thresholds (no interval) and what A/A runs measured them to block
+    (release/threshold_rates.py)."""
+    release = record.result("release")
+    budget = release.error_budget if isinstance(release, ReleaseResult) else None
+    if not isinstance(budget, dict) or not isinstance(budget.get("fixed_thresholds"), dict):
+        return None
+    return threshold_rates.report_line(budget["fixed_thresholds"])
+
+
 def plots(record: RunRecord) -> list[str]:
     out: list[str] = []
     for check in check_table.CHECKS:  # the checks that draw plots (core/checks.py), in the decision's order
@@ -71,6 +82,9 @@ def render_markdown(record: RunRecord) -> str:
     stream = stream_line(record)
     if stream:
         lines += [f"Stream: {stream}", ""]
+    fixed = fixed_thresholds_line(record)
+    if fixed:
+        lines += [f"Fixed thresholds: {fixed}", ""]
     for title, header, rows, notes in sections(record):
         lines += [f"### {title}", ""]
         if rows:

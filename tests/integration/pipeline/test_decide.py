@@ -62,7 +62,12 @@ def test_decide_on_the_users_own_files_reaches_validates_verdicts(tiny_server, t
     recipe = write_recipe(tmp_path, {
         **tiny_endpoint_recipe("tiny-decide", server, tiny_served_checkpoint, served_model_name=TINY_SERVED_NAME),
         "quality": {"tasks": TASKS, "limit": LIMIT, "kl": {"enabled": False}},
+        # throughput and errors only: the tiny engine outruns its API server's stream, which then
+        # sometimes hands a whole 16-token answer over in one burst (seen on the Xeon with AMX: TTFT
+        # the whole answer's time, inter-token times of microseconds, on one role's repeats and not
+        # the other's), so the same server's P99 TTFT and TPOT ratios are bimodal here, not noise
         "performance": {"repeats": 2, "client_check": False, "host_noise": False,
+                        "gates": {"max_p99_ttft_ratio": None, "max_p99_tpot_ratio": None},
                         "workloads": [{"name": "short", "concurrency": [CONCURRENCY], "num_requests": 16,
                                        "prompt_tokens": 32, "output_tokens": 16}]}})
     r, validated = validate(recipe, tiny_served_checkpoint, tmp_path / "validate"), None

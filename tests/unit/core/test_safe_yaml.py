@@ -123,7 +123,8 @@ def test_unsafe_tags_stay_refused():
 def test_every_shipped_yaml_file_loads_within_the_budget():
     from quantlab.quality.suites import TaskYamlLoader  # the loader the suites use
 
-    files = [p for p in REPO.rglob("*.yaml") if not {".venv", ".venv-vllm", "build", ".git"} & set(p.parts)]
+    # what the project ships: not a run folder's checkpoint, whose recipe.yaml llm-compressor wrote
+    files = [p for p in REPO.rglob("*.yaml") if not {".venv", ".venv-vllm", "build", ".git", "runs"} & set(p.parts)]
     assert len(files) > 20
     for p in files:
         load_file(p, loader=TaskYamlLoader)

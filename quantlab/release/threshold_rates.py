@@ -34,14 +34,11 @@ class AaMeasure:
     source: str
 
     def upper_bound(self) -> float:
-        """One-sided Clopper-Pearson upper bound on the rate per trial, at CONFIDENCE."""
-        if self.blocked >= self.trials:
-            return 1.0
-        if self.blocked == 0:  # closed form: (1 - CONFIDENCE) ** (1 / n) = 1 - upper
-            return 1.0 - (1.0 - CONFIDENCE) ** (1.0 / self.trials)
-        from scipy.stats import beta  # only a measurement with blocks needs the quantile
+        """One-sided Clopper-Pearson upper bound on the rate per trial, at CONFIDENCE: the
+        upper end of the two-sided interval at 1 - 2 (1 - CONFIDENCE)."""
+        from quantlab.quality.batch_floor import clopper_pearson  # scipy, only when a ledger is written
 
-        return float(beta.ppf(CONFIDENCE, self.blocked + 1, self.trials - self.blocked))
+        return clopper_pearson(self.blocked, self.trials, 1 - 2 * (1 - CONFIDENCE))[1]
 
     def record(self, present: list[str]) -> dict:
         return {"gates": present, "measured_at": dict(self.gates), "trials": self.trials, "blocked": self.blocked,

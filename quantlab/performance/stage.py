@@ -164,6 +164,7 @@ def run(ctx: StageContext) -> PerfResult:
     requests = requests_for(ctx, spec)
     measured = Measured(host_noise=noise_store.for_run(ctx, spec, plan=plan))
     if interleaved:
+        ctx.start_engines(list(ROLES))  # a resumed run skipped serve: both start at once, not one by one
         measured.placement = Placement.of({role: ctx.engine(role) for role in ROLES})
     sweep = Sweep(spec, requests, {CANDIDATE: Member(ctx, measured)}, server=ctx.engine,
                   block_of=_paired_block, device=plan.device, progress=ctx.progress, warmed=measured.warmed,

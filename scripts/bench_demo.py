@@ -41,11 +41,22 @@ def timed(cmd: list[str], cwd: Path, env: dict[str, str], log: Path) -> tuple[fl
     return time.monotonic() - t0, rc
 
 
-def newest_record(clone: Path, after: float) -> dict:
-    records = [p for p in (clone / "runs").glob("*/*/run.json") if p.stat().st_mtime >= after]
+def records_since(clone: Path, after: float) -> list[dict]:
+    """Every run record written since `after`, oldest first: `make demo` writes two when it
+    calibrates the host first (the calibration is an A/A run of its own), one otherwise."""
+    records = sorted((p for p in (clone / "runs").glob("*/*/run.json") if p.stat().st_mtime >= after),
+                     key=lambda p: p.stat().st_mtime)
     if not records:
         raise SystemExit(f"no run.json written under {clone / 'runs'}: see the make log")
-    return json.loads(max(records, key=lambda p: p.stat().st_mtime).read_text())
+    return [json.loads(p.read_text()) for p in records]
+
+
+def newest_record(clone: Path, after: float) -> dict:
+    return records_since(clone, after)[-1]
+
+
+def attempt_engine_s(record: dict) -> float:
+    return (record.get("attempt") or {}).get("engine_s") or sum(engine_seconds(record).values())
 
 
 def engine_seconds(record: dict) -> dict[str, float]:
@@ -69,17 +80,22 @@ def one_demo(label: str, clone: Path, env: dict[str, str], log: Path) -> dict:
     demo_s, rc = timed(["make", "demo"], clone, env, log)
     if rc != 0:
         raise SystemExit(f"{label}: make demo failed (exit {rc}); see {log}")
-    record = newest_record(clone, started)
-    return row(label, record, setup_s, demo_s)
+    *earlier, record = records_since(clone, started)
+    return row(label, record, setup_s, demo_s, earlier=earlier)
 
 
-def row(label: str, record: dict, setup_s: float, wall_s: float) -> dict:
-    """One timed command: its stages from the record, and quantlab's own time, which is the
-    command's wall time less the engines' time the run recorded (so it also holds the
-    command's start, the recipes check of `make demo`, preflights and reports)."""
+def row(label: str, record: dict, setup_s: float, wall_s: float, *, earlier: list[dict] = ()) -> dict:
+    """One timed command: its stages from the (last) run's record, and quantlab's own time,
+    which is the command's wall time less the engines' time every run it made recorded (so it
+    also holds the command's start, the recipes check of `make demo`, building the default
+    model, preflights and reports). `earlier`: runs the command made before the last (the
+    host calibration), shown as one column "calibrate"."""
     stages = {name: round(rec["duration_s"], 1) for name, rec in record["stages"].items()}
     engines = engine_seconds(record)
-    engine_total = (record.get("attempt") or {}).get("engine_s") or sum(engines.values())
+    if earlier:
+        stages = {"calibrate": round(sum((r.get("attempt") or {}).get("wall_s") or 0.0 for r in earlier), 1), **stages}
+        engines = {"calibrate": round(sum(attempt_engine_s(r) for r in earlier), 1), **engines}
+    engine_total = attempt_engine_s(record) + sum(attempt_engine_s(r) for r in earlier)
     own = wall_s - engine_total
     return {"label": label, "recipe": record.get("recipe_name"), "setup_s": round(setup_s, 1), "demo_after_setup_s": round(wall_s, 1),
             "total_s": round(setup_s + wall_s, 1), "stages_s": stages, "engine_s": engines,

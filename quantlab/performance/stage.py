@@ -15,7 +15,7 @@ from quantlab.core.roles import CANDIDATE, ROLES
 from quantlab.core.errors import RecipeError
 from quantlab.core.fsutil import sha256_file
 from quantlab.performance import gates as perf_gates
-from quantlab.performance import noise_store
+from quantlab.performance import noise_store, server_history
 from quantlab.performance.placement import Placement, swapped as placement_swapped
 from quantlab.recipe.performance import PerformanceSpec, Workload, max_length
 from quantlab.core.results import PerfResult
@@ -163,8 +163,9 @@ def run(ctx: StageContext) -> PerfResult:
                       "Set serve.side_by_side: true for alternating A/B measurements")
     requests = requests_for(ctx, spec)
     measured = Measured(host_noise=noise_store.for_run(ctx, spec, plan=plan))
+    notes += server_history.make_alike(ctx)  # a server that answered the quality evaluation alone is slower
     if interleaved:
-        ctx.start_engines(list(ROLES))  # a resumed run skipped serve: both start at once, not one by one
+        ctx.start_engines(list(ROLES))  # a restarted one, or a resumed run's (serve skipped): at once
         measured.placement = Placement.of({role: ctx.engine(role) for role in ROLES})
     sweep = Sweep(spec, requests, {CANDIDATE: Member(ctx, measured)}, server=ctx.engine,
                   block_of=_paired_block, device=plan.device, progress=ctx.progress, warmed=measured.warmed,

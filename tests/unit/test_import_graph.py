@@ -44,6 +44,7 @@ ADAPTERS = {
     "quantlab.serving.pool", "quantlab.quality.kl", "quantlab.performance.loadgen",
     "quantlab.performance.prompts", "quantlab.performance.monitor", "quantlab.performance.stream_stub",
     "quantlab.stability.probe", "quantlab.performance.placement", "quantlab.load_quality.shaper",
+    "quantlab.performance.server_history",
 }
 # modules a stage calls for its own work (they reach engine adapters as the stage does)
 STAGE_HELPERS = {"quantlab.quality.work", "quantlab.quality.gate_plan", "quantlab.quality.kl_run",

@@ -114,3 +114,18 @@ def test_client_ceiling_run_accounts_for_every_request():
     c = measure_client_ceiling(requests=100, tokens=8)
     assert (c["ok_requests"], c["sent_requests"]) == (100, 100)
     assert c["tokens_per_s"] == pytest.approx(8 * c["requests_per_s"])  # usage counts: 8 tokens each
+
+
+def test_the_server_counts_what_it_answered(tiny_server, tokenizer):
+    """performance/server_history reads vLLM's own count of finished requests: it moves by
+    exactly the requests answered."""
+    from quantlab.performance.server_history import answered
+
+    server, _, _ = tiny_server
+    before = answered(server)
+    assert isinstance(before, int) and before >= 0
+    w = Workload(name="h", prompt_tokens=16, output_tokens=4, concurrency=[2], num_requests=3)
+    res = run_point(server.base_url, build_requests(w, tokenizer, served_name=TINY_SERVED_NAME, count=3),
+                    concurrency=2, timeout_s=120)
+    assert all(r.outcome == "ok" for r in res.records)
+    assert answered(server) == before + 3

@@ -1,19 +1,16 @@
-"""Servers compared for performance are measured from alike histories.
+"""What each server had answered before the load, recorded with the performance results.
 
-A server's history (what it has answered since it started) moves its speed. Measured in
-an A/A run of the full W8A8 recipe (docs/performance.md, "A server's history"): with the
-baseline's quality answers from the cache, only the candidate's server had answered the
-quality evaluation (4,503 requests against the baseline's 0); the performance stage then
-found it about 6% slower in throughput and 8-19% in median TTFT than the baseline's
-untouched server, in every repeat and on either core, where A/A runs with nothing before
-the load measured 0.97-1.04. So before it measures, the stage reads how many requests
-each server has answered (vLLM's own counter, `vllm:request_success` on /metrics) and
-restarts each that answered more than SLACK requests, and more than a tenth of its own
-count, beyond the least used one: all are then measured from a fresh start (a cached baseline's run pays one server start, about
-30-40 s on 2 cores). Servers whose histories are alike (both evaluated, or neither) are
-left as they are. Where a count cannot be read, or a server is not this run's to restart
-(an external endpoint, a comparison's shared baseline), the record says the histories
-were not made alike.
+A server's history may move its speed, and nobody has shown by how much or why. In an A/A
+run of the full W8A8 recipe with the baseline's quality answers cached (docs/performance.md,
+"A server's history"), only the candidate's server had answered the quality evaluation
+(4,503 requests, the baseline's 0) and it measured about 6% slower in throughput in every
+repeat, on either core; A/A runs with nothing before the load measure 0.97-1.04. A second
+run that restarted the busier server first (while other work loaded the host) found the
+restarted one 30% slower: restarting is no remedy until the cause is known. So the stage
+only records, from vLLM's own counter (`vllm:request_success` on /metrics), how many
+requests each server had finished before the load, and says when the histories are unlike
+(more than SLACK requests and a tenth of the busier count apart), so that the figures
+carry that context and runs can be compared on it.
 """
 
 from __future__ import annotations
@@ -47,10 +44,9 @@ def answered(server: Any) -> int | None:
     return None if count is None else int(count)
 
 
-def to_restart(counts: dict[str, int | None], slack: int = SLACK) -> list[str]:
+def unlike(counts: dict[str, int | None], slack: int = SLACK) -> list[str]:
     """The roles whose servers answered more than `slack` requests, and more than a tenth of
-    their own count, beyond the least used one; none when a count is unknown (nothing is
-    judged on a count not read)."""
+    their own count, beyond the least used one; none when a count is unknown."""
     if any(c is None for c in counts.values()) or len(counts) < 2:
         return []
     least = min(c for c in counts.values() if c is not None)
@@ -58,31 +54,18 @@ def to_restart(counts: dict[str, int | None], slack: int = SLACK) -> list[str]:
             if c is not None and c - least > max(slack, RELATIVE_SLACK * c)]
 
 
-def make_alike(ctx: StageContext, roles: tuple[str, ...] = ROLES) -> list[str]:
-    """Restart the servers whose history is unlike the others' (a role with no server up
-    counts 0 requests: it starts fresh). Returns the notes for the stage's record."""
+def notes(ctx: StageContext, roles: tuple[str, ...] = ROLES) -> list[str]:
+    """The stage's notes on the servers' histories (a role with no server up yet counts 0:
+    it starts fresh); nothing when no count can be read."""
     servers = {role: ctx.engine_if_running(role) for role in roles}
     counts = {role: (0 if server is None else answered(server)) for role, server in servers.items()}
-    unknown = [role for role, c in counts.items() if c is None]
-    if unknown:
-        return [f"server history not compared: how many requests the {' and '.join(unknown)} server(s) had "
-                "answered could not be read from /metrics, so the servers were measured as found"]
-    busier = to_restart(counts)
-    if not busier:
+    if all(c is None for c in counts.values()):
         return []
-    said = ", ".join(f"{role} {counts[role]}" for role in roles)
-    restarted = [role for role in busier if ctx.retire_engine(role)]
-    kept = [role for role in busier if role not in restarted]
-    notes = []
-    if restarted:
-        ctx.progress(f"performance: restarting the {' and '.join(restarted)} server(s) first, so that both are "
-                     f"measured from a fresh start (requests answered so far: {said})")
-        notes.append(f"server history: requests answered before the load ({said}) were unlike, "
-                     f"so the {' and '.join(restarted)} server(s) were restarted and every server measured from "
-                     "a fresh start (a server that had answered the quality evaluation alone measured 6% slower "
-                     "than an untouched one of the same weights: docs/performance.md)")
-    if kept:
-        notes.append(f"server history not made alike: the {' and '.join(kept)} server(s) had answered more "
-                     f"requests than the others ({said}) and are not this run's to restart (an external "
-                     "endpoint or a shared baseline): their figures carry that history")
-    return notes
+    said = ", ".join(f"{role} {'not read' if c is None else c}" for role, c in counts.items())
+    busier = unlike(counts)
+    if not busier:
+        return [f"server history: requests each server had answered before the load: {said}"]
+    return [f"server history: requests each server had answered before the load: {said}; unlike histories "
+            f"(the {' and '.join(busier)} server answered far more): an A/A run measured a server that had "
+            "answered the quality evaluation alone about 6% slower than an untouched one of the same weights "
+            "(docs/performance.md, \"A server's history\"), so these ratios may carry that"]

@@ -163,9 +163,9 @@ def run(ctx: StageContext) -> PerfResult:
                       "Set serve.side_by_side: true for alternating A/B measurements")
     requests = requests_for(ctx, spec)
     measured = Measured(host_noise=noise_store.for_run(ctx, spec, plan=plan))
-    notes += server_history.make_alike(ctx)  # a server that answered the quality evaluation alone is slower
+    notes += server_history.notes(ctx)  # what each server answered before the load: it may move its speed
     if interleaved:
-        ctx.start_engines(list(ROLES))  # a restarted one, or a resumed run's (serve skipped): at once
+        ctx.start_engines(list(ROLES))  # a resumed run skipped serve: both start at once, not one by one
         measured.placement = Placement.of({role: ctx.engine(role) for role in ROLES})
     sweep = Sweep(spec, requests, {CANDIDATE: Member(ctx, measured)}, server=ctx.engine,
                   block_of=_paired_block, device=plan.device, progress=ctx.progress, warmed=measured.warmed,

@@ -84,16 +84,6 @@ class EnginePool:
     def stop(self, role: str, target: str = PRIMARY_TARGET) -> None:
         self._stop((target, role))
 
-    def retire(self, role: str, target: str = PRIMARY_TARGET) -> bool:
-        """Stop a server this run launched so that the next get() starts it afresh; False
-        (and nothing stopped) for one it may not restart: an external endpoint, or a server
-        another pool owns (a comparison's shared baseline)."""
-        key = (target, role)
-        if key not in self._servers or key in self._borrowed or self.plans[target].spec.mode == "endpoint":
-            return False
-        self._stop(key)
-        return True
-
     def _stop(self, key: tuple[str, str]) -> None:
         server = self._servers.pop(key, None)
         if server is not None and key not in self._borrowed:

@@ -221,11 +221,6 @@ class EngineSession:
         if self._pool is not None:
             self._pool.stop(role, target)
 
-    def retire_engine(self, role: str, target: str = PRIMARY_TARGET) -> bool:
-        """Stop this run's server for a role so that it starts afresh when next asked for
-        (serving/pool.retire); False where it may not be restarted."""
-        return self._pool.retire(role, target) if self._pool is not None else False
-
     def close_engines(self) -> None:
         if self._pool is not None:
             self._pool.close()

@@ -1,5 +1,5 @@
-"""Servers measured from alike histories: which are restarted before the load, what the
-record says, and that a count not read changes nothing."""
+"""What each server had answered before the load: read from vLLM's own counter, recorded
+in the stage's notes, and unlike histories named."""
 
 from __future__ import annotations
 
@@ -10,38 +10,17 @@ from types import SimpleNamespace
 import pytest
 
 from quantlab.performance import server_history
-from quantlab.performance.server_history import SLACK, answered, make_alike, to_restart
+from quantlab.performance.server_history import SLACK, answered, notes, unlike
 
 
-def test_only_a_server_busier_than_the_least_used_by_more_than_the_slack_is_restarted():
-    assert to_restart({"baseline": 3, "candidate": 4503}) == ["candidate"]
-    assert to_restart({"baseline": 4503, "candidate": 4400}) == []  # both evaluated: alike (a few retries)
-    assert to_restart({"baseline": 4503, "candidate": 4000}) == ["baseline"]  # more than a tenth apart
-    assert to_restart({"baseline": 0, "candidate": SLACK}) == []
-    assert to_restart({"baseline": 0, "candidate": SLACK + 1}) == ["candidate"]
-    assert to_restart({"baseline": 900, "candidate": 2}) == ["baseline"]
-    assert to_restart({"baseline": None, "candidate": 4503}) == []  # nothing judged on a count not read
-    assert to_restart({"candidate": 4503}) == []
-
-
-class FakeContext:
-    def __init__(self, running: dict, restartable: set[str]):
-        self.running, self.restartable = running, restartable
-        self.retired: list[str] = []
-        self.said: list[str] = []
-
-    def engine_if_running(self, role):
-        return self.running.get(role)
-
-    def retire_engine(self, role):
-        if role not in self.restartable:
-            return False
-        self.retired.append(role)
-        self.running.pop(role)
-        return True
-
-    def progress(self, line):
-        self.said.append(line)
+def test_a_server_is_unlike_when_busier_than_the_least_used_by_more_than_the_slack_and_a_tenth():
+    assert unlike({"baseline": 0, "candidate": 4503}) == ["candidate"]
+    assert unlike({"baseline": 4503, "candidate": 4400}) == []  # both evaluated: alike (a few retries)
+    assert unlike({"baseline": 4503, "candidate": 4000}) == ["baseline"]  # more than a tenth apart
+    assert unlike({"baseline": 0, "candidate": SLACK}) == []
+    assert unlike({"baseline": 0, "candidate": SLACK + 1}) == ["candidate"]
+    assert unlike({"baseline": None, "candidate": 4503}) == []  # nothing judged on a count not read
+    assert unlike({"candidate": 4503}) == []
 
 
 @pytest.fixture
@@ -51,41 +30,29 @@ def counts(monkeypatch):
     return table
 
 
-def servers(*roles):
-    return {role: SimpleNamespace(base_url=f"http://127.0.0.1/{role}") for role in roles}
+def context(*roles):
+    running = {role: SimpleNamespace(base_url=f"http://127.0.0.1/{role}") for role in roles}
+    return SimpleNamespace(engine_if_running=running.get)
 
 
-def test_the_server_that_answered_the_evaluation_alone_is_restarted_and_the_record_says_why(counts):
-    counts.update({"http://127.0.0.1/baseline": 2, "http://127.0.0.1/candidate": 4503})
-    ctx = FakeContext(servers("baseline", "candidate"), {"baseline", "candidate"})
-    notes = make_alike(ctx)
-    assert ctx.retired == ["candidate"] and "baseline" in ctx.running
-    assert len(notes) == 1 and "baseline 2, candidate 4503" in notes[0] and "fresh start" in notes[0]
-    assert any("restarting the candidate server" in line for line in ctx.said)
+def test_unlike_histories_are_named_with_their_counts(counts):
+    counts.update({"http://127.0.0.1/baseline": 0, "http://127.0.0.1/candidate": 4503})
+    [note] = notes(context("baseline", "candidate"))
+    assert "baseline 0, candidate 4503" in note and "unlike" in note and "candidate server" in note
 
 
-def test_alike_histories_and_a_role_not_up_yet(counts):
+def test_alike_histories_a_role_not_up_and_counts_not_read(counts):
     counts.update({"http://127.0.0.1/baseline": 4400, "http://127.0.0.1/candidate": 4503})
-    ctx = FakeContext(servers("baseline", "candidate"), {"baseline", "candidate"})
-    assert make_alike(ctx) == [] and ctx.retired == []
+    [note] = notes(context("baseline", "candidate"))
+    assert "baseline 4400, candidate 4503" in note and "unlike" not in note
     # one at a time (side_by_side false): the role not up starts fresh, so it counts 0
-    counts.update({"http://127.0.0.1/candidate": 4503})
-    ctx = FakeContext(servers("candidate"), {"candidate"})
-    assert make_alike(ctx) and ctx.retired == ["candidate"]
-
-
-def test_a_server_not_this_runs_to_restart_is_measured_as_found_and_said(counts):
-    counts.update({"http://127.0.0.1/baseline": 5000, "http://127.0.0.1/candidate": 0})
-    ctx = FakeContext(servers("baseline", "candidate"), restartable={"candidate"})  # a shared baseline
-    [note] = make_alike(ctx)
-    assert ctx.retired == [] and "not made alike" in note and "baseline 5000" in note
-
-
-def test_a_count_that_cannot_be_read_changes_nothing_and_is_said(counts):
-    counts.update({"http://127.0.0.1/baseline": None, "http://127.0.0.1/candidate": 4503})
-    ctx = FakeContext(servers("baseline", "candidate"), {"baseline", "candidate"})
-    [note] = make_alike(ctx)
-    assert ctx.retired == [] and "not compared" in note and "baseline" in note
+    [note] = notes(context("candidate"))
+    assert "baseline 0, candidate 4503" in note and "unlike" in note
+    counts.update({"http://127.0.0.1/baseline": None})
+    [note] = notes(context("baseline", "candidate"))
+    assert "baseline not read" in note and "unlike" not in note
+    counts.update({"http://127.0.0.1/candidate": None})
+    assert notes(context("baseline", "candidate")) == []
 
 
 def _serve(status: int, body: str):
